@@ -1,0 +1,654 @@
+//! Raft, one instance per group, as a sans-IO state machine.
+//!
+//! This module does no I/O, reads no clock and uses no global randomness:
+//! time arrives as `now_ms` arguments, randomness from the seed given to
+//! [`Raft::new`], and everything the caller must do comes back from
+//! [`Raft::ready`]. That is what lets the simulator replay a run bit for bit.
+//!
+//! The loop a driver runs (etcd's `Ready` loop):
+//!
+//! ```text
+//!   inputs:  step(now, msg) | tick(now) | propose(data) | read_index(id)
+//!            persisted(i, t) | applied(i) | compact(i, data) | campaign() ...
+//!   then:    let rd = raft.ready();
+//!            send rd.messages now (leader traffic may overlap the leader's
+//!              own write: thesis §10.2.1);
+//!            write rd.snapshot, rd.truncate_from/rd.entries, rd.hard_state
+//!              (in that order) and fsync;
+//!            after the fsync: send rd.messages_after_persist, then call
+//!              persisted(last index, last term) of what was written;
+//!            apply rd.committed, then call applied(i);
+//!            serve rd.read_states once applied >= their index;
+//!            sleep until poll_timeout(), a message, or a client request.
+//! ```
+//!
+//! One concern per file: `election` (pre-vote, votes, check-quorum),
+//! `replication` (appends, commit), `snapshot`, `membership`, `read_index`,
+//! `transfer`, `progress` (per-follower window) and `log` (positions).
+
+mod election;
+mod log;
+mod membership;
+mod progress;
+mod read_index;
+mod replication;
+mod snapshot;
+mod transfer;
+pub mod types;
+
+pub use progress::{Progress, ReplicationState};
+pub use types::*;
+
+use log::RaftLog;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use read_index::ReadIndexQueue;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A deliberately wrong behaviour, switched on only to show that the
+/// simulator's checkers catch it. Fault injection: never enable outside
+/// tests and `quire-sim --bug`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlantedBug {
+    /// The leader commits as soon as its own write is durable, ignoring
+    /// the followers (breaks "durable on a majority").
+    CommitOnLeaderOnly,
+    /// The vote is left out of the persisted hard state, so a restarted
+    /// node can vote twice in one term (breaks election safety).
+    ForgetVote,
+    /// A follower acknowledges appended entries before they are durable,
+    /// so a crash can lose entries a leader counted (breaks durability).
+    AckBeforeFsync,
+}
+
+/// Static configuration of one Raft instance. All durations in ms.
+#[derive(Clone, Debug)]
+pub struct RaftConfig {
+    /// This node's id (non-zero).
+    pub id: NodeId,
+    /// Voters of a brand-new group; empty for a node that joins an existing
+    /// group and learns the membership from its leader.
+    pub initial_voters: Vec<NodeId>,
+    /// Minimum election timeout; the actual one is drawn from
+    /// `[election_timeout_ms, 2 * election_timeout_ms)` (thesis §3.4).
+    pub election_timeout_ms: u64,
+    /// Interval between leader heartbeats; well below the election timeout.
+    pub heartbeat_interval_ms: u64,
+    /// Ask for pre-votes before bumping the term (thesis §9.6).
+    pub pre_vote: bool,
+    /// Leader steps down if a majority is silent for an election timeout,
+    /// and voters ignore candidates while they hear from a leader (§6.2).
+    pub check_quorum: bool,
+    /// Append messages in flight per follower.
+    pub inflight_msgs_max: usize,
+    /// Bytes of entries in flight per follower.
+    pub inflight_bytes_max: usize,
+    /// Bytes of entries per append message (at least one entry is sent).
+    pub append_bytes_max: usize,
+    /// Bytes of committed entries handed out per `Ready`.
+    pub apply_bytes_max: usize,
+    /// Ask for a snapshot once this many applied entries follow the last one.
+    pub snapshot_entries: u64,
+    /// Fault injection for checker validation only.
+    pub planted_bug: Option<PlantedBug>,
+}
+
+impl RaftConfig {
+    /// Defaults suited to a LAN: 150 ms election timeout, 30 ms heartbeats.
+    pub fn new(id: NodeId, initial_voters: Vec<NodeId>) -> Self {
+        RaftConfig {
+            id,
+            initial_voters,
+            election_timeout_ms: 150,
+            heartbeat_interval_ms: 30,
+            pre_vote: true,
+            check_quorum: true,
+            inflight_msgs_max: 64,
+            inflight_bytes_max: 8 << 20,
+            append_bytes_max: 1 << 20,
+            apply_bytes_max: 4 << 20,
+            snapshot_entries: 100_000,
+            planted_bug: None,
+        }
+    }
+
+    fn validate(&self) {
+        assert!(self.id != 0, "node id 0 is reserved");
+        assert!(self.heartbeat_interval_ms > 0);
+        assert!(
+            self.election_timeout_ms > self.heartbeat_interval_ms,
+            "election timeout must exceed the heartbeat interval"
+        );
+        assert!(self.inflight_msgs_max > 0 && self.inflight_bytes_max > 0);
+        assert!(self.snapshot_entries > 0);
+    }
+}
+
+/// Durable state read back from storage when a replica restarts.
+#[derive(Clone, Debug, Default)]
+pub struct RestoredState {
+    /// The last hard state written.
+    pub hard_state: HardState,
+    /// The latest snapshot, if any.
+    pub snapshot: Option<Snapshot>,
+    /// The entries after the snapshot, consecutive.
+    pub entries: Vec<Entry>,
+}
+
+/// Everything the caller must do after feeding inputs: the output half of
+/// the sans-IO interface. See the module doc for the order.
+#[derive(Debug, Default)]
+pub struct Ready {
+    /// Hard state to persist, if it changed.
+    pub hard_state: Option<HardState>,
+    /// A snapshot from the leader to persist in place of the whole log and
+    /// to restore into the state machine before applying anything else.
+    pub snapshot: Option<Snapshot>,
+    /// Storage must drop every entry at or after this index before
+    /// appending `entries` (a conflicting suffix, thesis §3.5). The core
+    /// owns this rule: the driver only carries it out.
+    pub truncate_from: Option<Index>,
+    /// Entries to append, consecutive.
+    pub entries: Vec<Entry>,
+    /// Messages to send now.
+    pub messages: Vec<Message>,
+    /// Messages to send only once everything written for this and earlier
+    /// `Ready`s is durable (votes, follower acknowledgements).
+    pub messages_after_persist: Vec<Message>,
+    /// Committed entries to apply, in order.
+    pub committed: Vec<Entry>,
+    /// Linearizable reads that may be served once applied reaches them.
+    pub read_states: Vec<ReadState>,
+    /// The log has grown past `snapshot_entries` since the last snapshot:
+    /// the caller should snapshot its state machine at the applied index and
+    /// call [`Raft::compact`].
+    pub snapshot_wanted: bool,
+}
+
+impl Ready {
+    /// True if there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.hard_state.is_none()
+            && self.snapshot.is_none()
+            && self.truncate_from.is_none()
+            && self.entries.is_empty()
+            && self.messages.is_empty()
+            && self.messages_after_persist.is_empty()
+            && self.committed.is_empty()
+            && self.read_states.is_empty()
+            && !self.snapshot_wanted
+    }
+}
+
+/// Why a proposal or request was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RaftError {
+    /// This node is not the leader; the leader it knows of, if any.
+    NotLeader {
+        /// Current leader, if known.
+        leader: Option<NodeId>,
+    },
+    /// A leadership transfer is under way; retry on the new leader.
+    TransferInProgress,
+    /// A membership change is still uncommitted (one at a time, §4.1).
+    MembershipChangePending,
+    /// The membership change is invalid.
+    InvalidMembershipChange(String),
+    /// A compaction or snapshot request names an index that is not usable.
+    InvalidIndex(String),
+}
+
+impl std::fmt::Display for RaftError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RaftError::NotLeader { leader: Some(l) } => write!(f, "not the leader; node {l} is"),
+            RaftError::NotLeader { leader: None } => write!(f, "not the leader; no leader known"),
+            RaftError::TransferInProgress => write!(f, "leadership transfer in progress"),
+            RaftError::MembershipChangePending => {
+                write!(f, "a membership change is still uncommitted")
+            }
+            RaftError::InvalidMembershipChange(why) => {
+                write!(f, "invalid membership change: {why}")
+            }
+            RaftError::InvalidIndex(why) => write!(f, "invalid index: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for RaftError {}
+
+/// Counters of what this replica did, for metrics and the simulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftStats {
+    /// Elections started (pre-vote rounds that went on to a real vote).
+    pub elections_started: u64,
+    /// Times this replica became leader.
+    pub leaderships_won: u64,
+    /// Times a leader stepped down because a majority fell silent.
+    pub check_quorum_step_downs: u64,
+    /// Snapshots sent to followers.
+    pub snapshots_sent: u64,
+    /// Snapshots installed from a leader.
+    pub snapshots_installed: u64,
+}
+
+/// One replica of one Raft group. See the module documentation.
+pub struct Raft {
+    cfg: RaftConfig,
+    id: NodeId,
+    rng: ChaCha8Rng,
+    now_ms: u64,
+
+    role: Role,
+    term: Term,
+    vote: Option<NodeId>,
+    leader: Option<NodeId>,
+    log: RaftLog,
+    /// Membership from the snapshot and from every membership entry after
+    /// it, by index; the last one is in force (thesis §4.1: a server uses
+    /// the latest configuration in its log, committed or not).
+    memberships: BTreeMap<Index, Membership>,
+    /// Latest snapshot (metadata and data) to send to lagging followers.
+    snapshot: Option<Snapshot>,
+
+    // follower and candidate
+    election_deadline_ms: u64,
+    /// When this node last heard from a current leader: the leader lease of
+    /// §4.2.3 that makes it deaf to disruptive candidates.
+    leader_contact_ms: Option<u64>,
+    votes: BTreeMap<NodeId, bool>,
+
+    // leader
+    progress: BTreeMap<NodeId, Progress>,
+    heartbeat_deadline_ms: u64,
+    quorum_check_deadline_ms: u64,
+    /// Index of the latest membership entry; proposals of another change
+    /// wait until it is committed.
+    pending_membership_index: Index,
+    transfer: Option<transfer::Transfer>,
+    reads: ReadIndexQueue,
+
+    // output
+    messages: Vec<Message>,
+    messages_after_persist: Vec<Message>,
+    pending_snapshot_install: Option<Snapshot>,
+    persisted_hard_state: HardState,
+    read_states: Vec<ReadState>,
+    /// A leader has new entries or acks to turn into appends at `ready()`.
+    replication_dirty: bool,
+    stats: RaftStats,
+}
+
+impl Raft {
+    /// A fresh replica with an empty log. `seed` drives every random choice
+    /// (election timeouts); `now_ms` starts the timers.
+    pub fn new(cfg: RaftConfig, seed: u64, now_ms: u64) -> Self {
+        let membership = Membership::with_voters(cfg.initial_voters.iter().copied());
+        Self::build(cfg, seed, now_ms, RestoredState::default(), membership)
+    }
+
+    /// A replica recovered from its durable state after a restart.
+    pub fn restore(cfg: RaftConfig, seed: u64, now_ms: u64, state: RestoredState) -> Self {
+        let membership = match &state.snapshot {
+            Some(s) => s.membership.clone(),
+            None => Membership::with_voters(cfg.initial_voters.iter().copied()),
+        };
+        Self::build(cfg, seed, now_ms, state, membership)
+    }
+
+    fn build(
+        cfg: RaftConfig,
+        seed: u64,
+        now_ms: u64,
+        state: RestoredState,
+        base_membership: Membership,
+    ) -> Self {
+        cfg.validate();
+        let (snap_index, snap_term) = state
+            .snapshot
+            .as_ref()
+            .map_or((0, 0), |s| (s.index, s.term));
+        let mut memberships = BTreeMap::new();
+        memberships.insert(snap_index, base_membership);
+        for e in &state.entries {
+            if let Payload::Membership(m) = &e.payload {
+                memberships.insert(e.index, m.clone());
+            }
+        }
+        let log = RaftLog::restored(
+            snap_index,
+            snap_term,
+            state.entries,
+            state.hard_state.commit,
+        );
+        let hs = state.hard_state;
+        let mut raft = Raft {
+            id: cfg.id,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            now_ms,
+            role: Role::Follower,
+            term: hs.term,
+            vote: hs.vote,
+            leader: None,
+            log,
+            memberships,
+            snapshot: state.snapshot,
+            election_deadline_ms: 0,
+            leader_contact_ms: None,
+            votes: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            heartbeat_deadline_ms: 0,
+            quorum_check_deadline_ms: 0,
+            pending_membership_index: 0,
+            transfer: None,
+            reads: ReadIndexQueue::default(),
+            messages: Vec::new(),
+            messages_after_persist: Vec::new(),
+            pending_snapshot_install: None,
+            persisted_hard_state: hs,
+            read_states: Vec::new(),
+            replication_dirty: false,
+            stats: RaftStats::default(),
+            cfg,
+        };
+        raft.reset_election_deadline();
+        raft
+    }
+
+    // ----- inspection -------------------------------------------------
+
+    /// This replica's node id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+    /// Current role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// Current term.
+    pub fn term(&self) -> Term {
+        self.term
+    }
+    /// The leader this replica follows (itself when leading), if known.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.leader
+    }
+    /// Current vote.
+    pub fn vote(&self) -> Option<NodeId> {
+        self.vote
+    }
+    /// Commit index.
+    pub fn commit_index(&self) -> Index {
+        self.log.commit
+    }
+    /// Highest index storage reported durable.
+    pub fn persisted_index(&self) -> Index {
+        self.log.persisted
+    }
+    /// Highest index reported applied.
+    pub fn applied_index(&self) -> Index {
+        self.log.applied
+    }
+    /// Index of the last log entry.
+    pub fn last_index(&self) -> Index {
+        self.log.last_index()
+    }
+    /// Term of the last log entry.
+    pub fn last_term(&self) -> Term {
+        self.log.last_term()
+    }
+    /// First index still held in memory (after the snapshot).
+    pub fn first_index(&self) -> Index {
+        self.log.first_index()
+    }
+    /// Term of the entry at `index`, if held (or the snapshot's).
+    pub fn term_at(&self, index: Index) -> Option<Term> {
+        self.log.term(index)
+    }
+    /// The entry at `index`, if held in memory.
+    pub fn entry(&self, index: Index) -> Option<&Entry> {
+        self.log.entry(index)
+    }
+    /// Entries held in memory from `from` on.
+    pub fn entries_from(&self, from: Index) -> impl Iterator<Item = &Entry> {
+        self.log.iter_from(from)
+    }
+    /// Number of entries held in memory.
+    pub fn log_len(&self) -> usize {
+        self.log.len()
+    }
+    /// The latest snapshot, if any.
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_ref()
+    }
+    /// The membership in force (the latest in the log).
+    pub fn membership(&self) -> &Membership {
+        self.memberships
+            .values()
+            .next_back()
+            .expect("a membership is always known")
+    }
+    /// The leader's view of a follower, when leading.
+    pub fn progress(&self, id: NodeId) -> Option<&Progress> {
+        self.progress.get(&id)
+    }
+    /// Counters.
+    pub fn stats(&self) -> RaftStats {
+        self.stats
+    }
+    /// The hard state as it is now (not necessarily persisted yet).
+    pub fn hard_state(&self) -> HardState {
+        HardState {
+            term: self.term,
+            vote: self.vote,
+            commit: self.log.commit,
+        }
+    }
+
+    /// The next time `tick` must be called, in ms.
+    #[must_use]
+    pub fn poll_timeout(&self) -> u64 {
+        match self.role {
+            Role::Leader => {
+                let mut t = self
+                    .heartbeat_deadline_ms
+                    .min(self.quorum_check_deadline_ms);
+                if let Some(tr) = &self.transfer {
+                    t = t.min(tr.deadline_ms);
+                }
+                t
+            }
+            _ => self.election_deadline_ms,
+        }
+    }
+
+    // ----- inputs ------------------------------------------------------
+
+    /// Advances time. Call at `poll_timeout()` or later; calling it earlier
+    /// is harmless.
+    pub fn tick(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+        match self.role {
+            Role::Leader => self.tick_leader(),
+            _ => {
+                if self.now_ms >= self.election_deadline_ms {
+                    self.election_timeout_fired();
+                }
+            }
+        }
+    }
+
+    /// Handles one message from a peer of this group.
+    pub fn step(&mut self, now_ms: u64, msg: Message) {
+        self.now_ms = self.now_ms.max(now_ms);
+        if msg.to != self.id || msg.from == self.id || msg.from == 0 {
+            return; // misrouted: the transport should have dropped it
+        }
+        if !self.step_term(&msg) {
+            return;
+        }
+        match msg.body {
+            Body::PreVote { .. } | Body::Vote { .. } => self.handle_vote_request(msg),
+            Body::PreVoteResponse { granted } | Body::VoteResponse { granted } => {
+                self.handle_vote_response(msg.from, msg.term, &msg.body, granted)
+            }
+            Body::Append {
+                prev_index,
+                prev_term,
+                entries,
+                commit,
+            } => self.handle_append(msg.from, prev_index, prev_term, entries, commit),
+            Body::AppendResponse(result) => self.handle_append_response(msg.from, result),
+            Body::Heartbeat { commit, read_round } => {
+                self.handle_heartbeat(msg.from, commit, read_round)
+            }
+            Body::HeartbeatResponse { read_round } => {
+                self.handle_heartbeat_response(msg.from, read_round)
+            }
+            Body::InstallSnapshot { snapshot } => self.handle_install_snapshot(msg.from, snapshot),
+            Body::TimeoutNow => self.handle_timeout_now(msg.from),
+        }
+    }
+
+    /// Proposes application data. On the leader, returns the index and term
+    /// the entry got; it is confirmed once `committed` hands it out.
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<(Index, Term), RaftError> {
+        self.check_can_propose()?;
+        Ok(self.append_as_leader(Payload::Normal(data)))
+    }
+
+    /// Storage reports that everything up to `index` (whose entry has
+    /// `term`) is durable. Stale reports about replaced entries are ignored.
+    pub fn persisted(&mut self, index: Index, term: Term) {
+        if self.log.persisted_to(index, term) && self.role == Role::Leader {
+            self.maybe_commit();
+        }
+    }
+
+    /// The caller has applied every committed entry up to `index`.
+    pub fn applied(&mut self, index: Index) {
+        assert!(
+            index <= self.log.applying,
+            "applied {index} beyond what was handed out ({})",
+            self.log.applying
+        );
+        self.log.applied = self.log.applied.max(index);
+    }
+
+    /// Failure-detector input: start an election now (the leader is known
+    /// dead). Ignored on a leader or a node that may not vote.
+    pub fn campaign(&mut self) {
+        if self.role != Role::Leader && self.promotable() {
+            self.leader_contact_ms = None;
+            self.start_election(false);
+        }
+    }
+
+    /// Failure-detector input: stop leading now (own disk stalled, or a
+    /// higher term learnt out of band).
+    pub fn step_down(&mut self) {
+        if self.role == Role::Leader {
+            self.become_follower(self.term, None);
+        }
+    }
+
+    /// Collects everything the caller must do now. See [`Ready`].
+    pub fn ready(&mut self) -> Ready {
+        if self.role == Role::Leader && self.replication_dirty {
+            self.broadcast_append();
+        }
+        let snapshot = self.pending_snapshot_install.take();
+        let (truncate_from, entries) = self.log.take_unstable();
+        let hs = self.hard_state();
+        let mut persisted_hs = hs;
+        if self.cfg.planted_bug == Some(PlantedBug::ForgetVote) {
+            persisted_hs.vote = None;
+        }
+        let hard_state = (persisted_hs != self.persisted_hard_state).then(|| {
+            self.persisted_hard_state = persisted_hs;
+            persisted_hs
+        });
+        let committed = self.log.take_committed(self.cfg.apply_bytes_max);
+        let applied_since_snapshot = self.log.applied - self.log.snapshot_index;
+        Ready {
+            hard_state,
+            snapshot,
+            truncate_from,
+            entries,
+            messages: std::mem::take(&mut self.messages),
+            messages_after_persist: std::mem::take(&mut self.messages_after_persist),
+            committed,
+            read_states: std::mem::take(&mut self.read_states),
+            snapshot_wanted: applied_since_snapshot >= self.cfg.snapshot_entries,
+        }
+    }
+
+    // ----- shared helpers ----------------------------------------------
+
+    /// True if this node may campaign: a voter of the membership in force.
+    fn promotable(&self) -> bool {
+        self.membership().voters.contains(&self.id)
+    }
+
+    fn reset_election_deadline(&mut self) {
+        let t = self.cfg.election_timeout_ms;
+        self.election_deadline_ms = self.now_ms + self.rng.gen_range(t..2 * t);
+    }
+
+    /// Queues a message. Leader traffic goes out at once; anything a
+    /// follower or candidate says depends on its durable state (a vote, an
+    /// acknowledgement) and waits for persistence.
+    fn send(&mut self, to: NodeId, body: Body) {
+        let term = match body {
+            Body::PreVote { .. } => self.term + 1,
+            _ => self.term,
+        };
+        let msg = Message {
+            from: self.id,
+            to,
+            term,
+            body,
+        };
+        let leader_traffic = matches!(
+            msg.body,
+            Body::Append { .. }
+                | Body::Heartbeat { .. }
+                | Body::InstallSnapshot { .. }
+                | Body::TimeoutNow
+        );
+        let early_ack = self.cfg.planted_bug == Some(PlantedBug::AckBeforeFsync)
+            && matches!(msg.body, Body::AppendResponse(_));
+        if leader_traffic || early_ack {
+            self.messages.push(msg);
+        } else {
+            self.messages_after_persist.push(msg);
+        }
+    }
+
+    /// Peers of the membership in force other than this node.
+    fn peers(&self) -> Vec<NodeId> {
+        self.membership()
+            .members()
+            .filter(|&p| p != self.id)
+            .collect()
+    }
+
+    fn voters(&self) -> BTreeSet<NodeId> {
+        self.membership().voters.clone()
+    }
+
+    fn become_follower(&mut self, term: Term, leader: Option<NodeId>) {
+        if term > self.term {
+            self.term = term;
+            self.vote = None;
+        }
+        self.role = Role::Follower;
+        self.leader = leader;
+        self.progress.clear();
+        self.transfer = None;
+        self.reads.clear();
+        self.votes.clear();
+        self.replication_dirty = false;
+        self.reset_election_deadline();
+    }
+}
