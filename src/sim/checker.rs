@@ -1,0 +1,284 @@
+//! The invariants every simulated run must keep, checked as the run goes:
+//! each check runs at the step that could break it, so a failure names the
+//! event that broke it.
+//!
+//! - election safety: at most one leader per term (thesis §3.6.3 property 1);
+//! - log matching: an (index, term) pair identifies the whole prefix;
+//! - leader completeness: a new leader holds every committed entry;
+//! - state-machine safety: no two different entries applied at one index;
+//! - durability: every confirmed append is durable on a majority, forever;
+//! - no node's durable commit index ever decreases;
+//! - persisted before sent: a granted vote is durable before the grant
+//!   leaves its node, and an acknowledgement claims only durable entries.
+//!
+//! Prefixes are compared by chain hash (see `trace::chain`), so each check
+//! is one comparison, not a log walk.
+
+use super::disk::{snapshot_chain, Durable};
+use super::trace::chain;
+use crate::consensus::{AppendResult, Body, Index, Message, NodeId, Raft, Term};
+use std::collections::HashMap;
+
+/// A broken invariant.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: &'static str,
+    /// What exactly was seen.
+    pub detail: String,
+}
+
+fn fail(invariant: &'static str, detail: String) -> Result<(), Violation> {
+    Err(Violation { invariant, detail })
+}
+
+/// Names of the invariants, for reports.
+pub const INVARIANTS: [&str; 8] = [
+    "persisted-before-sent",
+    "election-safety",
+    "log-matching",
+    "leader-completeness",
+    "state-machine-safety",
+    "confirmed-durable-on-majority",
+    "durable-commit-monotonic",
+    "liveness-after-heal",
+];
+
+pub(crate) struct Checker {
+    quorum: usize,
+    leaders: HashMap<(usize, Term), NodeId>,
+    /// Per group: chain hash of the committed prefix at each index (from 1).
+    committed: Vec<Vec<u64>>,
+    /// Chain hash of every durable (group, index, term) seen anywhere.
+    durable_entries: HashMap<(usize, Index, Term), u64>,
+    /// Per group: the highest confirmed index and its chain hash.
+    max_confirmed: Vec<Option<(Index, u64)>>,
+    /// Invariant checks performed.
+    pub(crate) checks: u64,
+}
+
+impl Checker {
+    pub(crate) fn new(groups: usize, nodes: usize) -> Self {
+        Checker {
+            quorum: nodes / 2 + 1,
+            leaders: HashMap::new(),
+            committed: vec![Vec::new(); groups],
+            durable_entries: HashMap::new(),
+            max_confirmed: vec![None; groups],
+            checks: 0,
+        }
+    }
+
+    /// Highest committed index seen in `group`.
+    pub(crate) fn committed_len(&self, group: usize) -> u64 {
+        self.committed[group].len() as u64
+    }
+
+    /// Election safety: `node` leads `group` in `term`.
+    pub(crate) fn leader(
+        &mut self,
+        group: usize,
+        term: Term,
+        node: NodeId,
+    ) -> Result<(), Violation> {
+        self.checks += 1;
+        match self.leaders.insert((group, term), node) {
+            Some(other) if other != node => fail(
+                "election-safety",
+                format!("group {group} term {term} has two leaders: n{other} and n{node}"),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Leader completeness: a new leader's log contains every entry
+    /// committed so far (thesis §3.6.3 property 4).
+    pub(crate) fn leader_complete(&mut self, group: usize, raft: &Raft) -> Result<(), Violation> {
+        self.checks += 1;
+        let c = self.committed_len(group);
+        if c == 0 {
+            return Ok(());
+        }
+        let s = raft.first_index() - 1;
+        let mut h = raft.snapshot().map_or(0, snapshot_chain);
+        if s > c {
+            return fail(
+                "leader-completeness",
+                format!(
+                    "group {group}: n{} has a snapshot at {s} beyond the commit {c}",
+                    raft.id()
+                ),
+            );
+        }
+        for e in raft.entries_from(s + 1) {
+            if e.index > c {
+                break;
+            }
+            h = chain(h, e);
+        }
+        let expected = self.committed[group][(c - 1) as usize];
+        if raft.last_index() < c || h != expected {
+            return fail(
+                "leader-completeness",
+                format!(
+                    "group {group}: new leader n{} of term {} lacks committed entries up to {c} (last index {})",
+                    raft.id(),
+                    raft.term(),
+                    raft.last_index()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// State-machine safety: `node` applied the prefix ending at `index`
+    /// with chain hash `h`.
+    pub(crate) fn applied(
+        &mut self,
+        group: usize,
+        node: NodeId,
+        index: Index,
+        h: u64,
+    ) -> Result<(), Violation> {
+        self.checks += 1;
+        let c = &mut self.committed[group];
+        let pos = (index - 1) as usize;
+        if pos < c.len() {
+            if c[pos] != 0 && c[pos] != h {
+                return fail(
+                    "state-machine-safety",
+                    format!("group {group}: n{node} applied a different entry at index {index} than another node"),
+                );
+            }
+            c[pos] = h;
+        } else {
+            // 0 marks an index nobody has applied individually (covered by a
+            // snapshot only); the chain hash at the end still pins it.
+            c.resize(pos, 0);
+            c.push(h);
+        }
+        Ok(())
+    }
+
+    /// Log matching: an entry became durable on some node with this prefix.
+    pub(crate) fn durable_entry(
+        &mut self,
+        group: usize,
+        node: NodeId,
+        index: Index,
+        term: Term,
+        prefix: u64,
+    ) -> Result<(), Violation> {
+        self.checks += 1;
+        match self.durable_entries.insert((group, index, term), prefix) {
+            Some(p) if p != prefix => fail(
+                "log-matching",
+                format!("group {group}: n{node} holds index {index} term {term} after a prefix that differs from another node's"),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// A durable commit index changed on one node.
+    pub(crate) fn durable_commit(
+        &mut self,
+        group: usize,
+        node: NodeId,
+        before: Index,
+        after: Index,
+    ) -> Result<(), Violation> {
+        self.checks += 1;
+        if after < before {
+            return fail(
+                "durable-commit-monotonic",
+                format!("group {group}: n{node}'s durable commit went from {before} to {after}"),
+            );
+        }
+        Ok(())
+    }
+
+    /// Persisted before sent: `msg` is leaving `durable`'s node.
+    pub(crate) fn leaving(
+        &mut self,
+        group: usize,
+        msg: &Message,
+        durable: &Durable,
+    ) -> Result<(), Violation> {
+        match msg.body {
+            Body::VoteResponse { granted: true } => {
+                self.checks += 1;
+                let hs = durable.hard_state;
+                let recorded =
+                    hs.term > msg.term || (hs.term == msg.term && hs.vote == Some(msg.to));
+                if !recorded {
+                    return fail(
+                        "persisted-before-sent",
+                        format!(
+                            "group {group}: n{} granted its vote in term {} to n{} but its durable hard state says term {} vote {:?}",
+                            msg.from, msg.term, msg.to, hs.term, hs.vote
+                        ),
+                    );
+                }
+            }
+            Body::AppendResponse(AppendResult::Accepted { match_index }) => {
+                self.checks += 1;
+                if durable.prefix_at(match_index).is_none() {
+                    return fail(
+                        "persisted-before-sent",
+                        format!(
+                            "group {group}: n{} acknowledged index {match_index} before it was durable",
+                            msg.from
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A client was told `index` (chain hash `h`) is confirmed.
+    pub(crate) fn confirmed(
+        &mut self,
+        group: usize,
+        index: Index,
+        h: u64,
+        disks: &[&Durable],
+    ) -> Result<(), Violation> {
+        if self.max_confirmed[group].is_none_or(|(i, _)| index > i) {
+            self.max_confirmed[group] = Some((index, h));
+        }
+        self.confirmed_still_durable(group, disks)
+    }
+
+    /// Durability: the highest confirmed index is durable on a majority.
+    /// The chain hash makes that cover every lower confirmed index too.
+    pub(crate) fn confirmed_still_durable(
+        &mut self,
+        group: usize,
+        disks: &[&Durable],
+    ) -> Result<(), Violation> {
+        self.checks += 1;
+        let Some((index, h)) = self.max_confirmed[group] else {
+            return Ok(());
+        };
+        let holders = disks
+            .iter()
+            .filter(|d| match d.prefix_at(index) {
+                Some(None) => true, // inside the snapshot
+                Some(Some(p)) => p == h,
+                None => false,
+            })
+            .count();
+        if holders < self.quorum {
+            return fail(
+                "confirmed-durable-on-majority",
+                format!(
+                    "group {group}: confirmed index {index} is durable on {holders} nodes, fewer than a majority ({})",
+                    self.quorum
+                ),
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! Simulated clients: each proposes unique values to the node it believes
+//! leads its group, waits for the outcome, and follows redirects. An append
+//! is confirmed when the proposing node applies that exact entry at the
+//! index it was given; the checker then holds the cluster to it forever.
+
+use super::checker::Violation;
+use super::trace::What;
+use super::world::{idx, Event, World};
+use crate::consensus::{Entry, Index, Payload, RaftError, Term};
+use rand::Rng;
+
+/// A proposal waiting for its outcome.
+#[derive(Clone, Debug)]
+pub(crate) struct Pending {
+    node: usize,
+    index: Index,
+    term: Term,
+    value: Vec<u8>,
+    invoked_ms: u64,
+}
+
+/// One client of one group.
+#[derive(Clone, Debug)]
+pub(crate) struct Client {
+    id: usize,
+    group: usize,
+    /// Node it will try next.
+    guess: usize,
+    sent: u64,
+    /// Bumped at every state change so stale timer events are ignored.
+    generation: u64,
+    pending: Option<Pending>,
+}
+
+/// How long a client waits before giving an append up as unknown.
+const CLIENT_TIMEOUT_MS: u64 = 2_000;
+
+impl Client {
+    pub(crate) fn new(id: usize, group: usize, guess: usize) -> Self {
+        Client {
+            id,
+            group,
+            guess,
+            sent: 0,
+            generation: 0,
+            pending: None,
+        }
+    }
+}
+
+impl World {
+    fn client_later(&mut self, c: usize, delay_ms: u64) {
+        self.clients[c].generation += 1;
+        let generation = self.clients[c].generation;
+        self.schedule(
+            self.now + delay_ms,
+            Event::Client {
+                client: c,
+                generation,
+            },
+        );
+    }
+
+    pub(crate) fn client_event(&mut self, c: usize, generation: u64) -> Result<(), Violation> {
+        if self.clients[c].generation != generation {
+            return Ok(());
+        }
+        if let Some(p) = self.clients[c].pending.take() {
+            // Timed out: the outcome is unknown to this client.
+            self.waiting
+                .remove(&(p.node, self.clients[c].group, p.index));
+            self.unknown += 1;
+            let think = self.rng.gen_range(1..=20);
+            self.client_later(c, think);
+            return Ok(());
+        }
+        let (g, n) = (self.clients[c].group, self.clients[c].guess);
+        let live = self.nodes[n].alive && self.nodes[n].replicas[g].is_some();
+        if !live {
+            self.clients[c].guess = self.rng.gen_range(0..self.nodes.len());
+            self.client_later(c, 10);
+            return Ok(());
+        }
+        let cl = &mut self.clients[c];
+        cl.sent += 1;
+        let value = format!("g{}c{}#{}", cl.group, cl.id, cl.sent).into_bytes();
+        let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
+        match rep.raft.propose(value.clone()) {
+            Ok((index, term)) => {
+                self.record(n, g, What::Propose { index });
+                self.clients[c].pending = Some(Pending {
+                    node: n,
+                    index,
+                    term,
+                    value,
+                    invoked_ms: self.now,
+                });
+                self.waiting.insert((n, g, index), c);
+                self.client_later(c, CLIENT_TIMEOUT_MS);
+                self.drive(n, g)
+            }
+            Err(RaftError::NotLeader { leader }) => {
+                let guess = match leader {
+                    Some(l) => idx(l),
+                    None => self.rng.gen_range(0..self.nodes.len()),
+                };
+                self.clients[c].guess = guess;
+                let backoff = self.rng.gen_range(2..=15);
+                self.client_later(c, backoff);
+                Ok(())
+            }
+            Err(_) => {
+                let backoff = self.rng.gen_range(5..=30);
+                self.client_later(c, backoff);
+                Ok(())
+            }
+        }
+    }
+
+    /// Node `n` applied `e` in group `g`; `h` is the applied chain hash.
+    pub(crate) fn entry_applied(
+        &mut self,
+        n: usize,
+        g: usize,
+        e: &Entry,
+        h: u64,
+    ) -> Result<(), Violation> {
+        let Some(c) = self.waiting.remove(&(n, g, e.index)) else {
+            return Ok(());
+        };
+        let p = self.clients[c]
+            .pending
+            .take()
+            .expect("a waiting client has a pending append");
+        let ours = p.term == e.term && matches!(&e.payload, Payload::Normal(v) if *v == p.value);
+        if ours {
+            self.confirmed += 1;
+            self.record(n, g, What::Confirm { index: e.index });
+            if self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
+                self.recovered[g] = true;
+            }
+            let disks = super::world::durables(&self.nodes, g);
+            self.checker.confirmed(g, e.index, h, &disks)?;
+        }
+        // Otherwise another leader's entry took that index: a definite
+        // failure, and the client simply moves on.
+        let think = self.rng.gen_range(0..=10);
+        self.client_later(c, think);
+        Ok(())
+    }
+
+    /// Clients waiting on a replica that crashed will never hear back.
+    pub(crate) fn abandon_clients_on(&mut self, n: usize, g: usize) {
+        for c in 0..self.clients.len() {
+            let hit = self.clients[c]
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.node == n && self.clients[c].group == g);
+            if hit {
+                let p = self.clients[c].pending.take().expect("checked");
+                self.waiting.remove(&(n, g, p.index));
+                self.unknown += 1;
+                let retry = self.rng.gen_range(5..=30);
+                self.client_later(c, retry);
+            }
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! A simulated disk holding one group's replica on one node.
+//!
+//! Writes sit in a volatile queue until their fsync completes; completions
+//! come in submission order (one queue per disk). A crash keeps a random
+//! prefix of the unsynced writes (data that reached the platter without an
+//! fsync) and may tear the first write it does not keep: some of its
+//! entries survive, its hard state does not (the superblock is written
+//! last and has two copies, so it is either old or new). EIO is injected
+//! per disk and stops the group on that node, as the storage layer will.
+
+use super::trace::chain;
+use crate::consensus::{Entry, HardState, Index, RestoredState, Snapshot};
+use rand::Rng;
+use std::collections::VecDeque;
+
+/// One write the core asked for.
+#[derive(Clone, Debug)]
+pub(crate) enum DiskOp {
+    /// A `Ready`'s write: snapshot install, then truncate, append, hard state.
+    Write {
+        snapshot: Option<Snapshot>,
+        truncate_from: Option<Index>,
+        entries: Vec<Entry>,
+        hard_state: Option<HardState>,
+    },
+    /// A local snapshot: store it and drop the entries it covers.
+    Compact(Snapshot),
+}
+
+/// What survives a crash.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Durable {
+    pub(crate) hard_state: HardState,
+    pub(crate) snapshot: Option<Snapshot>,
+    pub(crate) entries: Vec<Entry>,
+    /// Chain hash of the log prefix ending at each entry (see `trace::chain`).
+    pub(crate) prefix: Vec<u64>,
+}
+
+impl Durable {
+    /// Index and chain hash at the snapshot (0, 0 without one).
+    pub(crate) fn base(&self) -> (Index, u64) {
+        self.snapshot
+            .as_ref()
+            .map_or((0, 0), |s| (s.index, snapshot_chain(s)))
+    }
+
+    /// Chain hash of the durable prefix ending at `index`, if this disk can
+    /// tell: `Some(None)` means the snapshot covers it (no per-index hash).
+    pub(crate) fn prefix_at(&self, index: Index) -> Option<Option<u64>> {
+        let (base, _) = self.base();
+        if index <= base {
+            return Some(None);
+        }
+        let pos = (index - base - 1) as usize;
+        self.prefix.get(pos).map(|&p| Some(p))
+    }
+
+    fn last_index(&self) -> Index {
+        self.base().0 + self.entries.len() as u64
+    }
+
+    fn truncate_from(&mut self, from: Index) {
+        let (base, _) = self.base();
+        let keep = from.saturating_sub(base + 1) as usize;
+        self.entries.truncate(keep);
+        self.prefix.truncate(keep);
+    }
+
+    fn append(&mut self, e: Entry) {
+        assert_eq!(
+            e.index,
+            self.last_index() + 1,
+            "disk appends must be consecutive"
+        );
+        let prev = self.prefix.last().copied().unwrap_or_else(|| self.base().1);
+        self.prefix.push(chain(prev, &e));
+        self.entries.push(e);
+    }
+
+    pub(crate) fn restored(&self) -> RestoredState {
+        RestoredState {
+            hard_state: self.hard_state,
+            snapshot: self.snapshot.clone(),
+            entries: self.entries.clone(),
+        }
+    }
+}
+
+/// The state-machine chain hash a snapshot carries.
+pub(crate) fn snapshot_chain(s: &Snapshot) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&s.data[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// What applying an op to the durable image produced, for the checkers.
+pub(crate) struct Applied {
+    /// Entries that became durable, with their prefix chain hashes.
+    pub(crate) new_entries: Vec<(Index, u64, u64)>,
+    /// The durable commit before and after.
+    pub(crate) commit_before: Index,
+    pub(crate) commit_after: Index,
+}
+
+/// One simulated disk.
+#[derive(Debug, Default)]
+pub(crate) struct SimDisk {
+    pub(crate) durable: Durable,
+    volatile: VecDeque<(u64, DiskOp)>,
+    next_write_id: u64,
+    /// The disk serves one write at a time: completion of the last one.
+    pub(crate) busy_until_ms: u64,
+    /// Incremented at every crash; completions of older writes are void.
+    pub(crate) epoch: u64,
+    /// Fail the next write with EIO.
+    pub(crate) fail_next_write: bool,
+}
+
+impl SimDisk {
+    /// Queues an op; returns its write id.
+    pub(crate) fn submit(&mut self, op: DiskOp) -> u64 {
+        self.next_write_id += 1;
+        self.volatile.push_back((self.next_write_id, op));
+        self.next_write_id
+    }
+
+    /// The fsync covering `write_id` completed: make it durable.
+    pub(crate) fn complete(&mut self, write_id: u64) -> Applied {
+        let (id, op) = self.volatile.pop_front().expect("a write is in flight");
+        assert_eq!(id, write_id, "disk completions are in submission order");
+        Self::apply(&mut self.durable, op, None)
+    }
+
+    fn apply(d: &mut Durable, op: DiskOp, torn_keep: Option<usize>) -> Applied {
+        let commit_before = d.hard_state.commit;
+        let mut new_entries = Vec::new();
+        match op {
+            DiskOp::Write {
+                snapshot,
+                truncate_from,
+                entries,
+                hard_state,
+            } => {
+                if let Some(s) = snapshot {
+                    if torn_keep.is_some() {
+                        // A torn install leaves the old log in place.
+                        return Applied {
+                            new_entries,
+                            commit_before,
+                            commit_after: commit_before,
+                        };
+                    }
+                    d.entries.clear();
+                    d.prefix.clear();
+                    d.snapshot = Some(s);
+                }
+                if let Some(t) = truncate_from {
+                    d.truncate_from(t);
+                }
+                let keep = torn_keep.unwrap_or(entries.len());
+                for e in entries.into_iter().take(keep) {
+                    let (index, term) = (e.index, e.term);
+                    d.append(e);
+                    new_entries.push((index, term, *d.prefix.last().expect("just pushed")));
+                }
+                if torn_keep.is_none() {
+                    if let Some(hs) = hard_state {
+                        d.hard_state = hs;
+                    }
+                }
+            }
+            DiskOp::Compact(s) => {
+                if torn_keep.is_none() && s.index > d.base().0 {
+                    let drop = (s.index - d.base().0) as usize;
+                    assert!(drop <= d.entries.len(), "compacting beyond the durable log");
+                    d.entries.drain(..drop);
+                    d.prefix.drain(..drop);
+                    d.snapshot = Some(s);
+                }
+            }
+        }
+        Applied {
+            new_entries,
+            commit_before,
+            commit_after: d.hard_state.commit,
+        }
+    }
+
+    /// Power loss: a random prefix of the unsynced writes survives, and the
+    /// next one may be torn. Returns what became durable that way.
+    pub(crate) fn crash(&mut self, rng: &mut impl Rng) -> Vec<Applied> {
+        self.epoch += 1;
+        self.fail_next_write = false;
+        let ops: Vec<DiskOp> = self.volatile.drain(..).map(|(_, op)| op).collect();
+        let keep = if ops.is_empty() {
+            0
+        } else {
+            rng.gen_range(0..=ops.len())
+        };
+        let mut out = Vec::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            if i < keep {
+                out.push(Self::apply(&mut self.durable, op, None));
+            } else {
+                if let DiskOp::Write { entries, .. } = &op {
+                    if !entries.is_empty() && rng.gen_bool(0.5) {
+                        let torn = rng.gen_range(0..entries.len());
+                        out.push(Self::apply(&mut self.durable, op, Some(torn)));
+                    }
+                }
+                break;
+            }
+        }
+        out
+    }
+}

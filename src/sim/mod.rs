@@ -1,0 +1,179 @@
+//! The deterministic simulator: a third driver for the sans-IO cores.
+//!
+//! One seed derives every parameter (timeouts, latencies, loss rates) and
+//! every fault (crashes, partitions, loss, duplication, EIO, leadership
+//! transfers), and a virtual clock jumps from event to event, so a run is a
+//! pure function of its seed: the same seed gives the same trace hash.
+//!
+//! A run has two phases, as in TigerBeetle's VOPR: a safety phase with
+//! faults, in which the checkers of [`checker`] run at every step, then a
+//! liveness phase in which every fault heals and each group must confirm a
+//! new append within a bound.
+//!
+//! Nothing here touches the real clock, files or sockets.
+
+mod checker;
+mod client;
+mod disk;
+mod faults;
+mod net;
+mod trace;
+mod world;
+
+pub use checker::{Violation, INVARIANTS};
+pub use faults::FaultCounts;
+
+use crate::consensus::PlantedBug;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    /// Nodes in the cluster (3 or 5 in practice; 1 to 7 accepted).
+    pub nodes: usize,
+    /// Raft groups, each with a replica on every node (one disk each).
+    pub groups: usize,
+    /// Length of the safety phase, with faults, in simulated ms.
+    pub fault_phase_ms: u64,
+    /// After healing, every group must confirm an append within this.
+    pub liveness_bound_ms: u64,
+    /// A planted bug, to show that the checkers catch it.
+    pub bug: Option<PlantedBug>,
+    /// Events to keep for the failure report.
+    pub recent_events: usize,
+    /// Check the persisted-before-sent rule at every send. Switched off
+    /// only to show that the end-to-end checkers catch the same bugs.
+    pub check_send_rule: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            nodes: 3,
+            groups: 2,
+            fault_phase_ms: 6_000,
+            liveness_bound_ms: 8_000,
+            bug: None,
+            recent_events: 40,
+            check_send_rule: true,
+        }
+    }
+}
+
+/// What one run did.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    /// The seed.
+    pub seed: u64,
+    /// Fingerprint of every event processed; equal for equal seeds.
+    pub trace_hash: u64,
+    /// Simulated time at the end, in ms.
+    pub sim_time_ms: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Elections started (real votes, after pre-vote).
+    pub elections: u64,
+    /// Leaders elected (distinct group and term).
+    pub leaders: u64,
+    /// Log entries committed, summed over groups.
+    pub commits: u64,
+    /// Client appends confirmed.
+    pub confirmed: u64,
+    /// Client appends whose outcome stayed unknown (leader lost).
+    pub unknown: u64,
+    /// Snapshots sent to lagging followers.
+    pub snapshots_sent: u64,
+    /// Faults injected, by kind.
+    pub faults: FaultCounts,
+    /// Messages dropped by partitions and loss.
+    pub messages_dropped: u64,
+    /// Invariant checks performed.
+    pub invariant_checks: u64,
+    /// Time from healing until every group confirmed again, in ms.
+    pub recovery_ms: u64,
+}
+
+/// A failed run: which invariant broke, where, and how to replay it.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The broken invariant (or "panic").
+    pub invariant: String,
+    /// What exactly was seen.
+    pub detail: String,
+    /// The last events before the failure, oldest first.
+    pub recent_events: Vec<String>,
+    /// The run up to the failure.
+    pub report: RunReport,
+}
+
+/// Runs one simulation. Any panic inside the cores is reported as a
+/// failure of the same seed rather than aborting a multi-seed sweep.
+pub fn run(seed: u64, opts: &SimOptions) -> Result<RunReport, Box<Failure>> {
+    assert!((1..=7).contains(&opts.nodes), "1 to 7 nodes");
+    assert!(opts.groups >= 1);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let mut w = world::World::new(seed, opts);
+        let result = w.run();
+        (result, w.report(), w.recent())
+    }));
+    match outcome {
+        Ok((Ok(()), report, _)) => Ok(report),
+        Ok((Err(v), report, recent)) => Err(Box::new(Failure {
+            invariant: v.invariant.to_string(),
+            detail: v.detail,
+            recent_events: recent,
+            report,
+        })),
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Box::new(Failure {
+                invariant: "panic".into(),
+                detail,
+                recent_events: Vec::new(),
+                report: RunReport {
+                    seed,
+                    ..RunReport::default()
+                },
+            }))
+        }
+    }
+}
+
+/// The command that replays one seed exactly.
+pub fn replay_command(seed: u64, opts: &SimOptions) -> String {
+    let mut cmd = format!(
+        "cargo run --release --bin quire-sim -- --seed {seed} --nodes {} --groups {}",
+        opts.nodes, opts.groups
+    );
+    if opts.fault_phase_ms != SimOptions::default().fault_phase_ms {
+        cmd += &format!(" --fault-phase-ms {}", opts.fault_phase_ms);
+    }
+    if let Some(bug) = opts.bug {
+        cmd += &format!(" --bug {}", bug_name(bug));
+    }
+    cmd
+}
+
+/// The planted bugs by their command-line names.
+pub const BUGS: [(&str, PlantedBug); 3] = [
+    ("commit-on-leader-only", PlantedBug::CommitOnLeaderOnly),
+    ("forget-vote", PlantedBug::ForgetVote),
+    ("ack-before-fsync", PlantedBug::AckBeforeFsync),
+];
+
+/// Command-line name of a planted bug.
+pub fn bug_name(bug: PlantedBug) -> &'static str {
+    BUGS.iter()
+        .find(|(_, b)| *b == bug)
+        .map(|(n, _)| *n)
+        .expect("every bug is named")
+}
+
+/// Planted bug by its command-line name.
+pub fn bug_by_name(name: &str) -> Option<PlantedBug> {
+    BUGS.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+}

@@ -1,0 +1,687 @@
+//! The simulated world: nodes with one replica and one disk per group, the
+//! network, clients, the fault schedule, and the event loop that drives
+//! the sans-IO cores through the same `Ready` contract a real driver uses.
+
+use super::checker::{Checker, Violation};
+use super::client::Client;
+use super::disk::{snapshot_chain, DiskOp, Durable, SimDisk};
+use super::faults::FaultCounts;
+use super::net::Network;
+use super::trace::{chain, describe, Record, Trace, What};
+use super::{RunReport, SimOptions};
+use crate::consensus::{Body, Index, Message, NodeId, Raft, RaftConfig, Role, Term};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Everything a seed decides about the environment.
+#[derive(Clone, Debug)]
+pub(crate) struct Params {
+    pub(crate) election_timeout_ms: u64,
+    pub(crate) heartbeat_ms: u64,
+    pub(crate) net_delay_min_ms: u64,
+    pub(crate) net_jitter_ms: u64,
+    /// Share of messages held up on a clogged path (TigerBeetle's term).
+    pub(crate) net_clog_probability: f64,
+    pub(crate) disk_latency_min_ms: u64,
+    pub(crate) disk_jitter_ms: u64,
+    pub(crate) disk_spike_probability: f64,
+    pub(crate) snapshot_entries: u64,
+    pub(crate) append_bytes_max: usize,
+    pub(crate) inflight_msgs_max: usize,
+    pub(crate) fault_gap_ms_max: u64,
+    /// Chance that a node crashes right after granting a vote (a targeted
+    /// fault, as FoundationDB's BUGGIFY places faults at risky moments).
+    pub(crate) crash_after_vote_probability: f64,
+    pub(crate) clients_per_group: usize,
+    /// The core's options are explored too, not only the defaults.
+    pub(crate) pre_vote: bool,
+    pub(crate) check_quorum: bool,
+}
+
+impl Params {
+    fn from_rng(rng: &mut ChaCha8Rng) -> Self {
+        let election_timeout_ms = rng.gen_range(100..=300);
+        Params {
+            election_timeout_ms,
+            heartbeat_ms: election_timeout_ms / rng.gen_range(3..=6),
+            net_delay_min_ms: rng.gen_range(1..=3),
+            net_jitter_ms: rng.gen_range(0..=15),
+            net_clog_probability: rng.gen_range(0.0..0.05),
+            disk_latency_min_ms: rng.gen_range(1..=3),
+            disk_jitter_ms: rng.gen_range(0..=8),
+            disk_spike_probability: rng.gen_range(0.0..0.03),
+            snapshot_entries: rng.gen_range(20..=200),
+            append_bytes_max: rng.gen_range(64..=4096),
+            inflight_msgs_max: rng.gen_range(1..=16),
+            fault_gap_ms_max: rng.gen_range(150..=900),
+            crash_after_vote_probability: rng.gen_range(0.0..0.3),
+            clients_per_group: rng.gen_range(1..=3),
+            pre_vote: rng.gen_bool(0.6),
+            check_quorum: rng.gen_bool(0.6),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Event {
+    Deliver {
+        group: usize,
+        msg: Message,
+    },
+    DiskDone {
+        node: usize,
+        group: usize,
+        epoch: u64,
+        write_id: u64,
+    },
+    Client {
+        client: usize,
+        generation: u64,
+    },
+    Fault,
+    RestartNode {
+        node: usize,
+    },
+    /// Crash now, restart within a few ms (a targeted fault).
+    CrashRestart {
+        node: usize,
+    },
+    /// The node keeps crashing and restarting quickly until `until_ms`.
+    CrashLoop {
+        node: usize,
+        until_ms: u64,
+    },
+    Heal,
+}
+
+/// One group's replica on one node, with its driver state.
+pub(crate) struct Replica {
+    pub(crate) raft: Raft,
+    /// The state machine: applied index and chain hash of the applied log.
+    pub(crate) sm_index: Index,
+    pub(crate) sm_chain: u64,
+    /// Writes submitted and not yet durable: (write id, what to report).
+    in_flight: VecDeque<(u64, Option<(Index, Term)>)>,
+    /// Messages waiting for a write to become durable.
+    held: VecDeque<(u64, Vec<Message>)>,
+    /// Last term in which this replica was seen leading.
+    led_term: Term,
+}
+
+pub(crate) struct Node {
+    pub(crate) alive: bool,
+    pub(crate) replicas: Vec<Option<Replica>>,
+    pub(crate) disks: Vec<SimDisk>,
+}
+
+pub(crate) struct World {
+    pub(crate) seed: u64,
+    pub(crate) opts: SimOptions,
+    pub(crate) p: Params,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) now: u64,
+    queue: BTreeMap<(u64, u64), Event>,
+    seq: u64,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) net: Network,
+    pub(crate) checker: Checker,
+    pub(crate) clients: Vec<Client>,
+    /// (node, group, index) -> client waiting for that entry to apply.
+    pub(crate) waiting: HashMap<(usize, usize, Index), usize>,
+    pub(crate) trace: Trace,
+    pub(crate) faults: FaultCounts,
+    pub(crate) healed_at: Option<u64>,
+    pub(crate) recovered: Vec<bool>,
+    pub(crate) confirmed: u64,
+    pub(crate) unknown: u64,
+    dropped: u64,
+    /// Stats of replicas that crashed, so counters survive restarts.
+    retired_elections: u64,
+    retired_snapshots: u64,
+    leaders: u64,
+}
+
+/// Durable images of one group on every node.
+pub(crate) fn durables(nodes: &[Node], g: usize) -> Vec<&Durable> {
+    nodes.iter().map(|n| &n.disks[g].durable).collect()
+}
+
+/// Node index (0-based) of a node id.
+pub(crate) fn idx(id: NodeId) -> usize {
+    (id - 1) as usize
+}
+
+impl World {
+    pub(crate) fn new(seed: u64, opts: &SimOptions) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let p = Params::from_rng(&mut rng);
+        let n = opts.nodes;
+        let mut w = World {
+            seed,
+            opts: opts.clone(),
+            p,
+            rng,
+            now: 0,
+            queue: BTreeMap::new(),
+            seq: 0,
+            nodes: Vec::new(),
+            net: Network::new(n),
+            checker: Checker::new(opts.groups, n),
+            clients: Vec::new(),
+            waiting: HashMap::new(),
+            trace: Trace::new(opts.recent_events),
+            faults: FaultCounts::default(),
+            healed_at: None,
+            recovered: vec![false; opts.groups],
+            confirmed: 0,
+            unknown: 0,
+            dropped: 0,
+            retired_elections: 0,
+            retired_snapshots: 0,
+            leaders: 0,
+        };
+        for node in 0..n {
+            let replicas = (0..opts.groups)
+                .map(|g| {
+                    let seed = w.rng.gen();
+                    Some(Replica::new(Raft::new(w.raft_config(node, g), seed, 0)))
+                })
+                .collect();
+            w.nodes.push(Node {
+                alive: true,
+                replicas,
+                disks: (0..opts.groups).map(|_| SimDisk::default()).collect(),
+            });
+        }
+        for g in 0..opts.groups {
+            for _ in 0..w.p.clients_per_group {
+                let id = w.clients.len();
+                let guess = w.rng.gen_range(0..n);
+                w.clients.push(Client::new(id, g, guess));
+                let at = w.rng.gen_range(0..50);
+                w.schedule(
+                    at,
+                    Event::Client {
+                        client: id,
+                        generation: 0,
+                    },
+                );
+            }
+        }
+        let first_fault = w.rng.gen_range(100..=w.p.fault_gap_ms_max);
+        w.schedule(first_fault, Event::Fault);
+        w.schedule(opts.fault_phase_ms, Event::Heal);
+        w
+    }
+
+    pub(crate) fn raft_config(&self, node: usize, _group: usize) -> RaftConfig {
+        let voters = (1..=self.opts.nodes as u64).collect();
+        let mut cfg = RaftConfig::new(node as u64 + 1, voters);
+        cfg.election_timeout_ms = self.p.election_timeout_ms;
+        cfg.heartbeat_interval_ms = self.p.heartbeat_ms;
+        cfg.snapshot_entries = self.p.snapshot_entries;
+        cfg.append_bytes_max = self.p.append_bytes_max;
+        cfg.inflight_msgs_max = self.p.inflight_msgs_max;
+        cfg.pre_vote = self.p.pre_vote;
+        cfg.check_quorum = self.p.check_quorum;
+        cfg.planted_bug = self.opts.bug;
+        cfg
+    }
+
+    pub(crate) fn schedule(&mut self, at: u64, ev: Event) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), ev);
+    }
+
+    pub(crate) fn record(&mut self, node: usize, group: usize, what: What) {
+        self.trace.record(Record {
+            time_ms: self.now,
+            node: node as u64 + 1,
+            group,
+            what,
+        });
+    }
+
+    /// Runs to the end of the liveness phase, or to the first violation.
+    pub(crate) fn run(&mut self) -> Result<(), Violation> {
+        loop {
+            let next_event = self
+                .queue
+                .first_key_value()
+                .map_or(u64::MAX, |(&(t, _), _)| t);
+            let (tick_at, who) = self.next_tick();
+            let t = next_event.min(tick_at);
+            if let Some(h) = self.healed_at {
+                if t > h + self.opts.liveness_bound_ms {
+                    let stuck: Vec<usize> = (0..self.opts.groups)
+                        .filter(|&g| !self.recovered[g])
+                        .collect();
+                    return Err(Violation {
+                        invariant: "liveness-after-heal",
+                        detail: format!(
+                            "groups {stuck:?} confirmed no new append within {} ms of healing",
+                            self.opts.liveness_bound_ms
+                        ),
+                    });
+                }
+            }
+            if tick_at <= next_event {
+                self.now = self.now.max(tick_at);
+                let (n, g) = who.expect("a deadline comes from a replica");
+                self.record(n, g, What::Tick);
+                let now = self.now;
+                let rep = self.nodes[n].replicas[g]
+                    .as_mut()
+                    .expect("ticked replica is live");
+                rep.raft.tick(now);
+                assert!(
+                    rep.raft.poll_timeout() > now,
+                    "n{} g{g}: tick at {now} did not move the deadline",
+                    n + 1
+                );
+                self.drive(n, g)?;
+            } else {
+                let ((t, _), ev) = self.queue.pop_first().expect("an event exists");
+                self.now = t;
+                self.handle(ev)?;
+            }
+            if self.healed_at.is_some() && self.recovered.iter().all(|&r| r) {
+                return Ok(());
+            }
+        }
+    }
+
+    fn next_tick(&self) -> (u64, Option<(usize, usize)>) {
+        let mut best = (u64::MAX, None);
+        for (n, node) in self.nodes.iter().enumerate() {
+            if !node.alive {
+                continue;
+            }
+            for (g, rep) in node.replicas.iter().enumerate() {
+                if let Some(rep) = rep {
+                    let t = rep.raft.poll_timeout();
+                    if t < best.0 {
+                        best = (t, Some((n, g)));
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    fn handle(&mut self, ev: Event) -> Result<(), Violation> {
+        match ev {
+            Event::Deliver { group, msg } => {
+                let n = idx(msg.to);
+                let live = self.nodes[n].alive && self.nodes[n].replicas[group].is_some();
+                if !live {
+                    return Ok(());
+                }
+                let (kind, detail) = describe(&msg);
+                let (from, term) = (msg.from, msg.term);
+                self.record(
+                    n,
+                    group,
+                    What::Deliver {
+                        from,
+                        kind,
+                        term,
+                        detail,
+                    },
+                );
+                let now = self.now;
+                let rep = self.nodes[n].replicas[group]
+                    .as_mut()
+                    .expect("checked live");
+                rep.raft.step(now, msg);
+                self.drive(n, group)
+            }
+            Event::DiskDone {
+                node,
+                group,
+                epoch,
+                write_id,
+            } => self.disk_done(node, group, epoch, write_id),
+            Event::Client { client, generation } => self.client_event(client, generation),
+            Event::Fault => self.inject_fault(),
+            Event::RestartNode { node } => {
+                if !self.nodes[node].alive {
+                    self.restart_node(node)?;
+                }
+                Ok(())
+            }
+            Event::CrashRestart { node } => {
+                if self.nodes[node].alive && self.healed_at.is_none() {
+                    self.faults.crashes += 1;
+                    self.crash_node(node)?;
+                    let back = self.now + self.rng.gen_range(1..=10);
+                    self.schedule_restart(node, back);
+                }
+                Ok(())
+            }
+            Event::CrashLoop { node, until_ms } => self.crash_loop_step(node, until_ms),
+            Event::Heal => self.heal(),
+        }
+    }
+
+    /// Runs the `Ready` loop of one replica until it has nothing to say.
+    pub(crate) fn drive(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        loop {
+            let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
+                return Ok(());
+            };
+            let rd = rep.raft.ready();
+            let became_leader = rep.raft.role() == Role::Leader && rep.led_term != rep.raft.term();
+            if became_leader {
+                rep.led_term = rep.raft.term();
+                let term = rep.led_term;
+                self.leaders += 1;
+                self.record(n, g, What::BecameLeader { term });
+                self.checker.leader(g, term, n as u64 + 1)?;
+                let rep = self.nodes[n].replicas[g].as_ref().expect("live");
+                self.checker.leader_complete(g, &rep.raft)?;
+            }
+            if rd.is_empty() {
+                return Ok(());
+            }
+            for m in rd.messages {
+                self.send(g, m)?;
+            }
+            let write = if rd.snapshot.is_some()
+                || rd.truncate_from.is_some()
+                || !rd.entries.is_empty()
+                || rd.hard_state.is_some()
+            {
+                let report = rd
+                    .entries
+                    .last()
+                    .map(|e| (e.index, e.term))
+                    .or(rd.snapshot.as_ref().map(|s| (s.index, s.term)));
+                let op = DiskOp::Write {
+                    snapshot: rd.snapshot.clone(),
+                    truncate_from: rd.truncate_from,
+                    entries: rd.entries,
+                    hard_state: rd.hard_state,
+                };
+                Some(self.submit_write(n, g, op, report))
+            } else {
+                None
+            };
+            let rep = self.nodes[n].replicas[g].as_mut().expect("live");
+            if !rd.messages_after_persist.is_empty() {
+                match write.or(rep.in_flight.back().map(|&(id, _)| id)) {
+                    Some(id) => rep.held.push_back((id, rd.messages_after_persist)),
+                    None => {
+                        for m in rd.messages_after_persist {
+                            self.send(g, m)?;
+                        }
+                    }
+                }
+            }
+            let rep = self.nodes[n].replicas[g].as_mut().expect("live");
+            if let Some(s) = &rd.snapshot {
+                rep.sm_index = s.index;
+                rep.sm_chain = snapshot_chain(s);
+                let (index, h) = (rep.sm_index, rep.sm_chain);
+                self.checker.applied(g, n as u64 + 1, index, h)?;
+            }
+            for e in rd.committed {
+                let rep = self.nodes[n].replicas[g].as_mut().expect("live");
+                assert_eq!(e.index, rep.sm_index + 1, "entries are applied in order");
+                rep.sm_chain = chain(rep.sm_chain, &e);
+                rep.sm_index = e.index;
+                let h = rep.sm_chain;
+                self.checker.applied(g, n as u64 + 1, e.index, h)?;
+                self.entry_applied(n, g, &e, h)?;
+            }
+            let rep = self.nodes[n].replicas[g].as_mut().expect("live");
+            if rep.sm_index > rep.raft.applied_index() {
+                rep.raft.applied(rep.sm_index);
+            }
+            if rd.snapshot_wanted {
+                let data = rep.sm_chain.to_le_bytes().to_vec();
+                let at = rep.sm_index;
+                if let Ok(snap) = rep.raft.compact(at, data) {
+                    self.submit_write(n, g, DiskOp::Compact(snap), None);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn submit_write(
+        &mut self,
+        n: usize,
+        g: usize,
+        op: DiskOp,
+        report: Option<(Index, Term)>,
+    ) -> u64 {
+        let mut latency =
+            self.p.disk_latency_min_ms + self.rng.gen_range(0..=self.p.disk_jitter_ms);
+        if self.rng.gen_bool(self.p.disk_spike_probability) {
+            latency += self.rng.gen_range(20..=200);
+        }
+        let disk = &mut self.nodes[n].disks[g];
+        let id = disk.submit(op);
+        let done = (self.now + latency).max(disk.busy_until_ms);
+        disk.busy_until_ms = done;
+        let epoch = disk.epoch;
+        let rep = self.nodes[n].replicas[g]
+            .as_mut()
+            .expect("writes come from a live replica");
+        rep.in_flight.push_back((id, report));
+        self.schedule(
+            done,
+            Event::DiskDone {
+                node: n,
+                group: g,
+                epoch,
+                write_id: id,
+            },
+        );
+        id
+    }
+
+    fn disk_done(
+        &mut self,
+        n: usize,
+        g: usize,
+        epoch: u64,
+        write_id: u64,
+    ) -> Result<(), Violation> {
+        if self.nodes[n].disks[g].epoch != epoch || self.nodes[n].replicas[g].is_none() {
+            return Ok(()); // the write died with a crash
+        }
+        if self.nodes[n].disks[g].fail_next_write {
+            // fsync failed: its errors cannot be retried, so the group stops
+            // on this node, as the storage layer will.
+            self.record(n, g, What::DiskEio);
+            return self.stop_group(n, g);
+        }
+        self.record(n, g, What::DiskDone { write_id });
+        let applied = self.nodes[n].disks[g].complete(write_id);
+        self.check_durable(n, g, &applied)?;
+        let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
+        let (id, report) = rep.in_flight.pop_front().expect("a write was in flight");
+        assert_eq!(id, write_id);
+        let mut release = Vec::new();
+        while rep.held.front().is_some_and(|&(w, _)| w <= write_id) {
+            release.extend(rep.held.pop_front().expect("front exists").1);
+        }
+        if let Some((index, term)) = report {
+            rep.raft.persisted(index, term);
+        }
+        for m in release {
+            self.send(g, m)?;
+        }
+        self.drive(n, g)
+    }
+
+    fn check_durable(
+        &mut self,
+        n: usize,
+        g: usize,
+        a: &super::disk::Applied,
+    ) -> Result<(), Violation> {
+        let id = n as u64 + 1;
+        for &(index, term, prefix) in &a.new_entries {
+            self.checker.durable_entry(g, id, index, term, prefix)?;
+        }
+        self.checker
+            .durable_commit(g, id, a.commit_before, a.commit_after)
+    }
+
+    /// Sends a message through the simulated network.
+    pub(crate) fn send(&mut self, g: usize, msg: Message) -> Result<(), Violation> {
+        let (from, to) = (idx(msg.from), idx(msg.to));
+        if self.opts.check_send_rule {
+            self.checker
+                .leaving(g, &msg, &self.nodes[from].disks[g].durable)?;
+        }
+        if to >= self.nodes.len() {
+            return Ok(());
+        }
+        // A risky moment for a targeted crash: right after a vote is granted,
+        // when forgetting it would let this node vote twice.
+        let granted_vote = matches!(msg.body, Body::VoteResponse { granted: true });
+        if granted_vote
+            && self.healed_at.is_none()
+            && self.rng.gen_bool(self.p.crash_after_vote_probability)
+        {
+            let at = self.now + self.rng.gen_range(0..=3);
+            self.schedule(at, Event::CrashRestart { node: from });
+        }
+        if self.net.is_blocked(from, to) || self.rng.gen_bool(self.net.loss) {
+            self.dropped += 1;
+            let kind = describe(&msg).0;
+            self.record(
+                from,
+                g,
+                What::Drop {
+                    from: msg.from,
+                    to: msg.to,
+                    kind,
+                },
+            );
+            return Ok(());
+        }
+        let copies = if self.rng.gen_bool(self.net.duplication) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut delay = self.p.net_delay_min_ms + self.rng.gen_range(0..=self.p.net_jitter_ms);
+            if self.rng.gen_bool(self.p.net_clog_probability) {
+                delay += self.rng.gen_range(0..=2 * self.p.election_timeout_ms);
+            }
+            let at = (self.now + delay).max(self.net.clogged_until(from, to) + delay);
+            let msg = msg.clone();
+            self.schedule(at, Event::Deliver { group: g, msg });
+        }
+        Ok(())
+    }
+
+    /// Crashes one group's replica on a node: its unsynced writes are
+    /// partly lost or torn, and waiting clients learn nothing.
+    pub(crate) fn stop_group(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        let Some(rep) = self.nodes[n].replicas[g].take() else {
+            return Ok(());
+        };
+        let stats = rep.raft.stats();
+        self.retired_elections += stats.elections_started;
+        self.retired_snapshots += stats.snapshots_sent;
+        let survived = self.nodes[n].disks[g].crash(&mut self.rng);
+        for a in &survived {
+            self.check_durable(n, g, a)?;
+        }
+        self.abandon_clients_on(n, g);
+        let disks = durables(&self.nodes, g);
+        self.checker.confirmed_still_durable(g, &disks)
+    }
+
+    /// Restarts one group's replica from its disk.
+    pub(crate) fn start_group(&mut self, n: usize, g: usize) {
+        if self.nodes[n].replicas[g].is_some() {
+            return;
+        }
+        let restored = self.nodes[n].disks[g].durable.restored();
+        let seed = self.rng.gen();
+        let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored);
+        let mut rep = Replica::new(raft);
+        if let Some(s) = self.nodes[n].disks[g].durable.snapshot.as_ref() {
+            rep.sm_index = s.index;
+            rep.sm_chain = snapshot_chain(s);
+        }
+        self.nodes[n].replicas[g] = Some(rep);
+    }
+
+    pub(crate) fn crash_node(&mut self, n: usize) -> Result<(), Violation> {
+        self.record(n, 0, What::Crash);
+        self.nodes[n].alive = false;
+        for g in 0..self.opts.groups {
+            self.stop_group(n, g)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn restart_node(&mut self, n: usize) -> Result<(), Violation> {
+        self.record(n, 0, What::Restart);
+        self.nodes[n].alive = true;
+        for g in 0..self.opts.groups {
+            self.start_group(n, g);
+            self.drive(n, g)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn schedule_restart(&mut self, n: usize, at: u64) {
+        self.schedule(at, Event::RestartNode { node: n });
+    }
+
+    pub(crate) fn report(&self) -> RunReport {
+        let mut elections = self.retired_elections;
+        let mut snapshots = self.retired_snapshots;
+        for node in &self.nodes {
+            for rep in node.replicas.iter().flatten() {
+                elections += rep.raft.stats().elections_started;
+                snapshots += rep.raft.stats().snapshots_sent;
+            }
+        }
+        RunReport {
+            seed: self.seed,
+            trace_hash: self.trace.hash(),
+            sim_time_ms: self.now,
+            events: self.trace.events,
+            elections,
+            leaders: self.leaders,
+            commits: (0..self.opts.groups)
+                .map(|g| self.checker.committed_len(g))
+                .sum(),
+            confirmed: self.confirmed,
+            unknown: self.unknown,
+            snapshots_sent: snapshots,
+            faults: self.faults,
+            messages_dropped: self.dropped,
+            invariant_checks: self.checker.checks,
+            recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
+        }
+    }
+
+    pub(crate) fn recent(&self) -> Vec<String> {
+        self.trace.recent()
+    }
+}
+
+impl Replica {
+    fn new(raft: Raft) -> Self {
+        Replica {
+            raft,
+            sm_index: 0,
+            sm_chain: 0,
+            in_flight: VecDeque::new(),
+            held: VecDeque::new(),
+            led_term: 0,
+        }
+    }
+}
