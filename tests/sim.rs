@@ -115,3 +115,31 @@ fn durability_checker_catches_unsafe_commit_end_to_end() {
         );
     }
 }
+
+/// The recorded history is consistent with the report: every confirmed
+/// operation names a distinct index per group, and outcomes add up.
+#[test]
+fn history_records_every_outcome() {
+    let opts = SimOptions::default();
+    let (report, history) = sim::run_with_history(7, &opts).expect("seed 7 passes");
+    let count =
+        |f: fn(&sim::Outcome) -> bool| history.iter().filter(|o| f(&o.outcome)).count() as u64;
+    assert_eq!(
+        count(|o| matches!(o, sim::Outcome::Ok(_))),
+        report.confirmed
+    );
+    assert_eq!(count(|o| *o == sim::Outcome::Failed), report.failed);
+    assert_eq!(count(|o| *o == sim::Outcome::Unknown), report.unknown);
+    assert!(report.confirmed > 0);
+    let mut seen = std::collections::HashSet::new();
+    for op in &history {
+        assert!(op.completed_ms >= op.invoked_ms);
+        if let sim::Outcome::Ok(index) = op.outcome {
+            assert!(
+                seen.insert((op.group, index)),
+                "two confirmed appends at group {} index {index}",
+                op.group
+            );
+        }
+    }
+}

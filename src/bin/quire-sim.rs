@@ -109,6 +109,7 @@ struct Totals {
     leaders: u64,
     commits: u64,
     confirmed: u64,
+    failed: u64,
     unknown: u64,
     snapshots: u64,
     dropped: u64,
@@ -126,6 +127,7 @@ impl Totals {
         self.leaders += r.leaders;
         self.commits += r.commits;
         self.confirmed += r.confirmed;
+        self.failed += r.failed;
         self.unknown += r.unknown;
         self.snapshots += r.snapshots_sent;
         self.dropped += r.messages_dropped;
@@ -165,8 +167,8 @@ impl Totals {
             self.elections, self.leaders, self.snapshots
         );
         println!(
-            "commits:     {} entries committed, {} appends confirmed, {} unknown (leader lost)",
-            self.commits, self.confirmed, self.unknown
+            "commits:     {} entries committed, {} appends confirmed, {} failed, {} unknown (leader lost)",
+            self.commits, self.confirmed, self.failed, self.unknown
         );
         println!(
             "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} leader transfers; {} messages dropped",

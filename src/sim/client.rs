@@ -9,6 +9,34 @@ use super::world::{idx, Event, World};
 use crate::consensus::{Entry, Index, Payload, RaftError, Term};
 use rand::Rng;
 
+/// How one client operation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Confirmed at this index.
+    Ok(Index),
+    /// Definitely not applied: refused, or another entry took its index.
+    Failed,
+    /// The client cannot tell (its node crashed or it timed out).
+    Unknown,
+}
+
+/// One client operation in the recorded history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operation {
+    /// Client that invoked it.
+    pub client: usize,
+    /// Group it went to.
+    pub group: usize,
+    /// The unique value appended.
+    pub value: Vec<u8>,
+    /// When it was invoked and when its outcome was known, simulated ms.
+    pub invoked_ms: u64,
+    /// When the outcome was known.
+    pub completed_ms: u64,
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
 /// A proposal waiting for its outcome.
 #[derive(Clone, Debug)]
 pub(crate) struct Pending {
@@ -69,7 +97,7 @@ impl World {
             // Timed out: the outcome is unknown to this client.
             self.waiting
                 .remove(&(p.node, self.clients[c].group, p.index));
-            self.unknown += 1;
+            self.complete(c, p, Outcome::Unknown);
             let think = self.rng.gen_range(1..=20);
             self.client_later(c, think);
             return Ok(());
@@ -134,19 +162,31 @@ impl World {
             .expect("a waiting client has a pending append");
         let ours = p.term == e.term && matches!(&e.payload, Payload::Normal(v) if *v == p.value);
         if ours {
-            self.confirmed += 1;
             self.record(n, g, What::Confirm { index: e.index });
             if self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
                 self.recovered[g] = true;
             }
+            self.complete(c, p, Outcome::Ok(e.index));
             let disks = super::world::durables(&self.nodes, g);
             self.checker.confirmed(g, e.index, h, &disks)?;
+        } else {
+            // Another leader's entry took that index: a definite failure.
+            self.complete(c, p, Outcome::Failed);
         }
-        // Otherwise another leader's entry took that index: a definite
-        // failure, and the client simply moves on.
         let think = self.rng.gen_range(0..=10);
         self.client_later(c, think);
         Ok(())
+    }
+
+    fn complete(&mut self, c: usize, p: Pending, outcome: Outcome) {
+        self.history.push(Operation {
+            client: c,
+            group: self.clients[c].group,
+            value: p.value,
+            invoked_ms: p.invoked_ms,
+            completed_ms: self.now,
+            outcome,
+        });
     }
 
     /// Clients waiting on a replica that crashed will never hear back.
@@ -159,7 +199,7 @@ impl World {
             if hit {
                 let p = self.clients[c].pending.take().expect("checked");
                 self.waiting.remove(&(n, g, p.index));
-                self.unknown += 1;
+                self.complete(c, p, Outcome::Unknown);
                 let retry = self.rng.gen_range(5..=30);
                 self.client_later(c, retry);
             }

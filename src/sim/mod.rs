@@ -21,6 +21,7 @@ mod trace;
 mod world;
 
 pub use checker::{Violation, INVARIANTS};
+pub use client::{Operation, Outcome};
 pub use faults::FaultCounts;
 
 use crate::consensus::PlantedBug;
@@ -79,6 +80,8 @@ pub struct RunReport {
     pub commits: u64,
     /// Client appends confirmed.
     pub confirmed: u64,
+    /// Client appends that definitely failed (another entry took the index).
+    pub failed: u64,
     /// Client appends whose outcome stayed unknown (leader lost).
     pub unknown: u64,
     /// Snapshots sent to lagging followers.
@@ -106,19 +109,48 @@ pub struct Failure {
     pub report: RunReport,
 }
 
+/// Runs one simulation and returns its client history too (invocations
+/// and outcomes), for checkers that work on histories.
+pub fn run_with_history(
+    seed: u64,
+    opts: &SimOptions,
+) -> Result<(RunReport, Vec<Operation>), Box<Failure>> {
+    let mut history = Vec::new();
+    let report = run_inner(seed, opts, Some(&mut history))?;
+    Ok((report, history))
+}
+
 /// Runs one simulation. Any panic inside the cores is reported as a
 /// failure of the same seed rather than aborting a multi-seed sweep.
 pub fn run(seed: u64, opts: &SimOptions) -> Result<RunReport, Box<Failure>> {
+    run_inner(seed, opts, None)
+}
+
+fn run_inner(
+    seed: u64,
+    opts: &SimOptions,
+    history_out: Option<&mut Vec<Operation>>,
+) -> Result<RunReport, Box<Failure>> {
     assert!((1..=7).contains(&opts.nodes), "1 to 7 nodes");
     assert!(opts.groups >= 1);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let mut w = world::World::new(seed, opts);
         let result = w.run();
-        (result, w.report(), w.recent())
+        (
+            result,
+            w.report(),
+            w.recent(),
+            std::mem::take(&mut w.history),
+        )
     }));
     match outcome {
-        Ok((Ok(()), report, _)) => Ok(report),
-        Ok((Err(v), report, recent)) => Err(Box::new(Failure {
+        Ok((Ok(()), report, _, history)) => {
+            if let Some(out) = history_out {
+                *out = history;
+            }
+            Ok(report)
+        }
+        Ok((Err(v), report, recent, _)) => Err(Box::new(Failure {
             invariant: v.invariant.to_string(),
             detail: v.detail,
             recent_events: recent,

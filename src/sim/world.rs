@@ -3,7 +3,7 @@
 //! the sans-IO cores through the same `Ready` contract a real driver uses.
 
 use super::checker::{Checker, Violation};
-use super::client::Client;
+use super::client::{Client, Operation, Outcome};
 use super::disk::{snapshot_chain, DiskOp, Durable, SimDisk};
 use super::faults::FaultCounts;
 use super::net::Network;
@@ -133,8 +133,8 @@ pub(crate) struct World {
     pub(crate) faults: FaultCounts,
     pub(crate) healed_at: Option<u64>,
     pub(crate) recovered: Vec<bool>,
-    pub(crate) confirmed: u64,
-    pub(crate) unknown: u64,
+    /// Every completed client operation, in completion order.
+    pub(crate) history: Vec<Operation>,
     dropped: u64,
     /// Stats of replicas that crashed, so counters survive restarts.
     retired_elections: u64,
@@ -174,8 +174,7 @@ impl World {
             faults: FaultCounts::default(),
             healed_at: None,
             recovered: vec![false; opts.groups],
-            confirmed: 0,
-            unknown: 0,
+            history: Vec::new(),
             dropped: 0,
             retired_elections: 0,
             retired_snapshots: 0,
@@ -658,14 +657,19 @@ impl World {
             commits: (0..self.opts.groups)
                 .map(|g| self.checker.committed_len(g))
                 .sum(),
-            confirmed: self.confirmed,
-            unknown: self.unknown,
+            confirmed: self.count(|o| matches!(o, Outcome::Ok(_))),
+            failed: self.count(|o| o == Outcome::Failed),
+            unknown: self.count(|o| o == Outcome::Unknown),
             snapshots_sent: snapshots,
             faults: self.faults,
             messages_dropped: self.dropped,
             invariant_checks: self.checker.checks,
             recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
         }
+    }
+
+    fn count(&self, pred: impl Fn(Outcome) -> bool) -> u64 {
+        self.history.iter().filter(|op| pred(op.outcome)).count() as u64
     }
 
     pub(crate) fn recent(&self) -> Vec<String> {
