@@ -9,4 +9,6 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod consensus;
+pub mod io;
 pub mod sim;
+pub mod storage;

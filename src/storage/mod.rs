@@ -1,0 +1,13 @@
+//! Durable log storage: the on-disk format, the recovery scan, and the
+//! write-ahead log that group-commits a Raft group's entries to disk.
+//!
+//! `format`, `superblock` and `recovery` are pure: bytes in, bytes out.
+//! `wal` drives them through an [`crate::io::IoBackend`] (io_uring, or the
+//! portable pwrite + fdatasync fallback).
+
+pub mod format;
+pub mod recovery;
+pub mod superblock;
+pub mod wal;
+
+pub use wal::{DiskState, OpenReport, Ticket, Wal, WalConfig, WalError, WalMetrics};

@@ -1,0 +1,448 @@
+//! The recovery scan: from the bytes of a group's segments, rebuild the
+//! log, telling a torn tail (never acknowledged, safe to discard) from
+//! corruption in the middle (acknowledged data damaged: never truncated,
+//! reported, repaired from a peer). Pure: the caller reads the files.
+//!
+//! The rules, with `w` = flushes that may be in flight at once:
+//! - batches carry consecutive sequence numbers; a block that does not hold
+//!   a valid batch is *suspect*;
+//! - suspect blocks followed by nothing valid, or only by batches at most
+//!   `w` sequence numbers later, are a torn tail: those batches were in
+//!   flight at the crash, so none was acknowledged. They are discarded;
+//! - suspect blocks followed by a batch more than `w` sequence numbers
+//!   later are corruption: the damaged batches had been made durable and
+//!   acknowledged before. Nothing is truncated; the damage is reported
+//!   with its segment and offset, the trusted log ends before it, and the
+//!   node must fetch the range again from a peer before it votes;
+//! - a later batch that starts at or below the damaged range rewrote it
+//!   (a repair, or a truncation by consensus): the damage is healed.
+
+use super::format::{decode_batch, FormatError, BLOCK_BYTES};
+use crate::consensus::{Entry, Index};
+
+/// A segment file's contents.
+pub struct SegmentImage<'a> {
+    /// Segment number (files are named after it).
+    pub id: u64,
+    /// The whole file.
+    pub bytes: &'a [u8],
+}
+
+/// Where a batch lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLocation {
+    /// Segment number.
+    pub segment: u64,
+    /// Byte offset in the segment.
+    pub offset: u64,
+    /// Bytes on disk.
+    pub disk_bytes: u64,
+    /// Sequence number.
+    pub seq: u64,
+    /// First entry index.
+    pub first_index: Index,
+    /// Entries in it.
+    pub count: u64,
+}
+
+/// Damage found in the middle of the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Corruption {
+    /// Segment holding the first damaged block.
+    pub segment: u64,
+    /// Its byte offset.
+    pub offset: u64,
+    /// What was wrong there.
+    pub reason: FormatError,
+    /// Index range whose entries could not be read.
+    pub lost: (Index, Index),
+    /// True if a later batch rewrote that range.
+    pub healed: bool,
+}
+
+/// A torn tail that was discarded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// Segment of the first bad block.
+    pub segment: u64,
+    /// Its byte offset.
+    pub offset: u64,
+    /// What was wrong there.
+    pub reason: FormatError,
+    /// Valid but unacknowledgeable batches after it that were dropped.
+    pub batches_discarded: u64,
+    /// Where the trusted log ended, (segment, offset).
+    pub zero_from: (u64, u64),
+    /// End of the damaged region, (segment, offset): the caller zeroes
+    /// from `zero_from` up to here before writing again, so that no
+    /// stale batch can be mistaken for a new one by a later scan.
+    pub zero_until: (u64, u64),
+}
+
+/// What the scan found.
+#[derive(Clone, Debug, Default)]
+pub struct ScanResult {
+    /// Trusted entries after the snapshot, consecutive.
+    pub entries: Vec<Entry>,
+    /// Highest commit index recorded, capped at the trusted end.
+    pub commit: Index,
+    /// Every batch that contributed, in order (for the sparse index).
+    pub batches: Vec<BatchLocation>,
+    /// Highest batch sequence number seen.
+    pub last_seq: u64,
+    /// Where the next batch goes: (segment, offset).
+    pub append_at: Option<(u64, u64)>,
+    /// The torn tail discarded, if any.
+    pub torn_tail: Option<TornTail>,
+    /// Corruption found, healed or not.
+    pub corruption: Vec<Corruption>,
+    /// With unhealed corruption: the highest index the disk held; the
+    /// node must not vote until its log is durable up to here again.
+    pub repair_until: Option<Index>,
+}
+
+#[derive(Clone, Copy)]
+struct Suspect {
+    segment: u64,
+    offset: u64,
+    reason: FormatError,
+    trusted_len: usize,
+    seq: u64,
+    batches_before: usize,
+    /// Where the trusted log ended: appends continue, and zeroing starts, here.
+    start: (u64, u64),
+    /// End of the last non-zero block or batch seen since, if any.
+    dirty_until: Option<(u64, u64)>,
+}
+
+/// Rebuilds the log from segments in order. `base` is the index the log
+/// starts after (the snapshot's); `commit` the superblock's; `window` the
+/// number of flushes that may have been in flight.
+pub fn scan(segments: &[SegmentImage<'_>], base: Index, commit: Index, window: u64) -> ScanResult {
+    let mut r = ScanResult {
+        commit,
+        ..ScanResult::default()
+    };
+    let mut log: Vec<Entry> = Vec::new();
+    let mut suspect: Option<Suspect> = None;
+    // Unhealed damage: trusted log end and the highest index seen since.
+    let mut hole: Option<usize> = None;
+    let trusted_end = |log: &Vec<Entry>| base + log.len() as u64;
+
+    for seg in segments {
+        let mut off = 0usize;
+        while off + BLOCK_BYTES <= seg.bytes.len() {
+            let batch = match decode_batch(&seg.bytes[off..]) {
+                Ok(b) if r.last_seq == 0 || b.seq > r.last_seq => b,
+                Ok(_) => {
+                    // A batch older than one already applied cannot be
+                    // here unless something wrote where it should not.
+                    note_suspect(&mut suspect, seg.id, off, FormatError::BadField, &log, &r);
+                    off += BLOCK_BYTES;
+                    continue;
+                }
+                Err(e) => {
+                    note_suspect(&mut suspect, seg.id, off, e, &log, &r);
+                    off += BLOCK_BYTES;
+                    continue;
+                }
+            };
+            if let Some(s) = suspect.as_mut() {
+                s.dirty_until = Some((seg.id, (off + batch.disk_bytes) as u64));
+            }
+            if let Some(s) = suspect {
+                let jump = batch.seq - s.seq;
+                if jump == 1 {
+                    // Nothing missing: unused space at a segment's end (or
+                    // stray bytes in free space) between two batches.
+                    suspect = None;
+                } else if jump > window {
+                    let start = base + s.trusted_len as u64 + 1;
+                    let healed = batch.first_index <= start;
+                    r.corruption.push(Corruption {
+                        segment: s.segment,
+                        offset: s.offset,
+                        reason: s.reason,
+                        lost: (start, batch.first_index.max(start + 1) - 1),
+                        healed,
+                    });
+                    if !healed && hole.is_none() {
+                        hole = Some(s.trusted_len);
+                    }
+                    suspect = None;
+                }
+                // Otherwise still ambiguous: keep the suspect and apply the
+                // batch tentatively; the end of the scan decides.
+            }
+            let loc = BatchLocation {
+                segment: seg.id,
+                offset: off as u64,
+                disk_bytes: batch.disk_bytes as u64,
+                seq: batch.seq,
+                first_index: batch.first_index,
+                count: batch.entries.len() as u64,
+            };
+            r.last_seq = batch.seq;
+            r.commit = r.commit.max(batch.commit);
+            if let Some(trusted) = hole {
+                if batch.first_index <= base + trusted as u64 + 1 {
+                    hole = None; // rewritten from below the damage: healed
+                    if let Some(c) = r.corruption.last_mut() {
+                        c.healed = true;
+                    }
+                }
+            }
+            if hole.is_none() {
+                apply(&mut log, base, batch.first_index, batch.entries);
+            } else {
+                let last = batch.first_index + loc.count;
+                r.repair_until = Some(r.repair_until.unwrap_or(0).max(last.saturating_sub(1)));
+            }
+            r.batches.push(loc);
+            off += batch.disk_bytes;
+            r.append_at = Some((seg.id, off as u64));
+        }
+    }
+
+    if let Some(s) = suspect {
+        // Only in-flight batches after the damage: a torn tail. Zeros
+        // alone are just the preallocated end of the log.
+        r.append_at = Some(s.start);
+        if let Some(zero_until) = s.dirty_until {
+            let discarded = r.batches.len() - s.batches_before;
+            r.batches.truncate(s.batches_before);
+            log.truncate(s.trusted_len);
+            r.last_seq = s.seq;
+            r.torn_tail = Some(TornTail {
+                segment: s.segment,
+                offset: s.offset,
+                reason: s.reason,
+                batches_discarded: discarded as u64,
+                zero_from: s.start,
+                zero_until,
+            });
+        }
+    }
+    if hole.is_none() {
+        r.repair_until = None;
+    } else if let Some(u) = r.repair_until {
+        if u <= trusted_end(&log) {
+            r.repair_until = None;
+        }
+    }
+    // Commit recorded by discarded or untrusted batches is not trusted.
+    r.commit = r.commit.min(trusted_end(&log)).max(base);
+    r.entries = log;
+    r
+}
+
+fn note_suspect(
+    suspect: &mut Option<Suspect>,
+    segment: u64,
+    off: usize,
+    reason: FormatError,
+    log: &[Entry],
+    r: &ScanResult,
+) {
+    let dirty = (reason != FormatError::Zeroed).then_some((segment, (off + BLOCK_BYTES) as u64));
+    match suspect {
+        None => {
+            *suspect = Some(Suspect {
+                segment,
+                offset: off as u64,
+                reason,
+                trusted_len: log.len(),
+                seq: r.last_seq,
+                batches_before: r.batches.len(),
+                start: (segment, off as u64),
+                dirty_until: dirty,
+            })
+        }
+        Some(s) => {
+            if dirty.is_some() {
+                if s.dirty_until.is_none() {
+                    // Only zeros so far (a segment's unused end): the
+                    // damage starts here, so report it here.
+                    s.segment = segment;
+                    s.offset = off as u64;
+                    s.reason = reason;
+                }
+                s.dirty_until = dirty;
+            }
+        }
+    }
+}
+
+/// Applies a batch: it replaces everything from its first index on.
+fn apply(log: &mut Vec<Entry>, base: Index, first_index: Index, entries: Vec<Entry>) {
+    let keep = first_index.saturating_sub(base + 1) as usize;
+    if keep > log.len() {
+        // A gap in indexes without a gap in sequence numbers cannot be
+        // produced by the writer; keep what is trusted and stop here.
+        return;
+    }
+    log.truncate(keep);
+    log.extend(entries.into_iter().filter(|e| e.index > base));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consensus::{Payload, Term};
+    use crate::storage::format::BatchBuilder;
+
+    const SEG: usize = 16 * BLOCK_BYTES;
+
+    /// Lays batches out like the writer: consecutive, rolling to the next
+    /// segment when one does not fit. Each batch: (first index, count, term).
+    fn layout(batches: &[(Index, u64, Term)]) -> (Vec<Vec<u8>>, Vec<(usize, usize)>) {
+        let mut segs = vec![vec![0u8; SEG]];
+        let mut at = 0;
+        let mut places = Vec::new();
+        for (seq, &(first, count, term)) in batches.iter().enumerate() {
+            let mut b = BatchBuilder::new(first);
+            for i in 0..count {
+                b.push(&Entry {
+                    term,
+                    index: first + i,
+                    payload: Payload::Normal(vec![(first + i) as u8; 700]),
+                });
+            }
+            let bytes = b.finish(seq as u64 + 1, first + count - 1);
+            if at + bytes.len() > SEG {
+                segs.push(vec![0u8; SEG]);
+                at = 0;
+            }
+            let s = segs.len() - 1;
+            segs[s][at..at + bytes.len()].copy_from_slice(&bytes);
+            places.push((s, at));
+            at += bytes.len();
+        }
+        (segs, places)
+    }
+
+    fn run(segs: &[Vec<u8>], window: u64) -> ScanResult {
+        let images: Vec<SegmentImage<'_>> = segs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| SegmentImage {
+                id: i as u64,
+                bytes: b,
+            })
+            .collect();
+        scan(&images, 0, 0, window)
+    }
+
+    fn indexes(r: &ScanResult) -> Vec<(Index, Term)> {
+        r.entries.iter().map(|e| (e.index, e.term)).collect()
+    }
+
+    fn ten_batches() -> Vec<(Index, u64, Term)> {
+        (0..10).map(|i| (1 + i * 10, 10, 1)).collect()
+    }
+
+    #[test]
+    fn clean_log_across_segments() {
+        let (segs, _) = layout(&ten_batches());
+        assert!(segs.len() > 1, "the test wants several segments");
+        let r = run(&segs, 1);
+        assert_eq!(r.entries.len(), 100);
+        assert!(r.torn_tail.is_none() && r.corruption.is_empty());
+        assert_eq!(r.commit, 100);
+        assert_eq!(r.last_seq, 10);
+    }
+
+    #[test]
+    fn torn_last_batch_is_discarded() {
+        let (mut segs, places) = layout(&ten_batches());
+        let (s, at) = places[9];
+        segs[s][at + 3000] ^= 0x40;
+        let r = run(&segs, 1);
+        assert_eq!(r.entries.len(), 90);
+        let t = r.torn_tail.expect("torn tail reported");
+        assert_eq!((t.segment, t.offset), (s as u64, at as u64));
+        assert!(r.corruption.is_empty());
+        assert_eq!(r.append_at, Some((s as u64, at as u64)));
+        assert_eq!(r.commit, 90, "commit from the torn batch is not trusted");
+    }
+
+    #[test]
+    fn in_flight_window_decides_torn_or_corrupt() {
+        let (mut segs, places) = layout(&ten_batches());
+        let (s, at) = places[8];
+        segs[s][at + 100] ^= 0x01; // batch 9 bad, batch 10 intact
+        let torn = run(&segs, 2);
+        assert_eq!(torn.entries.len(), 80);
+        assert_eq!(
+            torn.torn_tail.as_ref().map(|t| t.batches_discarded),
+            Some(1)
+        );
+        let corrupt = run(&segs, 1);
+        assert_eq!(
+            corrupt.entries.len(),
+            80,
+            "trusted log stops before the damage"
+        );
+        assert_eq!(corrupt.corruption.len(), 1);
+        let c = &corrupt.corruption[0];
+        assert_eq!((c.segment, c.offset), (s as u64, at as u64));
+        assert_eq!(c.lost, (81, 90));
+        assert!(!c.healed);
+        assert_eq!(corrupt.repair_until, Some(100));
+        assert!(
+            corrupt.torn_tail.is_none(),
+            "corruption is never truncated as a tail"
+        );
+    }
+
+    #[test]
+    fn zeroed_block_in_the_middle_is_corruption() {
+        let (mut segs, places) = layout(&ten_batches());
+        let (s, at) = places[3];
+        segs[s][at..at + BLOCK_BYTES].fill(0);
+        let r = run(&segs, 1);
+        assert_eq!(r.entries.len(), 30);
+        assert_eq!(r.corruption.len(), 1);
+        assert_eq!(r.corruption[0].lost, (31, 40));
+        assert_eq!(r.repair_until, Some(100));
+    }
+
+    #[test]
+    fn a_rewrite_from_below_heals_the_damage() {
+        let mut batches = ten_batches();
+        batches.push((31, 5, 2)); // a repair: from index 31 again, term 2
+        let (mut segs, places) = layout(&batches);
+        let (s, at) = places[3];
+        segs[s][at + 50] ^= 0xff;
+        let r = run(&segs, 1);
+        assert_eq!(r.corruption.len(), 1);
+        assert!(r.corruption[0].healed);
+        assert!(r.repair_until.is_none());
+        let got = indexes(&r);
+        assert_eq!(got.len(), 35);
+        assert_eq!(got[30], (31, 2));
+    }
+
+    #[test]
+    fn a_later_batch_truncates_the_suffix() {
+        let (segs, _) = layout(&[(1, 10, 1), (11, 10, 1), (15, 3, 2)]);
+        let r = run(&segs, 1);
+        let got = indexes(&r);
+        assert_eq!(got.len(), 17);
+        assert_eq!(got[13], (14, 1));
+        assert_eq!(got[14], (15, 2));
+    }
+
+    #[test]
+    fn garbage_after_the_last_batch_is_a_torn_tail_to_zero() {
+        let (mut segs, places) = layout(&ten_batches()[..3]);
+        let (s, at) = places[2];
+        let end = at + crate::storage::format::align_up(48 + 10 * (32 + 700));
+        segs[s][end + BLOCK_BYTES..end + BLOCK_BYTES + 64].fill(0xab);
+        let r = run(&segs, 1);
+        assert_eq!(r.entries.len(), 30);
+        let t = r.torn_tail.expect("garbage reported");
+        assert_eq!(t.zero_until, (s as u64, (end + 2 * BLOCK_BYTES) as u64));
+        assert_eq!(r.append_at, Some((s as u64, end as u64)));
+    }
+}

@@ -1,0 +1,221 @@
+//! The superblock and snapshot files. Pure encoding and decoding.
+//!
+//! The superblock holds the hard state (term, vote, commit) and the log's
+//! start (the snapshot it begins after). It is written as two alternating
+//! 4 KiB copies, each with a sequence number and a CRC32C: a torn write
+//! damages only the copy being written, and the other still holds the
+//! previous state, so the superblock is always either old or new.
+//!
+//! A snapshot file holds a state-machine snapshot with its metadata and a
+//! CRC32C; it is written to a temporary name, synced, then renamed.
+
+use super::format::BLOCK_BYTES;
+use crate::consensus::{HardState, Index, Membership, Snapshot, Term};
+
+const SUPER_MAGIC: u32 = u32::from_le_bytes(*b"QSB1");
+const SNAP_MAGIC: u32 = u32::from_le_bytes(*b"QSN1");
+const SUPER_USED_BYTES: usize = 72;
+
+/// One copy of the superblock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Superblock {
+    /// Incremented at every write; the valid copy with the highest wins.
+    pub seq: u64,
+    /// Term, vote and commit.
+    pub hard_state: HardState,
+    /// The log starts after this snapshot (0 if none).
+    pub snapshot_index: Index,
+    /// Term of the entry at `snapshot_index`.
+    pub snapshot_term: Term,
+    /// Batches that may be in flight at once; recovery needs it to tell a
+    /// torn tail from corruption.
+    pub flushes_in_flight_max: u32,
+}
+
+impl Superblock {
+    /// The 4 KiB image of this copy.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(BLOCK_BYTES);
+        b.extend_from_slice(&SUPER_MAGIC.to_le_bytes());
+        b.extend_from_slice(&self.flushes_in_flight_max.to_le_bytes());
+        for v in [
+            self.seq,
+            self.hard_state.term,
+            self.hard_state.vote.unwrap_or(0),
+            self.hard_state.commit,
+            self.snapshot_index,
+            self.snapshot_term,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b.extend_from_slice(&[0u8; 12]);
+        debug_assert_eq!(b.len(), SUPER_USED_BYTES);
+        b.resize(BLOCK_BYTES, 0);
+        b
+    }
+
+    /// Decodes one copy; `None` if it is damaged or was never written.
+    pub fn decode(b: &[u8]) -> Option<Superblock> {
+        if b.len() < SUPER_USED_BYTES {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if u32_at(0) != SUPER_MAGIC || crc32c::crc32c(&b[..56]) != u32_at(56) {
+            return None;
+        }
+        let vote = u64_at(24);
+        Some(Superblock {
+            flushes_in_flight_max: u32_at(4),
+            seq: u64_at(8),
+            hard_state: HardState {
+                term: u64_at(16),
+                vote: (vote != 0).then_some(vote),
+                commit: u64_at(32),
+            },
+            snapshot_index: u64_at(40),
+            snapshot_term: u64_at(48),
+        })
+    }
+
+    /// The newer valid copy of the two, if any.
+    pub fn pick(slot0: &[u8], slot1: &[u8]) -> Option<Superblock> {
+        match (Self::decode(slot0), Self::decode(slot1)) {
+            (Some(a), Some(b)) => Some(if a.seq >= b.seq { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Byte offset of the slot this copy is written to.
+    pub fn slot_offset(&self) -> u64 {
+        (self.seq % 2) * BLOCK_BYTES as u64
+    }
+}
+
+/// Encodes a snapshot file.
+pub fn encode_snapshot(s: &Snapshot) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + s.data.len());
+    b.extend_from_slice(&SNAP_MAGIC.to_le_bytes());
+    b.extend_from_slice(&s.index.to_le_bytes());
+    b.extend_from_slice(&s.term.to_le_bytes());
+    b.extend_from_slice(&(s.membership.voters.len() as u32).to_le_bytes());
+    b.extend_from_slice(&(s.membership.learners.len() as u32).to_le_bytes());
+    for id in s
+        .membership
+        .voters
+        .iter()
+        .chain(s.membership.learners.iter())
+    {
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    b.extend_from_slice(&(s.data.len() as u64).to_le_bytes());
+    b.extend_from_slice(&s.data);
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes a snapshot file; `None` if damaged.
+pub fn decode_snapshot(b: &[u8]) -> Option<Snapshot> {
+    let body_len = b.len().checked_sub(4)?;
+    let (body, crc) = b.split_at(body_len);
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().ok()?) {
+        return None;
+    }
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = body.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(s)
+    };
+    let u32v = |s: &[u8]| u32::from_le_bytes(s.try_into().expect("4 bytes"));
+    let u64v = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    if u32v(take(4)?) != SNAP_MAGIC {
+        return None;
+    }
+    let index = u64v(take(8)?);
+    let term = u64v(take(8)?);
+    let voters = u32v(take(4)?) as usize;
+    let learners = u32v(take(4)?) as usize;
+    if voters.checked_add(learners)? > 1024 {
+        return None;
+    }
+    let mut membership = Membership::default();
+    for i in 0..voters + learners {
+        let id = u64v(take(8)?);
+        if i < voters {
+            membership.voters.insert(id);
+        } else {
+            membership.learners.insert(id);
+        }
+    }
+    let len = usize::try_from(u64v(take(8)?)).ok()?;
+    let data = take(len)?.to_vec();
+    if at != body.len() {
+        return None;
+    }
+    Some(Snapshot {
+        index,
+        term,
+        membership,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torn_superblock_keeps_the_previous_state() {
+        let old = Superblock {
+            seq: 4,
+            hard_state: HardState {
+                term: 3,
+                vote: Some(2),
+                commit: 10,
+            },
+            flushes_in_flight_max: 1,
+            ..Superblock::default()
+        };
+        let new = Superblock {
+            seq: 5,
+            hard_state: HardState {
+                term: 4,
+                vote: None,
+                commit: 12,
+            },
+            ..old
+        };
+        let mut slots = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
+        slots[old.slot_offset() as usize / BLOCK_BYTES] = old.encode();
+        let mut torn = new.encode();
+        torn[20] ^= 0xff; // the write of the new copy was torn
+        slots[new.slot_offset() as usize / BLOCK_BYTES] = torn;
+        assert_eq!(Superblock::pick(&slots[0], &slots[1]), Some(old));
+        slots[new.slot_offset() as usize / BLOCK_BYTES] = new.encode();
+        assert_eq!(Superblock::pick(&slots[0], &slots[1]), Some(new));
+        assert_eq!(Superblock::pick(&[0u8; 100], &[0u8; 100]), None);
+    }
+
+    #[test]
+    fn snapshot_roundtrip_and_damage() {
+        let s = Snapshot {
+            index: 40,
+            term: 7,
+            membership: Membership::with_voters([1, 2, 3]),
+            data: b"state".to_vec(),
+        };
+        let b = encode_snapshot(&s);
+        assert_eq!(decode_snapshot(&b), Some(s));
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 0x10;
+            assert_eq!(decode_snapshot(&bad), None, "flip at {i} went unnoticed");
+        }
+        assert_eq!(decode_snapshot(&b[..b.len() - 1]), None);
+        assert_eq!(decode_snapshot(&[]), None);
+    }
+}

@@ -1,0 +1,1237 @@
+//! The write-ahead log of one Raft group on one disk: group commit of the
+//! core's `Ready` writes through an I/O backend, recovery at open, reads by
+//! index, snapshots and segment trimming. Only the thread that owns the
+//! group touches its `Wal`.
+//!
+//! Group commit: entries accumulate in a batch while a flush is in flight;
+//! the batch goes out as soon as the flush completes, or earlier once it
+//! reaches `flush_bytes_max` (up to `flushes_in_flight_max` flushes at once).
+//! Each flush is one request: [superblock write + fdatasync, if term or
+//! vote changed], batch write + fdatasync, linked. Every call that writes
+//! returns a [`Ticket`]; a ticket is durable once every flush up to it
+//! completed, and `durable()` says which index that covers.
+//!
+//! Errors: an I/O error on a flush stops this log for good (fsync errors
+//! cannot be retried: the kernel may have dropped the dirty pages). Running
+//! out of space while preparing a segment stops admitting new appends until
+//! space returns; nothing already written is touched.
+
+use super::format::{align_up, decode_batch, BatchBuilder, BLOCK_BYTES};
+use super::recovery::{scan, BatchLocation, Corruption, SegmentImage, TornTail};
+use super::superblock::{decode_snapshot, encode_snapshot, Superblock};
+use crate::consensus::{Entry, HardState, Index, RestoredState, Snapshot, Term};
+use crate::io::{
+    open_backend, AlignedBuf, BackendChoice, IoBackend, IoCompletion, IoOp, IoRequest,
+};
+use hdrhistogram::Histogram;
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Identifies a flush; see the module doc.
+pub type Ticket = u64;
+
+/// Configuration of one log.
+#[derive(Clone, Debug)]
+pub struct WalConfig {
+    /// Size of each segment file, preallocated with zeros.
+    pub segment_bytes: u64,
+    /// A batch is cut, and may go out early, at this many bytes.
+    pub flush_bytes_max: usize,
+    /// Flushes that may be in flight at once (recovery needs the bound).
+    pub flushes_in_flight_max: u32,
+    /// A flush slower than this marks the disk degraded.
+    pub disk_stall_ms: u64,
+    /// I/O backend.
+    pub backend: BackendChoice,
+    /// Try O_DIRECT (falls back to buffered writes where refused).
+    pub direct_io: bool,
+    /// Bytes of recently read batches kept decoded.
+    pub read_cache_bytes: usize,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        WalConfig {
+            segment_bytes: 64 << 20,
+            flush_bytes_max: 1 << 20,
+            flushes_in_flight_max: 2,
+            disk_stall_ms: 2_000,
+            backend: BackendChoice::Auto,
+            direct_io: true,
+            read_cache_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Why a log operation failed.
+#[derive(Debug)]
+pub enum WalError {
+    /// An I/O error, with what was being done.
+    Io(String, io::Error),
+    /// The disk is full: new appends are not admitted until space returns.
+    DiskFull,
+    /// A flush failed earlier; this log is stopped on this node.
+    Stopped(String),
+    /// The directory holds something recovery cannot accept.
+    Corrupt(String),
+    /// A request the log cannot serve (entry too large, index not held).
+    Invalid(String),
+}
+
+impl std::fmt::Display for WalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalError::Io(what, e) => write!(f, "{what}: {e}"),
+            WalError::DiskFull => write!(f, "disk full: appends are refused until space is freed"),
+            WalError::Stopped(why) => write!(f, "log stopped after an I/O error: {why}"),
+            WalError::Corrupt(why) => write!(f, "log directory is damaged: {why}"),
+            WalError::Invalid(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for WalError {}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> WalError {
+    let what = what.into();
+    move |e| WalError::Io(what, e)
+}
+
+/// Health of the log's disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskState {
+    /// Flushing normally.
+    Healthy,
+    /// A flush has taken longer than `disk_stall_ms`.
+    Degraded,
+    /// No space for the next segment; new appends are refused.
+    Full,
+    /// A write or fdatasync failed; the group stops on this node.
+    Failed(String),
+}
+
+/// What `open` found.
+#[derive(Debug)]
+pub struct OpenReport {
+    /// What the consensus core restarts from.
+    pub restored: RestoredState,
+    /// With unrepaired corruption: the core must not vote until its log is
+    /// durable up to this index again.
+    pub repair_until: Option<Index>,
+    /// The torn tail discarded, if any.
+    pub torn_tail: Option<TornTail>,
+    /// Corruption found in the middle of the log.
+    pub corruption: Vec<Corruption>,
+    /// Which I/O backend is active, and why.
+    pub backend: String,
+    /// Whether O_DIRECT is in use, and why (not).
+    pub direct_io: String,
+    /// Segment files scanned.
+    pub segments: usize,
+    /// Bytes scanned.
+    pub bytes_scanned: u64,
+    /// Time recovery took.
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for OpenReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let last = self.restored.entries.last().map_or(0, |e| e.index);
+        write!(
+            f,
+            "recovered {} entries (to index {last}, commit {}) from {} segments, {} MiB scanned in {:.1} ms; {}; {}",
+            self.restored.entries.len(),
+            self.restored.hard_state.commit,
+            self.segments,
+            self.bytes_scanned >> 20,
+            self.elapsed.as_secs_f64() * 1e3,
+            self.backend,
+            self.direct_io
+        )?;
+        if let Some(t) = &self.torn_tail {
+            write!(
+                f,
+                "; discarded a torn tail at segment {} offset {} ({}, {} unacknowledged batches)",
+                t.segment, t.offset, t.reason, t.batches_discarded
+            )?;
+        }
+        for c in &self.corruption {
+            write!(
+                f,
+                "; CORRUPTION at segment {} offset {} ({}): entries {}..={} {}",
+                c.segment,
+                c.offset,
+                c.reason,
+                c.lost.0,
+                c.lost.1,
+                if c.healed {
+                    "were rewritten later"
+                } else {
+                    "must be fetched from a peer"
+                }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Per-disk metrics.
+pub struct WalMetrics {
+    /// Latency of each flush (write + fdatasync), µs.
+    pub flush_latency_us: Histogram<u64>,
+    /// Records per flush.
+    pub records_per_flush: Histogram<u64>,
+    /// Bytes per flush.
+    pub bytes_per_flush: Histogram<u64>,
+    /// Flushes completed.
+    pub flushes: u64,
+    /// Records made durable.
+    pub records: u64,
+    /// Bytes written, padding included.
+    pub bytes: u64,
+    /// Flushes that took longer than `disk_stall_ms`.
+    pub stalls: u64,
+    /// Write or sync errors.
+    pub io_errors: u64,
+    /// Appends refused because the disk was full.
+    pub disk_full_refusals: u64,
+}
+
+impl WalMetrics {
+    fn new() -> Self {
+        let h = || Histogram::new(3).expect("3 significant figures is valid");
+        WalMetrics {
+            flush_latency_us: h(),
+            records_per_flush: h(),
+            bytes_per_flush: h(),
+            flushes: 0,
+            records: 0,
+            bytes: 0,
+            stalls: 0,
+            io_errors: 0,
+            disk_full_refusals: 0,
+        }
+    }
+}
+
+struct InFlight {
+    submitted: Instant,
+    last: Option<(Index, Term)>,
+    records: u64,
+    bytes: u64,
+    stalled: bool,
+    done: bool,
+    result: Option<io::Error>,
+    latency: Duration,
+}
+
+struct Sealed {
+    ticket: Ticket,
+    batch: BatchBuilder,
+}
+
+/// The write-ahead log of one group.
+pub struct Wal {
+    dir: PathBuf,
+    cfg: WalConfig,
+    backend: Box<dyn IoBackend>,
+    direct: bool,
+    _lock: File,
+    sb_file: File,
+    sb: Superblock,
+    sb_dirty: bool,
+    segments: BTreeMap<u64, File>,
+    active: u64,
+    append_offset: u64,
+    spare: Option<(u64, JoinHandle<io::Result<()>>)>,
+    next_seq: u64,
+    /// Batches cut and waiting for their flush, oldest first.
+    sealed: VecDeque<Sealed>,
+    /// The batch accumulating now.
+    open_batch: Option<Sealed>,
+    next_ticket: Ticket,
+    last: (Index, Term),
+    snapshot_index: Index,
+    commit: Index,
+    hard_state: HardState,
+    in_flight: BTreeMap<Ticket, InFlight>,
+    durable_ticket: Ticket,
+    durable: (Index, Term),
+    /// Batches holding the current log, in index order.
+    index: Vec<BatchLocation>,
+    cache: VecDeque<(BatchLocation, Vec<Entry>)>,
+    cache_bytes: usize,
+    state: DiskState,
+    last_space_retry: Option<Instant>,
+    metrics: WalMetrics,
+}
+
+fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:016x}.seg"))
+}
+
+fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
+    dir.join(format!("snapshot-{index:020}.bin"))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Writes zeros over the whole file once, so later writes never allocate
+/// blocks (the first write into an unwritten extent costs a journal commit).
+fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
+    let tmp = dir.join(format!("{id:016x}.seg.tmp"));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&tmp)?;
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            f.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()?;
+        fs::rename(&tmp, segment_path(dir, id))?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn is_enospc(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`, recovering what it holds.
+    pub fn open(dir: &Path, cfg: WalConfig) -> Result<(Wal, OpenReport), WalError> {
+        let started = Instant::now();
+        if cfg.segment_bytes < (cfg.flush_bytes_max as u64) * 2
+            || cfg.segment_bytes % BLOCK_BYTES as u64 != 0
+        {
+            return Err(WalError::Invalid(format!(
+                "segment_bytes ({}) must be a multiple of {BLOCK_BYTES} and at least twice flush_bytes_max ({})",
+                cfg.segment_bytes, cfg.flush_bytes_max
+            )));
+        }
+        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))
+            .map_err(io_err("opening the lock file"))?;
+        // SAFETY: plain syscall on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(WalError::Invalid(format!(
+                "{} is in use by another process",
+                dir.display()
+            )));
+        }
+        let (backend, backend_why) =
+            open_backend(cfg.backend, 64).map_err(io_err("setting up the I/O backend"))?;
+
+        // Superblock: two 4 KiB copies; the newer valid one wins.
+        let sb_path = dir.join("superblock");
+        let fresh = !sb_path.exists();
+        let (sb_file, direct, direct_why) = open_data_file(&sb_path, cfg.direct_io)?;
+        let sb = if fresh {
+            None
+        } else {
+            let bytes = fs::read(&sb_path).map_err(io_err("reading the superblock"))?;
+            let half = bytes.len().min(BLOCK_BYTES);
+            let found = Superblock::pick(&bytes[..half], bytes.get(BLOCK_BYTES..).unwrap_or(&[]));
+            Some(
+                found.ok_or_else(|| {
+                    WalError::Corrupt("both superblock copies are damaged".into())
+                })?,
+            )
+        };
+        let sb = sb.unwrap_or(Superblock {
+            flushes_in_flight_max: cfg.flushes_in_flight_max,
+            ..Superblock::default()
+        });
+
+        let snapshot = if sb.snapshot_index > 0 {
+            let p = snapshot_path(dir, sb.snapshot_index);
+            let bytes = fs::read(&p).map_err(io_err(format!("reading {}", p.display())))?;
+            let s = decode_snapshot(&bytes).ok_or_else(|| {
+                WalError::Corrupt(format!("snapshot file {} is damaged", p.display()))
+            })?;
+            Some(s)
+        } else {
+            None
+        };
+
+        // Segments, in order; leftovers of an interrupted preallocation go.
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err("listing the log directory"))? {
+            let entry = entry.map_err(io_err("listing the log directory"))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".seg.tmp") {
+                let _ = fs::remove_file(entry.path());
+            } else if let Some(hex) = name.strip_suffix(".seg") {
+                if let Ok(id) = u64::from_str_radix(hex, 16) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids.sort_unstable();
+        let mut images = Vec::new();
+        for &id in &ids {
+            let bytes =
+                fs::read(segment_path(dir, id)).map_err(io_err(format!("reading segment {id}")))?;
+            images.push((id, bytes));
+        }
+        let bytes_scanned = images.iter().map(|(_, b)| b.len() as u64).sum();
+        let window = sb.flushes_in_flight_max.max(1) as u64;
+        let views: Vec<SegmentImage<'_>> = images
+            .iter()
+            .map(|(id, b)| SegmentImage { id: *id, bytes: b })
+            .collect();
+        let found = scan(&views, sb.snapshot_index, sb.hard_state.commit, window);
+        drop(views);
+        drop(images);
+
+        let mut segments = BTreeMap::new();
+        for &id in &ids {
+            let (f, _, _) = open_data_file(&segment_path(dir, id), direct)?;
+            segments.insert(id, f);
+        }
+        if let Some(t) = &found.torn_tail {
+            zero_range(dir, &segments, t.zero_from, t.zero_until)?;
+        }
+        let (active, append_offset) = match found.append_at {
+            Some(at) => at,
+            None => match ids.last() {
+                Some(&id) => (id, 0),
+                None => {
+                    preallocate(dir, 1, cfg.segment_bytes)
+                        .map_err(io_err("preallocating the first segment"))?;
+                    let (f, _, _) = open_data_file(&segment_path(dir, 1), direct)?;
+                    segments.insert(1, f);
+                    (1, 0)
+                }
+            },
+        };
+        let last = found
+            .entries
+            .last()
+            .map_or((sb.snapshot_index, sb.snapshot_term), |e| (e.index, e.term));
+        let hard_state = HardState {
+            commit: found.commit,
+            ..sb.hard_state
+        };
+        let report = OpenReport {
+            restored: RestoredState {
+                hard_state,
+                snapshot,
+                entries: found.entries,
+            },
+            repair_until: found.repair_until,
+            torn_tail: found.torn_tail,
+            corruption: found.corruption,
+            backend: backend_why,
+            direct_io: direct_why,
+            segments: ids.len(),
+            bytes_scanned,
+            elapsed: Duration::ZERO,
+        };
+        let mut wal = Wal {
+            dir: dir.to_path_buf(),
+            backend,
+            direct,
+            _lock: lock,
+            sb_file,
+            sb_dirty: fresh || sb.flushes_in_flight_max != cfg.flushes_in_flight_max,
+            sb: Superblock {
+                flushes_in_flight_max: cfg.flushes_in_flight_max,
+                ..sb
+            },
+            segments,
+            active,
+            append_offset,
+            spare: None,
+            next_seq: found.last_seq + 1,
+            sealed: VecDeque::new(),
+            open_batch: None,
+            next_ticket: 1,
+            last,
+            snapshot_index: sb.snapshot_index,
+            commit: found.commit,
+            hard_state,
+            in_flight: BTreeMap::new(),
+            durable_ticket: 0,
+            durable: last,
+            index: found.batches,
+            cache: VecDeque::new(),
+            cache_bytes: 0,
+            state: DiskState::Healthy,
+            last_space_retry: None,
+            metrics: WalMetrics::new(),
+            cfg,
+        };
+        if wal.sb_dirty {
+            // Record the in-flight bound before any batch written under it.
+            wal.write_superblock_now()?;
+        }
+        let mut report = report;
+        report.elapsed = started.elapsed();
+        Ok((wal, report))
+    }
+
+    // ----- writing -------------------------------------------------------
+
+    /// Queues entries from a `Ready`: everything at or after
+    /// `truncate_from` is replaced first. Returns the ticket to wait for.
+    pub fn append(
+        &mut self,
+        truncate_from: Option<Index>,
+        entries: &[Entry],
+    ) -> Result<Ticket, WalError> {
+        self.check_not_failed()?;
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e.size_bytes() + 64 > self.cfg.flush_bytes_max)
+        {
+            return Err(WalError::Invalid(format!(
+                "entry {} is {} bytes, more than flush_bytes_max ({})",
+                e.index,
+                e.size_bytes(),
+                self.cfg.flush_bytes_max
+            )));
+        }
+        let Some(first) = entries.first() else {
+            if let Some(t) = truncate_from {
+                self.start_batch_at(t);
+            }
+            return Ok(self.current_ticket());
+        };
+        let from = truncate_from.unwrap_or(first.index);
+        assert_eq!(from, first.index, "entries start where the truncation does");
+        assert!(
+            from > self.snapshot_index && from <= self.last.0 + 1,
+            "appends are consecutive"
+        );
+        if from <= self.last.0 {
+            self.start_batch_at(from);
+        }
+        for e in entries {
+            let batch = self.batch_for_append(e.index);
+            batch.batch.push(e);
+            let full = batch.batch.disk_bytes() >= self.cfg.flush_bytes_max;
+            if full {
+                let b = self.open_batch.take().expect("just used");
+                self.sealed.push_back(b);
+            }
+            self.last = (e.index, e.term);
+        }
+        Ok(self.current_ticket())
+    }
+
+    /// Records the hard state of a `Ready`. A new term or vote must be
+    /// durable before dependent messages leave, so it joins the next flush;
+    /// a commit index alone rides in the next batch header.
+    pub fn set_hard_state(&mut self, hs: HardState) -> Result<Ticket, WalError> {
+        self.check_not_failed()?;
+        self.commit = self.commit.max(hs.commit);
+        let changed = hs.term != self.hard_state.term || hs.vote != self.hard_state.vote;
+        self.hard_state = HardState {
+            commit: self.commit,
+            ..hs
+        };
+        if changed {
+            self.sb_dirty = true;
+            if self.open_batch.is_none() && self.sealed.is_empty() {
+                let at = self.last.0 + 1;
+                self.open_batch = Some(Sealed {
+                    ticket: self.take_ticket(),
+                    batch: BatchBuilder::new(at),
+                });
+            }
+        }
+        Ok(self.current_ticket())
+    }
+
+    /// Refuses new client appends while the disk is full or failed.
+    pub fn admit(&mut self) -> Result<(), WalError> {
+        self.check_not_failed()?;
+        if self.state == DiskState::Full {
+            self.metrics.disk_full_refusals += 1;
+            return Err(WalError::DiskFull);
+        }
+        Ok(())
+    }
+
+    fn check_not_failed(&self) -> Result<(), WalError> {
+        match &self.state {
+            DiskState::Failed(why) => Err(WalError::Stopped(why.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    fn take_ticket(&mut self) -> Ticket {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        t
+    }
+
+    /// The ticket covering everything queued so far.
+    pub fn current_ticket(&self) -> Ticket {
+        self.next_ticket - 1
+    }
+
+    fn start_batch_at(&mut self, first_index: Index) {
+        if let Some(b) = self.open_batch.take() {
+            self.sealed.push_back(b);
+        }
+        let ticket = self.take_ticket();
+        self.open_batch = Some(Sealed {
+            ticket,
+            batch: BatchBuilder::new(first_index),
+        });
+        // Cached reads of the replaced suffix are stale now.
+        self.cache
+            .retain(|(loc, _)| loc.first_index + loc.count <= first_index);
+        self.last = (first_index - 1, self.last.1);
+    }
+
+    fn batch_for_append(&mut self, index: Index) -> &mut Sealed {
+        if self.open_batch.is_none() {
+            let ticket = self.take_ticket();
+            self.open_batch = Some(Sealed {
+                ticket,
+                batch: BatchBuilder::new(index),
+            });
+        }
+        self.open_batch.as_mut().expect("just ensured")
+    }
+
+    /// Submits what group commit allows and collects finished flushes,
+    /// without blocking. Call after every `Ready` and on every wake-up.
+    pub fn poll(&mut self) -> Result<(), WalError> {
+        self.reap(false)?;
+        self.submit_ready()?;
+        self.check_stall();
+        Ok(())
+    }
+
+    /// Blocks until at least one flush finishes (if any is in flight),
+    /// then submits what may go next.
+    pub fn wait(&mut self) -> Result<(), WalError> {
+        self.submit_ready()?;
+        self.reap(true)?;
+        self.submit_ready()
+    }
+
+    /// Flushes everything queued and waits until it is durable.
+    pub fn sync(&mut self) -> Result<(), WalError> {
+        let target = self.current_ticket();
+        while self.durable_ticket < target {
+            self.check_not_failed()?;
+            if self.state == DiskState::Full && self.backend.in_flight() == 0 {
+                return Err(WalError::DiskFull);
+            }
+            self.wait()?;
+        }
+        self.check_not_failed()
+    }
+
+    fn submit_ready(&mut self) -> Result<(), WalError> {
+        if matches!(self.state, DiskState::Failed(_)) {
+            return Ok(());
+        }
+        loop {
+            let in_flight = self.in_flight.len();
+            if in_flight >= self.cfg.flushes_in_flight_max as usize {
+                return Ok(());
+            }
+            // A sealed (full) batch may go while another flush runs; the
+            // open one waits for the disk to be idle, gathering more.
+            let next = if !self.sealed.is_empty() {
+                self.sealed.pop_front()
+            } else if in_flight == 0 && (self.open_batch.is_some() || self.sb_dirty) {
+                self.open_batch.take().or_else(|| {
+                    let at = self.last.0 + 1;
+                    Some(Sealed {
+                        ticket: self.take_ticket(),
+                        batch: BatchBuilder::new(at),
+                    })
+                })
+            } else {
+                None
+            };
+            let Some(s) = next else {
+                return Ok(());
+            };
+            if let Err(back) = self.submit_flush(s)? {
+                self.sealed.push_front(back); // no room yet: retried later
+                return Ok(());
+            }
+        }
+    }
+
+    /// Submits one flush; gives the batch back if no segment has room.
+    fn submit_flush(&mut self, s: Sealed) -> Result<Result<(), Sealed>, WalError> {
+        let empty = s.batch.count() == 0;
+        let mut ops = Vec::with_capacity(4);
+        let mut loc = None;
+        let (last, records) = (s.batch.last(), s.batch.count() as u64);
+        let mut bytes = 0u64;
+        // An empty batch still records a truncation if it starts inside the
+        // log; one that only carries the superblock is skipped.
+        let writes_batch = !empty || s.batch.first_index() <= self.durable_end();
+        if writes_batch {
+            let len = s.batch.disk_bytes() as u64;
+            if self.append_offset + len > self.cfg.segment_bytes && !self.roll_segment()? {
+                return Ok(Err(s));
+            }
+            let first_index = s.batch.first_index();
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let data = s.batch.finish(seq, self.commit);
+            let fd = self.segments[&self.active].as_raw_fd();
+            let l = BatchLocation {
+                segment: self.active,
+                offset: self.append_offset,
+                disk_bytes: len,
+                seq,
+                first_index,
+                count: records,
+            };
+            self.append_offset += len;
+            bytes = len;
+            loc = Some(l);
+            if self.sb_dirty {
+                self.push_superblock_ops(&mut ops);
+            }
+            ops.push(IoOp::Write {
+                fd,
+                offset: l.offset,
+                buf: AlignedBuf::from_slice(&data),
+            });
+            ops.push(IoOp::Fdatasync { fd });
+        } else if self.sb_dirty {
+            self.push_superblock_ops(&mut ops);
+        } else {
+            // Nothing to write: the ticket is durable once earlier ones are.
+            self.in_flight.insert(s.ticket, InFlight::done_now(last));
+            self.advance_durable();
+            return Ok(Ok(()));
+        }
+        if let Some(l) = loc {
+            self.note_batch_location(l);
+        }
+        self.backend
+            .submit(IoRequest {
+                token: s.ticket,
+                ops,
+            })
+            .map_err(io_err("submitting a flush"))?;
+        self.in_flight.insert(
+            s.ticket,
+            InFlight {
+                submitted: Instant::now(),
+                last,
+                records,
+                bytes,
+                stalled: false,
+                done: false,
+                result: None,
+                latency: Duration::ZERO,
+            },
+        );
+        Ok(Ok(()))
+    }
+
+    fn durable_end(&self) -> Index {
+        self.last.0.max(self.durable.0)
+    }
+
+    fn push_superblock_ops(&mut self, ops: &mut Vec<IoOp>) {
+        self.sb.seq += 1;
+        self.sb.hard_state = HardState {
+            commit: self.commit,
+            ..self.hard_state
+        };
+        let fd = self.sb_file.as_raw_fd();
+        ops.push(IoOp::Write {
+            fd,
+            offset: self.sb.slot_offset(),
+            buf: AlignedBuf::from_slice(&self.sb.encode()),
+        });
+        ops.push(IoOp::Fdatasync { fd });
+        self.sb_dirty = false;
+    }
+
+    /// Keeps the index in log order: a batch replaces everything from its
+    /// first index on.
+    fn note_batch_location(&mut self, l: BatchLocation) {
+        while let Some(b) = self.index.last_mut() {
+            if b.first_index >= l.first_index {
+                self.index.pop();
+            } else {
+                b.count = b.count.min(l.first_index - b.first_index);
+                break;
+            }
+        }
+        if l.count > 0 {
+            self.index.push(l);
+        }
+    }
+
+    /// Moves writing to the next segment; false if there is no space for
+    /// one (the disk is full).
+    fn roll_segment(&mut self) -> Result<bool, WalError> {
+        let next = self.active + 1;
+        let ready = match self.spare.take() {
+            Some((id, job)) if id == next => match job.join() {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) if is_enospc(&e) => false,
+                Ok(Err(e)) => return Err(WalError::Io(format!("preallocating segment {next}"), e)),
+                Err(_) => {
+                    return Err(WalError::Invalid(
+                        "the preallocation thread panicked".into(),
+                    ))
+                }
+            },
+            Some(other) => {
+                self.spare = Some(other);
+                false
+            }
+            None => false,
+        };
+        if !ready {
+            let now = Instant::now();
+            if self.state == DiskState::Full
+                && self
+                    .last_space_retry
+                    .is_some_and(|t| now.duration_since(t) < Duration::from_millis(100))
+            {
+                return Ok(false);
+            }
+            self.last_space_retry = Some(now);
+            match preallocate(&self.dir, next, self.cfg.segment_bytes) {
+                Ok(()) => {}
+                Err(e) if is_enospc(&e) => {
+                    self.state = DiskState::Full;
+                    return Ok(false);
+                }
+                Err(e) => return Err(WalError::Io(format!("preallocating segment {next}"), e)),
+            }
+        }
+        let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
+        self.segments.insert(next, f);
+        self.active = next;
+        self.append_offset = 0;
+        if self.state == DiskState::Full {
+            self.state = DiskState::Healthy;
+        }
+        // Prepare the one after in the background.
+        let (dir, bytes, id) = (self.dir.clone(), self.cfg.segment_bytes, next + 1);
+        self.spare = Some((id, std::thread::spawn(move || preallocate(&dir, id, bytes))));
+        Ok(true)
+    }
+
+    fn reap(&mut self, wait: bool) -> Result<(), WalError> {
+        let mut done: Vec<IoCompletion> = Vec::new();
+        self.backend
+            .reap(wait, &mut done)
+            .map_err(io_err("collecting completions"))?;
+        for c in done {
+            let Some(f) = self.in_flight.get_mut(&c.token) else {
+                continue; // a read, handled by its caller
+            };
+            f.done = true;
+            f.latency = c.submitted.elapsed();
+            if let Err(e) = c.result {
+                f.result = Some(e);
+            }
+        }
+        self.advance_durable();
+        self.check_not_failed()
+    }
+
+    /// Durability is reported in ticket order: a later flush completing
+    /// first does not make earlier ones durable.
+    fn advance_durable(&mut self) {
+        while let Some((&t, f)) = self.in_flight.first_key_value() {
+            if !f.done {
+                break;
+            }
+            let f = self.in_flight.remove(&t).expect("present");
+            if let Some(e) = f.result {
+                // Never retried: after a failed fsync the kernel may have
+                // dropped the dirty pages, so a retry could report success
+                // for data that is gone.
+                self.metrics.io_errors += 1;
+                self.state = DiskState::Failed(format!("flush {t} failed: {e}"));
+                return;
+            }
+            if f.bytes > 0 || f.records > 0 {
+                self.metrics.flushes += 1;
+                self.metrics.records += f.records;
+                self.metrics.bytes += f.bytes;
+                let us = f.latency.as_micros() as u64;
+                let _ = self.metrics.flush_latency_us.record(us.max(1));
+                let _ = self.metrics.records_per_flush.record(f.records.max(1));
+                let _ = self.metrics.bytes_per_flush.record(f.bytes.max(1));
+            }
+            self.durable_ticket = t;
+            if let Some(last) = f.last {
+                self.durable = last;
+            }
+        }
+        if self.state == DiskState::Degraded && self.in_flight.values().all(|f| !f.stalled) {
+            self.state = DiskState::Healthy;
+        }
+    }
+
+    /// A flush outstanding for longer than `disk_stall_ms` marks the disk
+    /// degraded (counted once per flush) until no stalled flush remains.
+    fn check_stall(&mut self) {
+        let limit = Duration::from_millis(self.cfg.disk_stall_ms);
+        let mut newly = 0;
+        for f in self.in_flight.values_mut() {
+            if !f.done && !f.stalled && f.submitted.elapsed() >= limit {
+                f.stalled = true;
+                newly += 1;
+            }
+        }
+        if newly > 0 {
+            self.metrics.stalls += newly;
+            if self.state == DiskState::Healthy {
+                self.state = DiskState::Degraded;
+            }
+        }
+    }
+
+    // ----- state -----------------------------------------------------------
+
+    /// Highest ticket durable.
+    pub fn durable_ticket(&self) -> Ticket {
+        self.durable_ticket
+    }
+
+    /// Index and term of the last durable entry.
+    pub fn durable(&self) -> (Index, Term) {
+        self.durable
+    }
+
+    /// Index and term of the last entry queued.
+    pub fn last(&self) -> (Index, Term) {
+        self.last
+    }
+
+    /// Disk health.
+    pub fn state(&self) -> &DiskState {
+        &self.state
+    }
+
+    /// Metrics of this disk.
+    pub fn metrics(&self) -> &WalMetrics {
+        &self.metrics
+    }
+
+    /// Flushes in flight (the disk's queue depth as quire sees it).
+    pub fn queue_depth(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Name of the active I/O backend.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Whether O_DIRECT is in use.
+    pub fn direct_io(&self) -> bool {
+        self.direct
+    }
+
+    // ----- snapshots ---------------------------------------------------------
+
+    /// The core compacted its log into `snap`: store it, record it in the
+    /// superblock, and delete whole segments it covers. Synchronous:
+    /// snapshots hold metadata only and are rare.
+    pub fn compact(&mut self, snap: &Snapshot) -> Result<(), WalError> {
+        self.sync()?;
+        self.store_snapshot(snap)?;
+        self.trim_segments(snap.index)
+    }
+
+    /// The core installed a snapshot from its leader, replacing its whole
+    /// log: store it and start the log afresh after it.
+    pub fn install_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
+        self.sync()?;
+        self.commit = self.commit.max(snap.index);
+        self.store_snapshot(snap)?;
+        // Every old segment goes; a fresh one starts the new log.
+        if let Some((id, job)) = self.spare.take() {
+            let _ = job.join();
+            let _ = fs::remove_file(segment_path(&self.dir, id));
+        }
+        let old: Vec<u64> = self.segments.keys().copied().collect();
+        // Past every existing file, spares preallocated earlier included.
+        let next = old.last().map_or(self.active, |&m| m.max(self.active)) + 1;
+        preallocate(&self.dir, next, self.cfg.segment_bytes).map_err(|e| {
+            if is_enospc(&e) {
+                WalError::DiskFull
+            } else {
+                WalError::Io("preallocating a segment".into(), e)
+            }
+        })?;
+        let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
+        self.segments.insert(next, f);
+        self.active = next;
+        self.append_offset = 0;
+        for id in old {
+            self.segments.remove(&id);
+            fs::remove_file(segment_path(&self.dir, id)).map_err(io_err("removing a segment"))?;
+        }
+        sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
+        self.index.clear();
+        self.cache.clear();
+        self.cache_bytes = 0;
+        self.last = (snap.index, snap.term);
+        self.durable = self.last;
+        Ok(())
+    }
+
+    fn store_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
+        let path = snapshot_path(&self.dir, snap.index);
+        let tmp = path.with_extension("tmp");
+        let write = || -> io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&encode_snapshot(snap))?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            sync_dir(&self.dir)
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            if is_enospc(&e) {
+                WalError::DiskFull
+            } else {
+                WalError::Io("writing a snapshot".into(), e)
+            }
+        })?;
+        let old = self.snapshot_index;
+        self.sb.snapshot_index = snap.index;
+        self.sb.snapshot_term = snap.term;
+        self.snapshot_index = snap.index;
+        self.write_superblock_now()?;
+        if old > 0 && old != snap.index {
+            let _ = fs::remove_file(snapshot_path(&self.dir, old));
+        }
+        Ok(())
+    }
+
+    fn write_superblock_now(&mut self) -> Result<(), WalError> {
+        let mut ops = Vec::new();
+        self.sb_dirty = true;
+        self.push_superblock_ops(&mut ops);
+        self.run_now(ops).map(|_| ())
+    }
+
+    /// Runs a request and waits for it, handling other completions.
+    fn run_now(&mut self, ops: Vec<IoOp>) -> Result<Vec<AlignedBuf>, WalError> {
+        const TOKEN: u64 = u64::MAX;
+        self.backend
+            .submit(IoRequest { token: TOKEN, ops })
+            .map_err(io_err("submitting a request"))?;
+        loop {
+            let mut done = Vec::new();
+            self.backend
+                .reap(true, &mut done)
+                .map_err(io_err("collecting completions"))?;
+            let mut mine = None;
+            for c in done {
+                if c.token == TOKEN {
+                    mine = Some(c);
+                } else if let Some(f) = self.in_flight.get_mut(&c.token) {
+                    f.done = true;
+                    f.latency = c.submitted.elapsed();
+                    f.result = c.result.err();
+                }
+            }
+            self.advance_durable();
+            if let Some(c) = mine {
+                return match c.result {
+                    Ok(()) => Ok(c.bufs),
+                    Err(e) => {
+                        self.metrics.io_errors += 1;
+                        self.state = DiskState::Failed(format!("{e}"));
+                        Err(WalError::Stopped(format!("{e}")))
+                    }
+                };
+            }
+        }
+    }
+
+    fn trim_segments(&mut self, upto: Index) -> Result<(), WalError> {
+        let mut last_in_segment: BTreeMap<u64, Index> = BTreeMap::new();
+        for b in &self.index {
+            let e = last_in_segment.entry(b.segment).or_insert(0);
+            *e = (*e).max(b.first_index + b.count.max(1) - 1);
+        }
+        let doomed: Vec<u64> = self
+            .segments
+            .keys()
+            .copied()
+            .filter(|id| *id != self.active && last_in_segment.get(id).is_none_or(|&l| l <= upto))
+            .collect();
+        for id in &doomed {
+            self.segments.remove(id);
+            fs::remove_file(segment_path(&self.dir, *id)).map_err(io_err("removing a segment"))?;
+        }
+        if !doomed.is_empty() {
+            sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
+        }
+        self.index.retain(|b| !doomed.contains(&b.segment));
+        Ok(())
+    }
+
+    // ----- reads -------------------------------------------------------------
+
+    /// Entries `lo..=hi` that are durable, read from the segments through
+    /// the backend (with a small cache of recently read batches).
+    pub fn read(&mut self, lo: Index, hi: Index) -> Result<Vec<Entry>, WalError> {
+        let hi = hi.min(self.durable.0);
+        let mut out = Vec::new();
+        let mut i = lo;
+        while i <= hi {
+            let pos = self.index.partition_point(|b| b.first_index <= i);
+            let Some(loc) = pos.checked_sub(1).map(|p| self.index[p]) else {
+                return Err(WalError::Invalid(format!("index {i} is not in the log")));
+            };
+            if i >= loc.first_index + loc.count {
+                return Err(WalError::Invalid(format!("index {i} is not in the log")));
+            }
+            let entries = self.read_batch(loc)?;
+            for e in entries.iter().filter(|e| e.index >= i && e.index <= hi) {
+                out.push(e.clone());
+            }
+            i = loc.first_index + loc.count;
+        }
+        Ok(out)
+    }
+
+    fn read_batch(&mut self, loc: BatchLocation) -> Result<Vec<Entry>, WalError> {
+        if let Some((_, e)) = self.cache.iter().find(|(l, _)| *l == loc) {
+            return Ok(e.clone());
+        }
+        let fd = self.segments[&loc.segment].as_raw_fd();
+        let len = align_up(loc.disk_bytes as usize);
+        let bufs = self.run_now(vec![IoOp::Read {
+            fd,
+            offset: loc.offset,
+            len,
+        }])?;
+        let batch = decode_batch(bufs[0].as_slice()).map_err(|e| {
+            WalError::Corrupt(format!(
+                "segment {} offset {}: {e} while reading entries from {}",
+                loc.segment, loc.offset, loc.first_index
+            ))
+        })?;
+        let mut entries = batch.entries;
+        entries.truncate(loc.count as usize);
+        self.cache_bytes += loc.disk_bytes as usize;
+        self.cache.push_back((loc, entries.clone()));
+        while self.cache_bytes > self.cfg.read_cache_bytes {
+            match self.cache.pop_front() {
+                Some((l, _)) => self.cache_bytes -= l.disk_bytes as usize,
+                None => break,
+            }
+        }
+        Ok(entries)
+    }
+}
+
+impl InFlight {
+    fn done_now(last: Option<(Index, Term)>) -> Self {
+        InFlight {
+            submitted: Instant::now(),
+            last,
+            records: 0,
+            bytes: 0,
+            stalled: false,
+            done: true,
+            result: None,
+            latency: Duration::ZERO,
+        }
+    }
+}
+
+/// Opens a data file read-write, with O_DIRECT if wanted and accepted.
+/// Returns the file, whether O_DIRECT is on, and why.
+fn open_data_file(path: &Path, want_direct: bool) -> Result<(File, bool, String), WalError> {
+    let base = || {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create(true).truncate(false);
+        o
+    };
+    if want_direct {
+        match base().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => return Ok((f, true, "O_DIRECT writes".into())),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let f = base()
+                    .open(path)
+                    .map_err(io_err(format!("opening {}", path.display())))?;
+                return Ok((
+                    f,
+                    false,
+                    "buffered writes + fdatasync (the filesystem refuses O_DIRECT)".into(),
+                ));
+            }
+            Err(e) => return Err(WalError::Io(format!("opening {}", path.display()), e)),
+        }
+    }
+    let f = base()
+        .open(path)
+        .map_err(io_err(format!("opening {}", path.display())))?;
+    Ok((
+        f,
+        false,
+        "buffered writes + fdatasync (O_DIRECT off by configuration)".into(),
+    ))
+}
+
+/// Zeroes `from..until` across segments, then syncs: what a torn tail
+/// left behind must not be read as data by a later scan.
+fn zero_range(
+    dir: &Path,
+    segments: &BTreeMap<u64, File>,
+    from: (u64, u64),
+    until: (u64, u64),
+) -> Result<(), WalError> {
+    for (&id, _) in segments.range(from.0..=until.0) {
+        let path = segment_path(dir, id);
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening a segment to zero"))?;
+        let len = f.metadata().map_err(io_err("sizing a segment"))?.len();
+        let start = if id == from.0 { from.1 } else { 0 };
+        let end = if id == until.0 { until.1.min(len) } else { len };
+        if end > start {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&vec![0u8; (end - start) as usize], start)
+                .map_err(io_err("zeroing a torn tail"))?;
+            f.sync_data().map_err(io_err("syncing a zeroed tail"))?;
+        }
+    }
+    Ok(())
+}
