@@ -53,6 +53,8 @@ pub struct WalConfig {
     pub direct_io: bool,
     /// Bytes of recently read batches kept decoded.
     pub read_cache_bytes: usize,
+    /// While the disk is full, how often to try preparing a segment again.
+    pub space_retry_ms: u64,
 }
 
 impl Default for WalConfig {
@@ -65,6 +67,7 @@ impl Default for WalConfig {
             backend: BackendChoice::Auto,
             direct_io: true,
             read_cache_bytes: 8 << 20,
+            space_retry_ms: 100,
         }
     }
 }
