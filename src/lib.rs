@@ -12,3 +12,4 @@ pub mod consensus;
 pub mod io;
 pub mod sim;
 pub mod storage;
+pub mod transport;

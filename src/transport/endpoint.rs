@@ -1,0 +1,896 @@
+//! The protocol core: one [`Endpoint`] per event-loop thread, holding a
+//! channel per (peer, group). It turns `send` calls and received datagrams
+//! into datagrams to transmit and events to deliver.
+//!
+//! No I/O, no clock, no global randomness: the caller passes the time
+//! (`now_us`, any monotonic microsecond clock), the endpoint draws its
+//! session epoch and NACK delays from the seed it was given, and every
+//! datagram leaves through [`Endpoint::poll_transmit`].
+
+use super::config::{ConfigError, TransportConfig};
+use super::events::{DropReason, Event, SendError, Transmit};
+use super::history::HistoryLedger;
+use super::mac::ClusterKey;
+use super::peer::{EpochCheck, Peer};
+use super::receiver::{RxHalf, RxItem};
+use super::sender::{NackBudget, TxHalf};
+use super::stats::{ChannelState, ChannelStats, EndpointStats, PeerStats};
+use super::wire::{self, DatagramWriter, DecodeError, Frame, Header};
+use super::GroupId;
+use crate::consensus::NodeId;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::RangeInclusive;
+
+/// Frames examined per received datagram when answering NACKs, as a
+/// multiple of `rexmit_batch_max`: bounds the work a NACK can cause.
+const NACK_SCAN_PER_BATCH: usize = 8;
+/// Retransmissions that may wait per peer, as a multiple of
+/// `rexmit_batch_max`.
+const REXMIT_QUEUE_PER_BATCH: usize = 4;
+
+/// One channel: both directions of (peer, group).
+struct Channel {
+    peer: usize,
+    group: GroupId,
+    tx: TxHalf,
+    rx: RxHalf,
+    stats: ChannelStats,
+}
+
+#[derive(Clone, Copy)]
+enum Limit {
+    Peers,
+    Channels,
+}
+
+/// The transport protocol of one thread. See the module documentation of
+/// [`crate::transport`] for the protocol and the calling contract.
+pub struct Endpoint {
+    cfg: TransportConfig,
+    key: ClusterKey,
+    local: NodeId,
+    epoch: u64,
+    rng: ChaCha8Rng,
+    peers: Vec<Peer>,
+    peer_index: BTreeMap<NodeId, usize>,
+    channels: Vec<Channel>,
+    channel_index: BTreeMap<(NodeId, GroupId), usize>,
+    ledger: HistoryLedger,
+    events: VecDeque<Event>,
+    /// Message bytes in `events`.
+    events_bytes: usize,
+    stats: EndpointStats,
+    /// Round-robin position among peers in `poll_transmit`.
+    peer_cursor: usize,
+    /// The latest time any call passed in; `send` takes no time of its own.
+    now_us: u64,
+    /// Scratch buffers reused across calls.
+    items: Vec<RxItem>,
+    seqs: Vec<u64>,
+}
+
+impl Endpoint {
+    /// An endpoint for node `local`. `seed` chooses the session epoch and
+    /// every random delay; give each start of the process a fresh seed
+    /// (from the OS in the daemon, from the run's seed in the simulator).
+    pub fn new(
+        cfg: TransportConfig,
+        key: ClusterKey,
+        local: NodeId,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        if local == 0 {
+            return Err(ConfigError("node id 0 is reserved".into()));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let epoch = loop {
+            let e: u64 = rng.gen();
+            if e != 0 {
+                break e;
+            }
+        };
+        Ok(Endpoint {
+            cfg,
+            key,
+            local,
+            epoch,
+            rng,
+            peers: Vec::new(),
+            peer_index: BTreeMap::new(),
+            channels: Vec::new(),
+            channel_index: BTreeMap::new(),
+            ledger: HistoryLedger::new(),
+            events: VecDeque::new(),
+            events_bytes: 0,
+            stats: EndpointStats::default(),
+            peer_cursor: 0,
+            now_us: 0,
+            items: Vec::new(),
+            seqs: Vec::new(),
+        })
+    }
+
+    /// This node's id.
+    pub fn local(&self) -> NodeId {
+        self.local
+    }
+
+    /// This endpoint's session epoch (random, non-zero).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &TransportConfig {
+        &self.cfg
+    }
+
+    /// Queues `message` for `group` on `peer`; returns the seqs it took.
+    /// Call [`Endpoint::poll_transmit`] afterwards: messages queued before
+    /// that call share datagrams. On [`SendError::WouldBlock`] stop sending
+    /// on this channel until [`Event::Writable`].
+    pub fn send(
+        &mut self,
+        peer: NodeId,
+        group: GroupId,
+        message: &[u8],
+    ) -> Result<RangeInclusive<u64>, SendError> {
+        if peer == 0 || peer == self.local {
+            return Err(SendError::InvalidPeer);
+        }
+        if message.len() > self.cfg.message_bytes_max {
+            return Err(SendError::TooLarge {
+                len: message.len(),
+                max: self.cfg.message_bytes_max,
+            });
+        }
+        let c = self.channel_or_create(peer, group).map_err(|l| match l {
+            Limit::Peers => SendError::TooManyPeers,
+            Limit::Channels => SendError::TooManyChannels,
+        })?;
+        let frags = self.cfg.fragments(message.len());
+        let frag_bytes = self.cfg.fragment_bytes_max();
+        let ch = &mut self.channels[c];
+        if !ch.tx.window_admits(&self.cfg, message.len(), frags) {
+            ch.tx.stalled = true;
+            ch.stats.window_stalls += 1;
+            return Err(SendError::WouldBlock);
+        }
+        let first = ch.tx.next_seq;
+        for i in 0..frags {
+            let lo = i * frag_bytes;
+            let hi = (lo + frag_bytes).min(message.len());
+            let chunk = message[lo..hi].to_vec();
+            let stamp = self.ledger.add(c, chunk.len());
+            // frags <= 65535 is checked by config validation.
+            ch.tx.push(chunk, i as u16, frags as u16, stamp);
+        }
+        ch.stats.messages_sent += 1;
+        ch.stats.message_bytes_sent += message.len() as u64;
+        self.enforce_history_budget();
+        Ok(first..=first + frags as u64 - 1)
+    }
+
+    /// Takes one datagram received from the network. Call it for every
+    /// datagram, then drain [`Endpoint::poll_event`] and
+    /// [`Endpoint::poll_transmit`]. A datagram that is dropped whole says
+    /// why (log it); drops are also counted in the stats.
+    pub fn handle_datagram(&mut self, now_us: u64, bytes: &[u8]) -> Result<(), DropReason> {
+        self.now_us = self.now_us.max(now_us);
+        self.stats.datagrams_received += 1;
+        let datagram = match wire::decode(&self.key, bytes) {
+            Ok(d) => d,
+            Err(e) => {
+                if e == DecodeError::BadMac {
+                    self.stats.mac_failures += 1;
+                } else {
+                    self.stats.malformed_dropped += 1;
+                }
+                return Err(DropReason::Decode(e));
+            }
+        };
+        let h = datagram.header;
+        if h.receiver != self.local || h.sender == self.local {
+            self.stats.misaddressed_dropped += 1;
+            return Err(DropReason::Misaddressed);
+        }
+        let Ok(p) = self.peer_or_create(h.sender) else {
+            self.stats.peers_over_limit_dropped += 1;
+            return Err(DropReason::TooManyPeers);
+        };
+        match self.peers[p].check_epoch(h.epoch, self.cfg.retired_epochs_max) {
+            EpochCheck::Current | EpochCheck::First => {}
+            EpochCheck::Restarted => self.peer_restarted(p),
+            EpochCheck::Retired => {
+                self.peers[p].stats.stale_epoch_dropped += 1;
+                return Err(DropReason::StaleEpoch);
+            }
+        }
+        if h.peer_epoch != 0 && h.peer_epoch != self.epoch {
+            // Meant for an earlier life of ours. Say who we are now, or a
+            // peer that never hears from us would keep sending into the void.
+            let peer = &mut self.peers[p];
+            peer.stats.stale_epoch_dropped += 1;
+            if now_us >= peer.announce_allowed_us {
+                peer.announce = true;
+                peer.announce_allowed_us = now_us + self.cfg.nack_interval_ms * 1000;
+            }
+            return Err(DropReason::StaleEpoch);
+        }
+        let peer = &mut self.peers[p];
+        peer.stats.datagrams_received += 1;
+        peer.stats.bytes_received += bytes.len() as u64;
+        peer.on_header(now_us, h.sent_us, h.echo);
+
+        let mut budget = NackBudget {
+            rexmit_left: self.cfg.rexmit_batch_max,
+            scan_left: NACK_SCAN_PER_BATCH * self.cfg.rexmit_batch_max,
+        };
+        for frame in datagram.frames {
+            self.handle_frame(now_us, p, frame, &mut budget);
+        }
+        self.sweep_history();
+        Ok(())
+    }
+
+    fn handle_frame(&mut self, now_us: u64, p: usize, frame: Frame<'_>, budget: &mut NackBudget) {
+        let peer_id = self.peers[p].id;
+        match frame {
+            Frame::Data {
+                group,
+                seq,
+                rexmit: _,
+                frag_index,
+                frag_count,
+                payload,
+            } => {
+                let Some(c) = self.channel_for_frame(peer_id, group) else {
+                    return;
+                };
+                let delay_us = self.nack_delay_us();
+                let ch = &mut self.channels[c];
+                if self.events_bytes >= self.cfg.events_bytes_max {
+                    // The caller is not draining events: refuse (unacked,
+                    // so the sender keeps it) rather than grow.
+                    ch.stats.holdback_dropped += 1;
+                    return;
+                }
+                let mut items = std::mem::take(&mut self.items);
+                ch.rx.on_data(
+                    &self.cfg,
+                    now_us,
+                    delay_us,
+                    seq,
+                    frag_index,
+                    frag_count,
+                    payload,
+                    &mut items,
+                    &mut ch.stats,
+                );
+                self.emit(peer_id, group, &mut items);
+                self.items = items;
+            }
+            Frame::Ack {
+                group,
+                probe,
+                recv_next,
+                send_next,
+            } => {
+                let Some(c) = self.channel_for_frame(peer_id, group) else {
+                    return;
+                };
+                let delay_us = self.nack_delay_us();
+                let ch = &mut self.channels[c];
+                let (frames, bytes, reopened) = ch.tx.on_ack(&self.cfg, now_us, recv_next);
+                self.ledger.freed(frames, bytes);
+                ch.rx
+                    .on_sender_state(&self.cfg, now_us, delay_us, send_next, probe);
+                if reopened {
+                    self.events.push_back(Event::Writable {
+                        peer: peer_id,
+                        group,
+                    });
+                }
+            }
+            Frame::Nack { group, ranges } => {
+                let Some(&c) = self.channel_index.get(&(peer_id, group)) else {
+                    return;
+                };
+                let ch = &mut self.channels[c];
+                ch.stats.nacks_received += 1;
+                self.seqs.clear();
+                ch.tx.on_nack(
+                    &self.cfg,
+                    now_us,
+                    ranges,
+                    budget,
+                    &mut self.seqs,
+                    &mut ch.stats,
+                );
+                let queue_max = REXMIT_QUEUE_PER_BATCH * self.cfg.rexmit_batch_max;
+                let peer = &mut self.peers[p];
+                for &seq in &self.seqs {
+                    if peer.rexmit.len() < queue_max {
+                        peer.rexmit.push_back((c, seq));
+                    } else {
+                        ch.stats.rexmit_suppressed += 1;
+                    }
+                }
+            }
+            Frame::TooOld { group, base } => {
+                let Some(&c) = self.channel_index.get(&(peer_id, group)) else {
+                    return;
+                };
+                let ch = &mut self.channels[c];
+                let mut items = std::mem::take(&mut self.items);
+                ch.rx
+                    .on_too_old(&self.cfg, now_us, base, &mut items, &mut ch.stats);
+                self.emit(peer_id, group, &mut items);
+                self.items = items;
+            }
+        }
+    }
+
+    /// Turns what a receiving half produced into events.
+    fn emit(&mut self, peer: NodeId, group: GroupId, items: &mut Vec<RxItem>) {
+        for item in items.drain(..) {
+            match item {
+                RxItem::Message(message) => {
+                    self.events_bytes += message.len();
+                    self.events.push_back(Event::Delivered {
+                        peer,
+                        group,
+                        message,
+                    });
+                }
+                RxItem::Skipped { first, last } => self.events.push_back(Event::Skipped {
+                    peer,
+                    group,
+                    first_seq: first,
+                    last_seq: last,
+                }),
+            }
+        }
+    }
+
+    /// Runs the timers that are due: acks, tail-loss probes, NACK rounds.
+    /// Call it once the time returned by [`Endpoint::poll_timeout`] has
+    /// passed (calling it early is harmless), then drain
+    /// [`Endpoint::poll_transmit`].
+    pub fn handle_timeout(&mut self, now_us: u64) {
+        self.now_us = self.now_us.max(now_us);
+        for ch in &mut self.channels {
+            if ch.rx.ack_pending && ch.rx.ack_due_us.is_some_and(|d| d <= now_us) {
+                ch.rx.ack_now = true;
+            }
+            if ch.tx.probe_due_us.is_some_and(|d| d <= now_us) {
+                ch.tx.probe_fired(&self.cfg, now_us);
+            }
+        }
+        for p in 0..self.peers.len() {
+            if self.nack_due_us(p).is_some_and(|d| d <= now_us) {
+                self.nack_round(p, now_us);
+            }
+        }
+    }
+
+    /// When a NACK round for peer `p` is due: the earliest requestable gap,
+    /// but not before the rate limit allows.
+    fn nack_due_us(&self, p: usize) -> Option<u64> {
+        let peer = &self.peers[p];
+        let gap = peer
+            .channels
+            .iter()
+            .filter_map(|&c| self.channels[c].rx.nack_due_us)
+            .min()?;
+        Some(gap.max(peer.nack_allowed_us))
+    }
+
+    /// One NACK round for a peer: a frame per channel with due gaps.
+    fn nack_round(&mut self, p: usize, now_us: u64) {
+        let interval_us = self.cfg.nack_interval_ms * 1000;
+        let peer = &mut self.peers[p];
+        let repeat_us = peer.nack_repeat_us(interval_us);
+        // A round not yet transmitted is replaced, not stacked.
+        peer.pending_nacks.clear();
+        for &c in &peer.channels {
+            let ch = &mut self.channels[c];
+            if ch.rx.nack_due_us.is_none_or(|d| d > now_us) {
+                continue;
+            }
+            let ranges =
+                ch.rx
+                    .collect_nack(now_us, repeat_us, self.cfg.nack_ranges_max, &mut ch.stats);
+            if !ranges.is_empty() {
+                ch.stats.nacks_sent += 1;
+                peer.pending_nacks.push_back((ch.group, ranges));
+            }
+        }
+        if !peer.pending_nacks.is_empty() {
+            peer.nack_allowed_us = now_us + interval_us;
+            peer.stats.nack_rounds += 1;
+        }
+    }
+
+    /// The next time [`Endpoint::handle_timeout`] has work, if any. Ask
+    /// again after every call that changes the endpoint.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let mut next: Option<u64> = None;
+        let mut consider = |t: Option<u64>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        for ch in &self.channels {
+            if ch.rx.ack_pending && !ch.rx.ack_now {
+                consider(ch.rx.ack_due_us);
+            }
+            consider(ch.tx.probe_due_us);
+        }
+        for p in 0..self.peers.len() {
+            consider(self.nack_due_us(p));
+        }
+        next
+    }
+
+    /// Writes the next datagram to send into `buf` (cleared first) and says
+    /// where it goes; `None` when there is nothing to send. Call it until
+    /// `None` after every `send`, `handle_datagram` and `handle_timeout`.
+    /// Datagrams of different peers take turns.
+    #[must_use]
+    pub fn poll_transmit(&mut self, now_us: u64, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.now_us = self.now_us.max(now_us);
+        let n = self.peers.len();
+        for k in 0..n {
+            let p = (self.peer_cursor + k) % n;
+            if !self.wants_transmit(p) {
+                continue;
+            }
+            if let Some(t) = self.build(p, now_us, buf) {
+                self.peer_cursor = (p + 1) % n;
+                return Some(t);
+            }
+        }
+        buf.clear();
+        None
+    }
+
+    fn wants_transmit(&self, p: usize) -> bool {
+        let peer = &self.peers[p];
+        peer.announce
+            || !peer.pending_nacks.is_empty()
+            || !peer.rexmit.is_empty()
+            || peer.channels.iter().any(|&c| {
+                let ch = &self.channels[c];
+                ch.tx.too_old.is_some()
+                    || ch.tx.probe_now
+                    || ch.rx.ack_now
+                    || ch.tx.first_unsent < ch.tx.next_seq
+            })
+    }
+
+    /// Builds one datagram for peer `p`, most urgent frames first: TOO_OLD
+    /// answers, NACKs, acks (due or not: they ride along for free),
+    /// retransmissions, then new data from each channel in turn.
+    fn build(&mut self, p: usize, now_us: u64, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let cfg = &self.cfg;
+        let peer = &mut self.peers[p];
+        let header = Header {
+            sender: self.local,
+            receiver: peer.id,
+            epoch: self.epoch,
+            peer_epoch: peer.epoch,
+            sent_us: now_us as u32,
+            echo: peer.echo_for(now_us),
+        };
+        let mut w = DatagramWriter::new(buf, &header, cfg.datagram_bytes_max());
+        let announce = std::mem::take(&mut peer.announce);
+
+        for &c in &peer.channels {
+            let ch = &mut self.channels[c];
+            if let Some(base) = ch.tx.too_old {
+                if w.too_old(ch.group, base) {
+                    ch.tx.too_old = None;
+                    ch.stats.too_old_sent += 1;
+                }
+            }
+        }
+        while let Some((group, ranges)) = peer.pending_nacks.front() {
+            if !w.nack(*group, ranges) {
+                break;
+            }
+            peer.pending_nacks.pop_front();
+        }
+        for &c in &peer.channels {
+            let ch = &mut self.channels[c];
+            if !(ch.rx.ack_pending || ch.rx.ack_now || ch.tx.probe_now) {
+                continue;
+            }
+            let probe = ch.tx.probe_now;
+            if w.ack(ch.group, probe, ch.rx.next_deliver, ch.tx.send_next()) {
+                ch.rx.ack_written();
+                if probe {
+                    ch.tx.probe_now = false;
+                    ch.stats.probes_sent += 1;
+                }
+            }
+        }
+        while let Some(&(c, seq)) = peer.rexmit.front() {
+            let ch = &mut self.channels[c];
+            let Some(f) = ch.tx.frame_mut(seq) else {
+                // Acknowledged or evicted since it was asked for.
+                peer.rexmit.pop_front();
+                continue;
+            };
+            if !w.data(ch.group, seq, true, f.frag_index, f.frag_count, &f.payload) {
+                break;
+            }
+            ch.stats.rexmit_frames += 1;
+            ch.stats.rexmit_bytes += f.payload.len() as u64;
+            peer.rexmit.pop_front();
+        }
+        let n = peer.channels.len();
+        for k in 0..n {
+            let c = peer.channels[(peer.data_cursor + k) % n];
+            let ch = &mut self.channels[c];
+            debug_assert!(ch.tx.first_unsent >= ch.tx.hist_base);
+            while ch.tx.first_unsent < ch.tx.next_seq {
+                let seq = ch.tx.first_unsent;
+                let Some(f) = ch.tx.frame_mut(seq) else {
+                    break;
+                };
+                if !w.data(ch.group, seq, false, f.frag_index, f.frag_count, &f.payload) {
+                    break;
+                }
+                f.last_sent_us = Some(now_us);
+                ch.tx.sent_first(cfg, now_us);
+                ch.stats.frames_sent += 1;
+            }
+        }
+        if n > 0 {
+            peer.data_cursor = (peer.data_cursor + 1) % n;
+        }
+        if w.frames() == 0 && !announce {
+            return None;
+        }
+        let group = w.first_group();
+        let size_bytes = w.finish(&self.key);
+        peer.stats.datagrams_sent += 1;
+        peer.stats.bytes_sent += size_bytes as u64;
+        Some(Transmit {
+            peer: peer.id,
+            group,
+            size_bytes,
+        })
+    }
+
+    /// The next event: a delivered message, a skipped gap, a window that
+    /// reopened, a peer restart. Drain it after every `handle_datagram`;
+    /// while more than `events_bytes_max` of messages wait here, incoming
+    /// data is refused.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let e = self.events.pop_front()?;
+        if let Event::Delivered { message, .. } = &e {
+            self.events_bytes -= message.len();
+        }
+        Some(e)
+    }
+
+    /// Endpoint-wide counters.
+    pub fn stats(&self) -> EndpointStats {
+        EndpointStats {
+            history_bytes: self.ledger.bytes as u64,
+            ..self.stats
+        }
+    }
+
+    /// Counters of one peer, if known.
+    pub fn peer_stats(&self, peer: NodeId) -> Option<PeerStats> {
+        self.peer_index.get(&peer).map(|&p| self.peers[p].stats)
+    }
+
+    /// Counters of one channel, if it exists.
+    pub fn channel_stats(&self, peer: NodeId, group: GroupId) -> Option<ChannelStats> {
+        self.channel_index
+            .get(&(peer, group))
+            .map(|&c| self.channels[c].stats)
+    }
+
+    /// Positions of one channel, if it exists.
+    pub fn channel_state(&self, peer: NodeId, group: GroupId) -> Option<ChannelState> {
+        let ch = &self.channels[*self.channel_index.get(&(peer, group))?];
+        Some(ChannelState {
+            send_next: ch.tx.next_seq,
+            acked: ch.tx.acked,
+            history_base: ch.tx.hist_base,
+            in_flight_bytes: ch.tx.inflight_bytes as u64,
+            recv_next: ch.rx.next_deliver,
+            holdback_frames: ch.rx.holdback_frames as u64,
+            holdback_bytes: ch.rx.holdback_bytes as u64,
+        })
+    }
+
+    /// Every peer known, in id order.
+    pub fn peers(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.peer_index.keys().copied()
+    }
+
+    /// Every channel, as (peer, group), in order.
+    pub fn channels(&self) -> impl Iterator<Item = (NodeId, GroupId)> + '_ {
+        self.channel_index.keys().copied()
+    }
+
+    fn nack_delay_us(&mut self) -> u64 {
+        self.rng
+            .gen_range(self.cfg.nack_delay_min_us..=self.cfg.nack_delay_max_us)
+    }
+
+    fn peer_or_create(&mut self, id: NodeId) -> Result<usize, Limit> {
+        if let Some(&p) = self.peer_index.get(&id) {
+            return Ok(p);
+        }
+        if self.peers.len() >= self.cfg.peers_max {
+            return Err(Limit::Peers);
+        }
+        self.peers.push(Peer::new(id));
+        self.peer_index.insert(id, self.peers.len() - 1);
+        Ok(self.peers.len() - 1)
+    }
+
+    fn channel_or_create(&mut self, peer: NodeId, group: GroupId) -> Result<usize, Limit> {
+        if let Some(&c) = self.channel_index.get(&(peer, group)) {
+            return Ok(c);
+        }
+        let p = self.peer_or_create(peer)?;
+        if self.channels.len() >= self.cfg.channels_max {
+            return Err(Limit::Channels);
+        }
+        let c = self.channels.len();
+        self.channels.push(Channel {
+            peer: p,
+            group,
+            tx: TxHalf::new(),
+            rx: RxHalf::new(),
+            stats: ChannelStats::default(),
+        });
+        self.peers[p].channels.push(c);
+        self.channel_index.insert((peer, group), c);
+        Ok(c)
+    }
+
+    fn channel_for_frame(&mut self, peer: NodeId, group: GroupId) -> Option<usize> {
+        match self.channel_or_create(peer, group) {
+            Ok(c) => Some(c),
+            Err(_) => {
+                self.stats.channels_over_limit_dropped += 1;
+                None
+            }
+        }
+    }
+
+    /// The peer has a new epoch: both directions of every channel with it
+    /// start over.
+    fn peer_restarted(&mut self, p: usize) {
+        let peer_id = self.peers[p].id;
+        self.peers[p].stats.restarts_seen += 1;
+        self.events
+            .push_back(Event::PeerRestarted { peer: peer_id });
+        for &c in &self.peers[p].channels {
+            let ch = &mut self.channels[c];
+            debug_assert_eq!(ch.peer, p);
+            let (frames, bytes, stalled) = ch.tx.reset();
+            self.ledger.freed(frames, bytes);
+            ch.rx.reset();
+            if stalled {
+                self.events.push_back(Event::Writable {
+                    peer: peer_id,
+                    group: ch.group,
+                });
+            }
+        }
+    }
+
+    /// Evicts the endpoint's oldest frames until the history fits
+    /// `history_bytes_max`.
+    fn enforce_history_budget(&mut self) {
+        while self.ledger.bytes > self.cfg.history_bytes_max {
+            let Some((stamp, c)) = self.ledger.pop_oldest() else {
+                break;
+            };
+            let tx = &mut self.channels[c].tx;
+            let front = tx.history.front().map(|f| f.stamp);
+            debug_assert!(front.is_none_or(|f| stamp <= f), "ledger out of order");
+            if front == Some(stamp) {
+                let len = tx.evict_front().unwrap_or(0);
+                self.ledger.freed(1, len);
+                self.stats.history_evicted_frames += 1;
+                if tx.first_unsent < tx.hist_base {
+                    // Evicted before it ever went out: count it as sent and
+                    // tell the receiver how far we got at once (a probe), so
+                    // it asks, hears "too old", and skips. Without this a
+                    // channel whose every frame was evicted unsent would
+                    // wait for an ack that nothing can cause.
+                    tx.first_unsent = tx.hist_base;
+                    tx.probe_now = true;
+                    tx.probe_due_us
+                        .get_or_insert(self.now_us + self.cfg.probe_interval_ms * 1000);
+                }
+            }
+        }
+        self.sweep_history();
+    }
+
+    fn sweep_history(&mut self) {
+        if self.ledger.needs_sweep() {
+            let channels = &self.channels;
+            self.ledger.sweep(|stamp, c| {
+                channels[c]
+                    .tx
+                    .history
+                    .front()
+                    .is_some_and(|f| stamp >= f.stamp)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cfg: TransportConfig) -> (Endpoint, Endpoint) {
+        let key = ClusterKey::derive(b"endpoint tests");
+        (
+            Endpoint::new(cfg.clone(), key.clone(), 1, 1).unwrap(),
+            Endpoint::new(cfg, key, 2, 2).unwrap(),
+        )
+    }
+
+    /// Moves every datagram from `a` to `b` at `now_us`; returns how many.
+    fn pump(now_us: u64, a: &mut Endpoint, b: &mut Endpoint) -> usize {
+        let mut buf = Vec::new();
+        let mut n = 0;
+        while let Some(t) = a.poll_transmit(now_us, &mut buf) {
+            assert_eq!(t.size_bytes, buf.len());
+            b.handle_datagram(now_us, &buf).unwrap();
+            n += 1;
+        }
+        n
+    }
+
+    fn delivered(e: &mut Endpoint) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(ev) = e.poll_event() {
+            if let Event::Delivered { message, .. } = ev {
+                out.push(message);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn small_messages_of_all_groups_share_a_datagram() {
+        let (mut a, mut b) = pair(TransportConfig::default());
+        for g in 0..8 {
+            a.send(2, g, b"heartbeat").unwrap();
+        }
+        assert_eq!(pump(0, &mut a, &mut b), 1, "eight heartbeats, one datagram");
+        let got = delivered(&mut b);
+        assert_eq!(got.len(), 8);
+    }
+
+    #[test]
+    fn large_message_is_fragmented_and_reassembled() {
+        let (mut a, mut b) = pair(TransportConfig::default());
+        let msg: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let seqs = a.send(2, 0, &msg).unwrap();
+        assert_eq!(seqs.clone().count(), a.config().fragments(msg.len()));
+        let n = pump(0, &mut a, &mut b);
+        assert_eq!(n, seqs.count());
+        assert_eq!(delivered(&mut b), vec![msg]);
+    }
+
+    #[test]
+    fn window_blocks_then_reopens_after_acks() {
+        let cfg = TransportConfig {
+            window_bytes: 10_000,
+            message_bytes_max: 4_000,
+            holdback_bytes_max: 10_000,
+            events_bytes_max: 10_000,
+            ..Default::default()
+        };
+        let (mut a, mut b) = pair(cfg);
+        let m = vec![7u8; 4_000];
+        a.send(2, 0, &m).unwrap();
+        a.send(2, 0, &m).unwrap();
+        assert_eq!(a.send(2, 0, &m), Err(SendError::WouldBlock));
+        assert_eq!(a.channel_stats(2, 0).unwrap().window_stalls, 1);
+        pump(0, &mut a, &mut b);
+        assert_eq!(delivered(&mut b).len(), 2);
+        // b acks after ack_delay_us.
+        let t = b.poll_timeout().unwrap();
+        assert_eq!(t, a.config().ack_delay_us);
+        b.handle_timeout(t);
+        pump(t, &mut b, &mut a);
+        let mut writable = false;
+        while let Some(e) = a.poll_event() {
+            writable |= e == Event::Writable { peer: 2, group: 0 };
+        }
+        assert!(writable);
+        assert_eq!(a.channel_state(2, 0).unwrap().in_flight_bytes, 0);
+        assert_eq!(a.stats().history_bytes, 0);
+        a.send(2, 0, &m).unwrap();
+    }
+
+    #[test]
+    fn history_budget_evicts_oldest_first_and_answers_too_old() {
+        let cfg = TransportConfig {
+            history_bytes_max: 4 << 20,
+            ..Default::default()
+        };
+        let (mut a, mut b) = pair(cfg);
+        let m = vec![1u8; 1_000_000];
+        a.send(2, 0, &m).unwrap();
+        a.send(2, 1, &m).unwrap();
+        a.send(2, 0, &m).unwrap();
+        a.send(2, 1, &m).unwrap();
+        a.send(2, 0, &m).unwrap();
+        assert!(a.stats().history_bytes <= 4 << 20);
+        assert!(a.stats().history_evicted_frames > 0);
+        // Group 0's first message lost its head: a NACK gets "too old".
+        let s = a.channel_state(2, 0).unwrap();
+        assert!(s.history_base > 1);
+        let mut buf = Vec::new();
+        // Drop every datagram: b learns of the data only from a probe.
+        while a.poll_transmit(0, &mut buf).is_some() {}
+        let mut now = 0;
+        for _ in 0..1_000 {
+            let Some(t) = [a.poll_timeout(), b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
+                break;
+            };
+            now = t;
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+            pump(now, &mut a, &mut b);
+            pump(now, &mut b, &mut a);
+        }
+        let st = b.channel_stats(1, 0).unwrap();
+        assert!(st.too_old_received > 0, "{st:?} at {now}");
+        assert!(st.gaps_skipped > 0);
+        let mut skipped = 0;
+        let mut got = 0;
+        while let Some(e) = b.poll_event() {
+            match e {
+                Event::Skipped {
+                    group: 0, last_seq, ..
+                } => {
+                    assert!(last_seq < a.channel_state(2, 0).unwrap().history_base);
+                    skipped += 1;
+                }
+                Event::Delivered { .. } => got += 1,
+                _ => {}
+            }
+        }
+        assert!(skipped > 0 && got > 0);
+    }
+
+    #[test]
+    fn zero_node_id_and_bad_config_are_refused() {
+        let key = ClusterKey::derive(b"x");
+        assert!(Endpoint::new(TransportConfig::default(), key.clone(), 0, 1).is_err());
+        let bad = TransportConfig {
+            mtu_bytes: 10,
+            ..Default::default()
+        };
+        assert!(Endpoint::new(bad, key, 1, 1).is_err());
+    }
+}

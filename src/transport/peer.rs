@@ -1,0 +1,211 @@
+//! What the endpoint knows of one peer: its session epoch (and its earlier
+//! ones, to drop their datagrams), the round-trip estimate, the NACK rate
+//! limit, and the output waiting for it that is not owned by a channel.
+//!
+//! Session epochs are random, so they cannot be ordered: a datagram with an
+//! epoch we have never seen is taken as a restart, and the epoch it
+//! replaces is retired. A datagram of a retired epoch is a replay or a
+//! straggler and is dropped. Only `retired_epochs_max` are remembered, so a
+//! datagram that survives that many restarts of its sender would reset the
+//! channels once more; on a LAN, where a datagram lives milliseconds and a
+//! restart takes seconds, that cannot happen by accident.
+
+use super::stats::PeerStats;
+use super::wire::Echo;
+use super::GroupId;
+use crate::consensus::NodeId;
+use std::collections::VecDeque;
+
+/// An RTT sample above this is taken as a bogus echo and ignored, in µs.
+const RTT_SAMPLE_MAX_US: u32 = 10_000_000;
+
+/// How a datagram's sender epoch relates to what we know of the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EpochCheck {
+    /// The epoch we know.
+    Current,
+    /// The first epoch we hear from this peer.
+    First,
+    /// A new epoch: the peer restarted; everything about it is stale.
+    Restarted,
+    /// An epoch the peer had before: drop the datagram.
+    Retired,
+}
+
+/// One peer.
+pub(super) struct Peer {
+    /// Its node id.
+    pub(super) id: NodeId,
+    /// Its current session epoch; 0 until we hear from it.
+    pub(super) epoch: u64,
+    retired: VecDeque<u64>,
+    /// Indexes of its channels in the endpoint, in creation order.
+    pub(super) channels: Vec<usize>,
+    /// No NACK round before this time (the per-peer rate limit).
+    pub(super) nack_allowed_us: u64,
+    /// NACK frames of the latest round, waiting for a datagram.
+    pub(super) pending_nacks: VecDeque<(GroupId, Vec<(u64, u32)>)>,
+    /// Send a datagram even if empty, so the peer learns our epoch.
+    pub(super) announce: bool,
+    /// No announcement before this time (rate limit).
+    pub(super) announce_allowed_us: u64,
+    /// Retransmissions waiting for a datagram: (channel index, seq).
+    pub(super) rexmit: VecDeque<(usize, u64)>,
+    /// The peer's latest `sent_us` and when we received it.
+    echo: Option<(u32, u64)>,
+    /// Latest echo an RTT sample was taken from.
+    last_echo_sampled: Option<u32>,
+    /// Round-robin position among the channels for new data.
+    pub(super) data_cursor: usize,
+    /// Counters.
+    pub(super) stats: PeerStats,
+}
+
+impl Peer {
+    pub(super) fn new(id: NodeId) -> Self {
+        Peer {
+            id,
+            epoch: 0,
+            retired: VecDeque::new(),
+            channels: Vec::new(),
+            nack_allowed_us: 0,
+            pending_nacks: VecDeque::new(),
+            announce: false,
+            announce_allowed_us: 0,
+            rexmit: VecDeque::new(),
+            echo: None,
+            last_echo_sampled: None,
+            data_cursor: 0,
+            stats: PeerStats::default(),
+        }
+    }
+
+    /// Classifies `epoch` and adopts it if it is new.
+    pub(super) fn check_epoch(&mut self, epoch: u64, retired_max: usize) -> EpochCheck {
+        if epoch == self.epoch {
+            return EpochCheck::Current;
+        }
+        if self.retired.contains(&epoch) {
+            return EpochCheck::Retired;
+        }
+        if self.epoch == 0 {
+            self.epoch = epoch;
+            return EpochCheck::First;
+        }
+        self.retired.push_back(self.epoch);
+        while self.retired.len() > retired_max {
+            self.retired.pop_front();
+        }
+        self.epoch = epoch;
+        // Timing state belonged to the old life.
+        self.echo = None;
+        self.last_echo_sampled = None;
+        self.nack_allowed_us = 0;
+        self.pending_nacks.clear();
+        self.rexmit.clear();
+        EpochCheck::Restarted
+    }
+
+    /// Records the peer's clock from an accepted datagram, and takes an
+    /// RTT sample from its echo of ours.
+    pub(super) fn on_header(&mut self, now_us: u64, sent_us: u32, echo: Option<Echo>) {
+        if let Some(e) = echo {
+            // Only a newer echo than the last sampled: a replayed or
+            // reordered datagram would inflate the estimate.
+            let newer = self
+                .last_echo_sampled
+                .is_none_or(|last| (e.sent_us.wrapping_sub(last) as i32) > 0);
+            let sample = (now_us as u32)
+                .wrapping_sub(e.sent_us)
+                .wrapping_sub(e.delay_us);
+            if newer && sample < RTT_SAMPLE_MAX_US {
+                self.last_echo_sampled = Some(e.sent_us);
+                self.rtt_sample(sample as u64);
+            }
+        }
+        self.echo = Some((sent_us, now_us));
+    }
+
+    /// RFC 6298's smoothed RTT and variation.
+    fn rtt_sample(&mut self, sample_us: u64) {
+        let s = &mut self.stats;
+        if s.rtt_samples == 0 {
+            s.rtt_us = sample_us;
+            s.rtt_var_us = sample_us / 2;
+        } else {
+            s.rtt_var_us = (3 * s.rtt_var_us + s.rtt_us.abs_diff(sample_us)) / 4;
+            s.rtt_us = (7 * s.rtt_us + sample_us) / 8;
+        }
+        s.rtt_samples += 1;
+    }
+
+    /// The echo to put in a datagram built at `now_us`.
+    pub(super) fn echo_for(&self, now_us: u64) -> Option<Echo> {
+        self.echo.map(|(sent_us, at_us)| Echo {
+            sent_us,
+            delay_us: now_us.saturating_sub(at_us).min(u32::MAX as u64) as u32,
+        })
+    }
+
+    /// How long before a requested seq is requested again: the NACK
+    /// interval, or the retransmission timeout when the path is slower.
+    pub(super) fn nack_repeat_us(&self, nack_interval_us: u64) -> u64 {
+        let rto = self.stats.rtt_us + 4 * self.stats.rtt_var_us;
+        nack_interval_us.max(rto)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_first_restart_retired() {
+        let mut p = Peer::new(2);
+        assert_eq!(p.check_epoch(10, 2), EpochCheck::First);
+        assert_eq!(p.check_epoch(10, 2), EpochCheck::Current);
+        assert_eq!(p.check_epoch(11, 2), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(10, 2), EpochCheck::Retired);
+        assert_eq!(p.check_epoch(12, 2), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(13, 2), EpochCheck::Restarted);
+        // Only two are remembered: 10 has been forgotten.
+        assert_eq!(p.check_epoch(11, 2), EpochCheck::Retired);
+        assert_eq!(p.check_epoch(12, 2), EpochCheck::Retired);
+        assert_eq!(p.retired.len(), 2);
+    }
+
+    #[test]
+    fn rtt_from_echo_ignores_stale_echoes() {
+        let mut p = Peer::new(2);
+        p.on_header(
+            1_000,
+            0,
+            Some(Echo {
+                sent_us: 500,
+                delay_us: 100,
+            }),
+        );
+        assert_eq!(p.stats.rtt_us, 400);
+        // The same echo again (a replay) gives no sample.
+        p.on_header(
+            9_000,
+            0,
+            Some(Echo {
+                sent_us: 500,
+                delay_us: 100,
+            }),
+        );
+        assert_eq!(p.stats.rtt_samples, 1);
+        p.on_header(
+            10_000,
+            0,
+            Some(Echo {
+                sent_us: 9_500,
+                delay_us: 100,
+            }),
+        );
+        assert_eq!(p.stats.rtt_samples, 2);
+        assert_eq!(p.stats.rtt_us, (7 * 400 + 400) / 8);
+        assert_eq!(p.nack_repeat_us(4_000), 4_000);
+    }
+}

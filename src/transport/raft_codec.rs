@@ -1,0 +1,565 @@
+//! Compact binary encoding of consensus [`Message`]s, for the transport's
+//! payloads (our own format, not protobuf).
+//!
+//! Integers are LEB128 varints (terms and indexes are small most of the
+//! time), byte strings are a varint length and the bytes, sets are a count
+//! and strictly ascending ids. The encoding is canonical: a byte string
+//! decodes only if encoding the result gives back the same bytes, so there
+//! is one encoding per message and the fuzz target can check it.
+//!
+//! Decoding takes untrusted input: it never panics, and it checks every
+//! length and count against the bytes that remain before it allocates, so
+//! an allocation is never larger than a small multiple of the input.
+//!
+//! ```text
+//! message  = version(1) from term to body          (from, to, term: varint)
+//! body     = tag(1) fields...                       tags follow Body's order
+//! entry    = term index payload
+//! payload  = 0 (noop) | 1 bytes (normal) | 2 membership
+//! membership = count id* count id*                  (voters, then learners)
+//! snapshot = index term membership bytes
+//! ```
+
+use crate::consensus::{AppendResult, Body, Entry, Membership, Message, Payload, Snapshot};
+use std::collections::BTreeSet;
+
+/// Version byte at the start of every encoded message.
+pub const CODEC_VERSION: u8 = 1;
+/// Most members in one set of a membership; a cluster has 3 or 5 nodes.
+pub const MEMBERS_MAX: usize = 1024;
+/// Smallest encoding of one entry (term, index, payload tag), in bytes;
+/// bounds the entry count by the input length.
+const ENTRY_BYTES_MIN: usize = 3;
+
+/// Why bytes are not a valid encoded message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CodecError {
+    /// The input ends inside a field.
+    Truncated,
+    /// Bytes follow the end of the message.
+    TrailingBytes,
+    /// An encoding version this build does not read.
+    BadVersion(u8),
+    /// An unknown tag for the named type.
+    BadTag(&'static str),
+    /// A varint longer than 10 bytes, overflowing 64 bits, or not minimal.
+    BadVarint,
+    /// A boolean byte other than 0 or 1.
+    BadBool,
+    /// A length or count larger than the input or the named limit.
+    TooLong(&'static str),
+    /// Member ids not strictly ascending (duplicates, or not canonical).
+    UnsortedMembers,
+}
+
+impl std::fmt::Display for CodecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CodecError::Truncated => write!(f, "message truncated"),
+            CodecError::TrailingBytes => write!(f, "bytes after the end of the message"),
+            CodecError::BadVersion(v) => {
+                write!(f, "message encoding version {v}, expected {CODEC_VERSION}")
+            }
+            CodecError::BadTag(what) => write!(f, "unknown {what} tag"),
+            CodecError::BadVarint => write!(f, "malformed varint"),
+            CodecError::BadBool => write!(f, "boolean byte not 0 or 1"),
+            CodecError::TooLong(what) => write!(f, "{what} longer than allowed"),
+            CodecError::UnsortedMembers => write!(f, "member ids not strictly ascending"),
+        }
+    }
+}
+
+impl std::error::Error for CodecError {}
+
+/// Appends the encoding of `msg` to `out`.
+pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
+    out.push(CODEC_VERSION);
+    put_varint(out, msg.from);
+    put_varint(out, msg.term);
+    put_varint(out, msg.to);
+    match &msg.body {
+        Body::PreVote {
+            last_index,
+            last_term,
+        } => {
+            out.push(0);
+            put_varint(out, *last_index);
+            put_varint(out, *last_term);
+        }
+        Body::PreVoteResponse { granted } => {
+            out.push(1);
+            out.push(*granted as u8);
+        }
+        Body::Vote {
+            last_index,
+            last_term,
+            transfer,
+        } => {
+            out.push(2);
+            put_varint(out, *last_index);
+            put_varint(out, *last_term);
+            out.push(*transfer as u8);
+        }
+        Body::VoteResponse { granted } => {
+            out.push(3);
+            out.push(*granted as u8);
+        }
+        Body::Append {
+            prev_index,
+            prev_term,
+            entries,
+            commit,
+        } => {
+            out.push(4);
+            put_varint(out, *prev_index);
+            put_varint(out, *prev_term);
+            put_varint(out, *commit);
+            put_varint(out, entries.len() as u64);
+            for e in entries {
+                put_entry(out, e);
+            }
+        }
+        Body::AppendResponse(AppendResult::Accepted { match_index }) => {
+            out.push(5);
+            put_varint(out, *match_index);
+        }
+        Body::AppendResponse(AppendResult::Rejected {
+            rejected_index,
+            hint_index,
+            hint_term,
+        }) => {
+            out.push(6);
+            put_varint(out, *rejected_index);
+            put_varint(out, *hint_index);
+            put_varint(out, *hint_term);
+        }
+        Body::Heartbeat { commit, read_round } => {
+            out.push(7);
+            put_varint(out, *commit);
+            put_varint(out, *read_round);
+        }
+        Body::HeartbeatResponse { read_round } => {
+            out.push(8);
+            put_varint(out, *read_round);
+        }
+        Body::InstallSnapshot { snapshot } => {
+            out.push(9);
+            put_varint(out, snapshot.index);
+            put_varint(out, snapshot.term);
+            put_membership(out, &snapshot.membership);
+            put_bytes(out, &snapshot.data);
+        }
+        Body::TimeoutNow => out.push(10),
+    }
+}
+
+/// The encoding of `msg` in a new buffer.
+pub fn encode_message_to_vec(msg: &Message) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_message(msg, &mut out);
+    out
+}
+
+/// Decodes one message that must fill `bytes` exactly. Never panics.
+pub fn decode_message(bytes: &[u8]) -> Result<Message, CodecError> {
+    let mut r = Reader { bytes };
+    let version = r.u8()?;
+    if version != CODEC_VERSION {
+        return Err(CodecError::BadVersion(version));
+    }
+    let from = r.varint()?;
+    let term = r.varint()?;
+    let to = r.varint()?;
+    let body = match r.u8()? {
+        0 => Body::PreVote {
+            last_index: r.varint()?,
+            last_term: r.varint()?,
+        },
+        1 => Body::PreVoteResponse { granted: r.bool()? },
+        2 => Body::Vote {
+            last_index: r.varint()?,
+            last_term: r.varint()?,
+            transfer: r.bool()?,
+        },
+        3 => Body::VoteResponse { granted: r.bool()? },
+        4 => {
+            let prev_index = r.varint()?;
+            let prev_term = r.varint()?;
+            let commit = r.varint()?;
+            let count = r.count(ENTRY_BYTES_MIN, "entries")?;
+            let mut entries = Vec::with_capacity(count);
+            for _ in 0..count {
+                entries.push(r.entry()?);
+            }
+            Body::Append {
+                prev_index,
+                prev_term,
+                entries,
+                commit,
+            }
+        }
+        5 => Body::AppendResponse(AppendResult::Accepted {
+            match_index: r.varint()?,
+        }),
+        6 => Body::AppendResponse(AppendResult::Rejected {
+            rejected_index: r.varint()?,
+            hint_index: r.varint()?,
+            hint_term: r.varint()?,
+        }),
+        7 => Body::Heartbeat {
+            commit: r.varint()?,
+            read_round: r.varint()?,
+        },
+        8 => Body::HeartbeatResponse {
+            read_round: r.varint()?,
+        },
+        9 => Body::InstallSnapshot {
+            snapshot: Snapshot {
+                index: r.varint()?,
+                term: r.varint()?,
+                membership: r.membership()?,
+                data: r.bytes()?,
+            },
+        },
+        10 => Body::TimeoutNow,
+        _ => return Err(CodecError::BadTag("body")),
+    };
+    if !r.bytes.is_empty() {
+        return Err(CodecError::TrailingBytes);
+    }
+    Ok(Message {
+        from,
+        to,
+        term,
+        body,
+    })
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_set(out: &mut Vec<u8>, set: &BTreeSet<u64>) {
+    put_varint(out, set.len() as u64);
+    for &id in set {
+        put_varint(out, id);
+    }
+}
+
+fn put_membership(out: &mut Vec<u8>, m: &Membership) {
+    put_set(out, &m.voters);
+    put_set(out, &m.learners);
+}
+
+fn put_entry(out: &mut Vec<u8>, e: &Entry) {
+    put_varint(out, e.term);
+    put_varint(out, e.index);
+    match &e.payload {
+        Payload::Noop => out.push(0),
+        Payload::Normal(data) => {
+            out.push(1);
+            put_bytes(out, data);
+        }
+        Payload::Membership(m) => {
+            out.push(2);
+            put_membership(out, m);
+        }
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn u8(&mut self) -> Result<u8, CodecError> {
+        let (&b, rest) = self.bytes.split_first().ok_or(CodecError::Truncated)?;
+        self.bytes = rest;
+        Ok(b)
+    }
+
+    fn bool(&mut self) -> Result<bool, CodecError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(CodecError::BadBool),
+        }
+    }
+
+    /// LEB128, at most 10 bytes, minimal (no trailing zero groups).
+    fn varint(&mut self) -> Result<u64, CodecError> {
+        let mut v: u64 = 0;
+        for i in 0..10 {
+            let b = self.u8()?;
+            let group = (b & 0x7f) as u64;
+            if i == 9 && b > 1 {
+                return Err(CodecError::BadVarint);
+            }
+            v |= group << (7 * i);
+            if b & 0x80 == 0 {
+                if i > 0 && b == 0 {
+                    return Err(CodecError::BadVarint);
+                }
+                return Ok(v);
+            }
+        }
+        Err(CodecError::BadVarint)
+    }
+
+    /// A count of items each at least `item_bytes_min` long: it cannot
+    /// exceed what the remaining input could hold.
+    fn count(&mut self, item_bytes_min: usize, what: &'static str) -> Result<usize, CodecError> {
+        let n = self.varint()?;
+        let room = (self.bytes.len() / item_bytes_min) as u64;
+        if n > room {
+            return Err(CodecError::TooLong(what));
+        }
+        Ok(n as usize)
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, CodecError> {
+        let n = self.count(1, "byte string")?;
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head.to_vec())
+    }
+
+    fn set(&mut self) -> Result<BTreeSet<u64>, CodecError> {
+        let n = self.count(1, "member set")?;
+        if n > MEMBERS_MAX {
+            return Err(CodecError::TooLong("member set"));
+        }
+        let mut set = BTreeSet::new();
+        let mut last: Option<u64> = None;
+        for _ in 0..n {
+            let id = self.varint()?;
+            if last.is_some_and(|l| id <= l) {
+                return Err(CodecError::UnsortedMembers);
+            }
+            last = Some(id);
+            set.insert(id);
+        }
+        Ok(set)
+    }
+
+    fn membership(&mut self) -> Result<Membership, CodecError> {
+        Ok(Membership {
+            voters: self.set()?,
+            learners: self.set()?,
+        })
+    }
+
+    fn entry(&mut self) -> Result<Entry, CodecError> {
+        let term = self.varint()?;
+        let index = self.varint()?;
+        let payload = match self.u8()? {
+            0 => Payload::Noop,
+            1 => Payload::Normal(self.bytes()?),
+            2 => Payload::Membership(self.membership()?),
+            _ => return Err(CodecError::BadTag("payload")),
+        };
+        Ok(Entry {
+            term,
+            index,
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn big(rng: &mut ChaCha8Rng) -> u64 {
+        // Mix small and full-width values so every varint length occurs.
+        match rng.gen_range(0..4) {
+            0 => rng.gen_range(0..128),
+            1 => rng.gen_range(0..1 << 20),
+            2 => rng.gen(),
+            _ => u64::MAX - rng.gen_range(0..3),
+        }
+    }
+
+    fn membership(rng: &mut ChaCha8Rng) -> Membership {
+        Membership {
+            voters: (0..rng.gen_range(0..6)).map(|_| big(rng)).collect(),
+            learners: (0..rng.gen_range(0..3)).map(|_| big(rng)).collect(),
+        }
+    }
+
+    fn bytes(rng: &mut ChaCha8Rng) -> Vec<u8> {
+        (0..rng.gen_range(0..300)).map(|_| rng.gen()).collect()
+    }
+
+    /// A random message; every body variant and payload kind occurs.
+    pub(crate) fn random_message(rng: &mut ChaCha8Rng) -> Message {
+        let body = match rng.gen_range(0..11) {
+            0 => Body::PreVote {
+                last_index: big(rng),
+                last_term: big(rng),
+            },
+            1 => Body::PreVoteResponse { granted: rng.gen() },
+            2 => Body::Vote {
+                last_index: big(rng),
+                last_term: big(rng),
+                transfer: rng.gen(),
+            },
+            3 => Body::VoteResponse { granted: rng.gen() },
+            4 => Body::Append {
+                prev_index: big(rng),
+                prev_term: big(rng),
+                commit: big(rng),
+                entries: (0..rng.gen_range(0..8))
+                    .map(|_| Entry {
+                        term: big(rng),
+                        index: big(rng),
+                        payload: match rng.gen_range(0..3) {
+                            0 => Payload::Noop,
+                            1 => Payload::Normal(bytes(rng)),
+                            _ => Payload::Membership(membership(rng)),
+                        },
+                    })
+                    .collect(),
+            },
+            5 => Body::AppendResponse(AppendResult::Accepted {
+                match_index: big(rng),
+            }),
+            6 => Body::AppendResponse(AppendResult::Rejected {
+                rejected_index: big(rng),
+                hint_index: big(rng),
+                hint_term: big(rng),
+            }),
+            7 => Body::Heartbeat {
+                commit: big(rng),
+                read_round: big(rng),
+            },
+            8 => Body::HeartbeatResponse {
+                read_round: big(rng),
+            },
+            9 => Body::InstallSnapshot {
+                snapshot: Snapshot {
+                    index: big(rng),
+                    term: big(rng),
+                    membership: membership(rng),
+                    data: bytes(rng),
+                },
+            },
+            _ => Body::TimeoutNow,
+        };
+        Message {
+            from: big(rng),
+            to: big(rng),
+            term: big(rng),
+            body,
+        }
+    }
+
+    #[test]
+    fn roundtrip_every_variant() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut tags = BTreeSet::new();
+        for _ in 0..5_000 {
+            let m = random_message(&mut rng);
+            let enc = encode_message_to_vec(&m);
+            tags.insert(body_tag(&m));
+            assert_eq!(decode_message(&enc), Ok(m.clone()), "{m:?}");
+        }
+        assert_eq!(tags.len(), 11, "every body tag exercised");
+    }
+
+    fn body_tag(m: &Message) -> usize {
+        match &m.body {
+            Body::PreVote { .. } => 0,
+            Body::PreVoteResponse { .. } => 1,
+            Body::Vote { .. } => 2,
+            Body::VoteResponse { .. } => 3,
+            Body::Append { .. } => 4,
+            Body::AppendResponse(AppendResult::Accepted { .. }) => 5,
+            Body::AppendResponse(AppendResult::Rejected { .. }) => 6,
+            Body::Heartbeat { .. } => 7,
+            Body::HeartbeatResponse { .. } => 8,
+            Body::InstallSnapshot { .. } => 9,
+            Body::TimeoutNow => 10,
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        for _ in 0..300 {
+            let enc = encode_message_to_vec(&random_message(&mut rng));
+            for len in 0..enc.len() {
+                assert!(decode_message(&enc[..len]).is_err());
+            }
+            let mut long = enc.clone();
+            long.push(0);
+            assert_eq!(decode_message(&long), Err(CodecError::TrailingBytes));
+        }
+    }
+
+    #[test]
+    fn varints_are_canonical() {
+        let mut r = Reader {
+            bytes: &[0x80, 0x00],
+        };
+        assert_eq!(r.varint(), Err(CodecError::BadVarint), "overlong zero");
+        let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(Reader { bytes: &max }.varint(), Ok(u64::MAX));
+        let over = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert_eq!(Reader { bytes: &over }.varint(), Err(CodecError::BadVarint));
+        let eleven = [0x80; 11];
+        assert_eq!(
+            Reader { bytes: &eleven }.varint(),
+            Err(CodecError::BadVarint)
+        );
+    }
+
+    #[test]
+    fn lengths_are_bounded_before_allocating() {
+        // An append claiming 2^62 entries in a 12-byte message.
+        let mut b = vec![CODEC_VERSION, 1, 1, 2, 4, 0, 0, 0];
+        put_varint(&mut b, 1 << 62);
+        assert_eq!(decode_message(&b), Err(CodecError::TooLong("entries")));
+        // A snapshot whose data claims 1 GiB.
+        let mut b = vec![CODEC_VERSION, 1, 1, 2, 9, 0, 0, 0, 0];
+        put_varint(&mut b, 1 << 30);
+        assert_eq!(decode_message(&b), Err(CodecError::TooLong("byte string")));
+        // Duplicate voters are not canonical.
+        let b = vec![CODEC_VERSION, 1, 1, 2, 9, 0, 0, 2, 5, 5, 0, 0];
+        assert_eq!(decode_message(&b), Err(CodecError::UnsortedMembers));
+    }
+
+    /// Random bytes never panic, and whatever decodes re-encodes to the
+    /// same bytes.
+    #[test]
+    fn random_bytes_never_panic_and_decodes_are_canonical() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut ok = 0;
+        for i in 0..50_000 {
+            let len = rng.gen_range(0..64);
+            let mut b: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            if i % 2 == 0 && !b.is_empty() {
+                b[0] = CODEC_VERSION;
+                if b.len() > 4 {
+                    b[4] = rng.gen_range(0..11);
+                }
+            }
+            if let Ok(m) = decode_message(&b) {
+                ok += 1;
+                assert_eq!(encode_message_to_vec(&m), b);
+            }
+        }
+        assert!(ok > 0, "some random inputs should decode");
+    }
+}
