@@ -573,6 +573,10 @@ impl Wal {
     pub fn admit(&mut self) -> Result<(), WalError> {
         self.check_not_failed()?;
         if self.state == DiskState::Full {
+            // Space may have returned: the waiting batch retries a segment.
+            self.submit_ready()?;
+        }
+        if self.state == DiskState::Full {
             self.metrics.disk_full_refusals += 1;
             return Err(WalError::DiskFull);
         }
@@ -645,6 +649,7 @@ impl Wal {
         let target = self.current_ticket();
         while self.durable_ticket < target {
             self.check_not_failed()?;
+            self.submit_ready()?; // also retries a segment when full
             if self.state == DiskState::Full && self.backend.in_flight() == 0 {
                 return Err(WalError::DiskFull);
             }
@@ -820,9 +825,9 @@ impl Wal {
         if !ready {
             let now = Instant::now();
             if self.state == DiskState::Full
-                && self
-                    .last_space_retry
-                    .is_some_and(|t| now.duration_since(t) < Duration::from_millis(100))
+                && self.last_space_retry.is_some_and(|t| {
+                    now.duration_since(t) < Duration::from_millis(self.cfg.space_retry_ms)
+                })
             {
                 return Ok(false);
             }
