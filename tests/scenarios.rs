@@ -964,6 +964,7 @@ impl World {
                     hard_state,
                     snapshot: None,
                     entries,
+                    repair_until: None,
                 };
                 let node = self.node(id)?;
                 let (cfg, restarts) = (node.cfg.clone(), node.restarts + 1);

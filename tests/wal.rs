@@ -204,7 +204,7 @@ fn flipped_byte_in_the_middle_is_reported_never_truncated(b: BackendChoice) {
     );
     assert!(!c.healed);
     assert!(report.torn_tail.is_none(), "corruption is not a torn tail");
-    assert_eq!(report.repair_until, Some(600));
+    assert_eq!(report.restored.repair_until, Some(600));
     let last_trusted = report.restored.entries.last().map_or(0, |e| e.index);
     assert!(
         last_trusted < c.lost.0,

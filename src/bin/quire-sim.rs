@@ -30,7 +30,7 @@ struct Args {
     #[arg(long, default_value_t = SimOptions::default().fault_phase_ms)]
     fault_phase_ms: u64,
     /// Plant a bug to see the checkers catch it (fault injection):
-    /// commit-on-leader-only, forget-vote, ack-before-fsync.
+    /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing.
     #[arg(long)]
     bug: Option<String>,
     /// Print one line per seed.
@@ -171,8 +171,8 @@ impl Totals {
             self.commits, self.confirmed, self.failed, self.unknown
         );
         println!(
-            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} leader transfers; {} messages dropped",
-            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.transfers, self.dropped
+            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers; {} messages dropped",
+            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, self.dropped
         );
         println!(
             "recovery:    after healing, every group confirmed again within p50 {} ms, max {} ms",

@@ -82,8 +82,11 @@ impl Raft {
             } => (last_index, last_term, false),
             _ => unreachable!("only vote requests are routed here"),
         };
-        let up_to_date = last_term > self.log.last_term()
-            || (last_term == self.log.last_term() && last_index >= self.log.last_index());
+        // A log under repair may lack acknowledged entries: its owner's
+        // judgement of "up to date" cannot be trusted, so it grants nothing.
+        let up_to_date = !self.is_repairing()
+            && (last_term > self.log.last_term()
+                || (last_term == self.log.last_term() && last_index >= self.log.last_index()));
         if pre {
             // Granting a pre-vote changes nothing here, so no vote is
             // recorded; the lease keeps a healthy leader in place.

@@ -59,6 +59,9 @@ pub enum PlantedBug {
     /// A follower acknowledges appended entries before they are durable,
     /// so a crash can lose entries a leader counted (breaks durability).
     AckBeforeFsync,
+    /// A node whose recovery found damaged entries votes and campaigns
+    /// before re-fetching them (breaks leader completeness).
+    VoteWhileRepairing,
 }
 
 /// Static configuration of one Raft instance. All durations in ms.
@@ -133,6 +136,10 @@ pub struct RestoredState {
     pub snapshot: Option<Snapshot>,
     /// The entries after the snapshot, consecutive.
     pub entries: Vec<Entry>,
+    /// Recovery found acknowledged entries damaged: the log held entries up
+    /// to this index, and the node must not vote or lead until it is
+    /// durable up to here again (re-fetched from the leader).
+    pub repair_until: Option<Index>,
 }
 
 /// Everything the caller must do after feeding inputs: the output half of
@@ -250,6 +257,8 @@ pub struct Raft {
     memberships: BTreeMap<Index, Membership>,
     /// Latest snapshot (metadata and data) to send to lagging followers.
     snapshot: Option<Snapshot>,
+    /// See [`RestoredState::repair_until`]; 0 when the log is whole.
+    repair_until: Index,
 
     // follower and candidate
     election_deadline_ms: u64,
@@ -315,6 +324,7 @@ impl Raft {
                 memberships.insert(e.index, m.clone());
             }
         }
+        let repair_until = state.repair_until.unwrap_or(0);
         let log = RaftLog::restored(
             snap_index,
             snap_term,
@@ -333,6 +343,7 @@ impl Raft {
             log,
             memberships,
             snapshot: state.snapshot,
+            repair_until,
             election_deadline_ms: 0,
             leader_contact_ms: None,
             votes: BTreeMap::new(),
@@ -587,7 +598,15 @@ impl Raft {
 
     /// True if this node may campaign: a voter of the membership in force.
     fn promotable(&self) -> bool {
-        self.membership().voters.contains(&self.id)
+        self.membership().voters.contains(&self.id) && !self.is_repairing()
+    }
+
+    /// True while the log is being repaired after recovery found damaged
+    /// entries: the node neither votes nor campaigns (a vote from a log
+    /// missing acknowledged entries could elect a leader without them).
+    pub fn is_repairing(&self) -> bool {
+        self.cfg.planted_bug != Some(PlantedBug::VoteWhileRepairing)
+            && self.log.persisted < self.repair_until
     }
 
     fn reset_election_deadline(&mut self) {

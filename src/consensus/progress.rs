@@ -126,6 +126,13 @@ impl Progress {
                 if self.next_index == 0 || rejected != self.next_index - 1 {
                     return false; // answer to an earlier probe
                 }
+                if rejected <= self.match_index {
+                    // The follower no longer holds entries it acknowledged:
+                    // recovery found them damaged and it is repairing (it
+                    // does not vote meanwhile). Lowering match only delays
+                    // commits; commit itself never goes back.
+                    self.match_index = probe_from.min(rejected).saturating_sub(1);
+                }
                 self.next_index = (self.match_index + 1).max(probe_from.min(rejected)).max(1);
                 self.probe_sent = false;
                 true

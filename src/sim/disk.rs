@@ -35,6 +35,15 @@ pub(crate) struct Durable {
     pub(crate) entries: Vec<Entry>,
     /// Chain hash of the log prefix ending at each entry (see `trace::chain`).
     pub(crate) prefix: Vec<u64>,
+    /// Damage not yet noticed: from this index on, entries will fail their
+    /// checksums at the next recovery (bit rot, a misdirected write).
+    pub(crate) latent_damage: Option<Index>,
+    /// Entries recovery found damaged, (index, prefix hash): still on the
+    /// platter, unreadable, and counted as held while the node repairs them
+    /// without voting.
+    pub(crate) damaged: Vec<(Index, u64)>,
+    /// The node must not vote until its log is durable up to here.
+    pub(crate) repair_until: Option<Index>,
 }
 
 impl Durable {
@@ -53,14 +62,21 @@ impl Durable {
             return Some(None);
         }
         let pos = (index - base - 1) as usize;
-        self.prefix.get(pos).map(|&p| Some(p))
+        if let Some(&p) = self.prefix.get(pos) {
+            return Some(Some(p));
+        }
+        self.damaged
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|&(_, p)| Some(p))
     }
 
-    fn last_index(&self) -> Index {
+    pub(crate) fn last_index(&self) -> Index {
         self.base().0 + self.entries.len() as u64
     }
 
     fn truncate_from(&mut self, from: Index) {
+        self.damaged.retain(|&(i, _)| i < from);
         let (base, _) = self.base();
         let keep = from.saturating_sub(base + 1) as usize;
         self.entries.truncate(keep);
@@ -76,14 +92,55 @@ impl Durable {
         let prev = self.prefix.last().copied().unwrap_or_else(|| self.base().1);
         self.prefix.push(chain(prev, &e));
         self.entries.push(e);
+        if self.repair_until.is_some_and(|u| self.last_index() >= u) {
+            self.repair_until = None; // re-fetched: the damaged copies are superseded
+            self.damaged.clear();
+        }
     }
 
-    pub(crate) fn restored(&self) -> RestoredState {
+    /// Recovery: latent damage is found now; the trusted log ends before
+    /// it and the node restarts in repair mode.
+    pub(crate) fn recover(&mut self) -> RestoredState {
+        if let Some(at) = self.latent_damage.take() {
+            let (base, _) = self.base();
+            if at > base && at <= self.last_index() {
+                let keep = (at - base - 1) as usize;
+                let lost: Vec<(Index, u64)> = self.entries[keep..]
+                    .iter()
+                    .zip(&self.prefix[keep..])
+                    .map(|(e, &p)| (e.index, p))
+                    .collect();
+                self.repair_until = Some(self.last_index().max(self.repair_until.unwrap_or(0)));
+                self.damaged.extend(lost);
+                self.entries.truncate(keep);
+                self.prefix.truncate(keep);
+            }
+        }
+        // What recovery can vouch for: a commit beyond the trusted end is
+        // forgotten with the damage (commit is persisted lazily anyway).
+        let trusted_end = self.last_index();
+        self.hard_state.commit = self.hard_state.commit.min(trusted_end).max(self.base().0);
         RestoredState {
             hard_state: self.hard_state,
             snapshot: self.snapshot.clone(),
             entries: self.entries.clone(),
+            repair_until: self.repair_until,
         }
+    }
+
+    /// True while recovery damage is pending or being repaired.
+    pub(crate) fn is_damaged(&self) -> bool {
+        self.latent_damage.is_some() || self.repair_until.is_some()
+    }
+
+    /// Damage the log from `index` on, to be found at the next recovery.
+    pub(crate) fn damage_from(&mut self, index: Index) {
+        self.latent_damage = Some(self.latent_damage.map_or(index, |d| d.min(index)));
+    }
+
+    /// Index range of the durable log, for choosing where damage strikes.
+    pub(crate) fn range(&self) -> (Index, Index) {
+        (self.base().0 + 1, self.last_index())
     }
 }
 
@@ -153,6 +210,11 @@ impl SimDisk {
                     }
                     d.entries.clear();
                     d.prefix.clear();
+                    d.damaged.retain(|&(i, _)| i > s.index);
+                    if d.repair_until.is_some_and(|u| u <= s.index) {
+                        d.repair_until = None;
+                        d.damaged.clear();
+                    }
                     d.snapshot = Some(s);
                 }
                 if let Some(t) = truncate_from {
@@ -176,6 +238,7 @@ impl SimDisk {
                     assert!(drop <= d.entries.len(), "compacting beyond the durable log");
                     d.entries.drain(..drop);
                     d.prefix.drain(..drop);
+                    d.damaged.retain(|&(i, _)| i > s.index);
                     d.snapshot = Some(s);
                 }
             }

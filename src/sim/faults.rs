@@ -32,6 +32,10 @@ pub struct FaultCounts {
     pub duplication_changes: u64,
     /// fsync EIO injections (the group stops on that node).
     pub eio: u64,
+    /// Bit rot left in a log by a crash, found at recovery.
+    pub corruptions: u64,
+    /// Writes reported durable that landed elsewhere.
+    pub misdirected_writes: u64,
     /// Leadership transfers requested.
     pub transfers: u64,
 }
@@ -50,6 +54,8 @@ impl FaultCounts {
             + self.loss_changes
             + self.duplication_changes
             + self.eio
+            + self.corruptions
+            + self.misdirected_writes
             + self.transfers
     }
 
@@ -66,6 +72,8 @@ impl FaultCounts {
         self.loss_changes += o.loss_changes;
         self.duplication_changes += o.duplication_changes;
         self.eio += o.eio;
+        self.corruptions += o.corruptions;
+        self.misdirected_writes += o.misdirected_writes;
         self.transfers += o.transfers;
     }
 }

@@ -191,10 +191,11 @@ pub fn replay_command(seed: u64, opts: &SimOptions) -> String {
 }
 
 /// The planted bugs by their command-line names.
-pub const BUGS: [(&str, PlantedBug); 3] = [
+pub const BUGS: [(&str, PlantedBug); 4] = [
     ("commit-on-leader-only", PlantedBug::CommitOnLeaderOnly),
     ("forget-vote", PlantedBug::ForgetVote),
     ("ack-before-fsync", PlantedBug::AckBeforeFsync),
+    ("vote-while-repairing", PlantedBug::VoteWhileRepairing),
 ];
 
 /// Command-line name of a planted bug.

@@ -33,6 +33,10 @@ pub(crate) struct Params {
     /// Chance that a node crashes right after granting a vote (a targeted
     /// fault, as FoundationDB's BUGGIFY places faults at risky moments).
     pub(crate) crash_after_vote_probability: f64,
+    /// Chance that a crash leaves bit rot in a group's log on that node.
+    pub(crate) corruption_probability: f64,
+    /// Chance that a completed write actually landed elsewhere.
+    pub(crate) misdirected_write_probability: f64,
     pub(crate) clients_per_group: usize,
     /// The core's options are explored too, not only the defaults.
     pub(crate) pre_vote: bool,
@@ -56,6 +60,8 @@ impl Params {
             inflight_msgs_max: rng.gen_range(1..=16),
             fault_gap_ms_max: rng.gen_range(150..=900),
             crash_after_vote_probability: rng.gen_range(0.0..0.3),
+            corruption_probability: rng.gen_range(0.0..0.3),
+            misdirected_write_probability: rng.gen_range(0.0..0.002),
             clients_per_group: rng.gen_range(1..=3),
             pre_vote: rng.gen_bool(0.6),
             check_quorum: rng.gen_bool(0.6),
@@ -499,6 +505,14 @@ impl World {
         }
         self.record(n, g, What::DiskDone { write_id });
         let applied = self.nodes[n].disks[g].complete(write_id);
+        if let Some(&(first, _, _)) = applied.new_entries.first() {
+            if self.rng.gen_bool(self.p.misdirected_write_probability) && self.may_damage(n, g) {
+                // Reported durable, but it landed elsewhere: found at recovery.
+                self.faults.misdirected_writes += 1;
+                self.record(n, g, What::Fault("misdirected-write"));
+                self.nodes[n].disks[g].durable.damage_from(first);
+            }
+        }
         self.check_durable(n, g, &applied)?;
         let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
         let (id, report) = rep.in_flight.pop_front().expect("a write was in flight");
@@ -604,7 +618,7 @@ impl World {
         if self.nodes[n].replicas[g].is_some() {
             return;
         }
-        let restored = self.nodes[n].disks[g].durable.restored();
+        let restored = self.nodes[n].disks[g].durable.recover();
         let seed = self.rng.gen();
         let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored);
         let mut rep = Replica::new(raft);
@@ -620,8 +634,27 @@ impl World {
         self.nodes[n].alive = false;
         for g in 0..self.opts.groups {
             self.stop_group(n, g)?;
+            if self.rng.gen_bool(self.p.corruption_probability) && self.may_damage(n, g) {
+                let (lo, hi) = self.nodes[n].disks[g].durable.range();
+                if lo <= hi {
+                    let at = self.rng.gen_range(lo..=hi);
+                    self.faults.corruptions += 1;
+                    self.record(n, g, What::Fault("bit-rot"));
+                    self.nodes[n].disks[g].durable.damage_from(at);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Disk damage stays within what Raft can survive: at most a minority
+    /// of a group's replicas damaged or repairing at once (with more, no
+    /// replication protocol keeps acknowledged data).
+    fn may_damage(&self, n: usize, g: usize) -> bool {
+        let damaged = (0..self.nodes.len())
+            .filter(|&m| m != n && self.nodes[m].disks[g].durable.is_damaged())
+            .count();
+        damaged < (self.nodes.len() - 1) / 2 && !self.nodes[n].disks[g].durable.is_damaged()
     }
 
     pub(crate) fn restart_node(&mut self, n: usize) -> Result<(), Violation> {

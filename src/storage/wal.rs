@@ -122,11 +122,9 @@ pub enum DiskState {
 /// What `open` found.
 #[derive(Debug)]
 pub struct OpenReport {
-    /// What the consensus core restarts from.
+    /// What the consensus core restarts from (with `repair_until` set when
+    /// unrepaired corruption was found).
     pub restored: RestoredState,
-    /// With unrepaired corruption: the core must not vote until its log is
-    /// durable up to this index again.
-    pub repair_until: Option<Index>,
     /// The torn tail discarded, if any.
     pub torn_tail: Option<TornTail>,
     /// Corruption found in the middle of the log.
@@ -443,8 +441,8 @@ impl Wal {
                 hard_state,
                 snapshot,
                 entries: found.entries,
+                repair_until: found.repair_until,
             },
-            repair_until: found.repair_until,
             torn_tail: found.torn_tail,
             corruption: found.corruption,
             backend: backend_why,
