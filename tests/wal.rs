@@ -226,8 +226,13 @@ fn torn_tail_is_discarded_and_zeroed(b: BackendChoice) {
     wal.sync().unwrap();
     drop(wal);
     // Tear the last batch: damage a byte near the end of the written data.
+    // The last segment holding data (preallocated spares follow it).
     let segs = segment_files(dir.path());
-    let last = segs.last().unwrap();
+    let last = segs
+        .iter()
+        .rev()
+        .find(|p| std::fs::read(p).unwrap().iter().any(|&x| x != 0))
+        .unwrap();
     let mut bytes = std::fs::read(last).unwrap();
     let end = bytes.iter().rposition(|&x| x != 0).unwrap();
     bytes[end - 10] ^= 0x01;

@@ -147,6 +147,11 @@ pub fn scan(segments: &[SegmentImage<'_>], base: Index, commit: Index, window: u
                     continue;
                 }
             };
+            if r.batches.is_empty() && suspect.is_some_and(|s| s.dirty_until.is_none()) {
+                // Zeros before the first batch: spare segments left from
+                // before a trim or a snapshot install, not damage.
+                suspect = None;
+            }
             if let Some(s) = suspect.as_mut() {
                 s.dirty_until = Some((seg.id, (off + batch.disk_bytes) as u64));
             }
@@ -421,6 +426,30 @@ mod tests {
         let got = indexes(&r);
         assert_eq!(got.len(), 35);
         assert_eq!(got[30], (31, 2));
+    }
+
+    #[test]
+    fn zero_segments_before_the_first_batch_are_not_damage() {
+        // After a trim, the log may start at a high sequence number, with
+        // leftover zeroed spares sorting before it.
+        let (segs, _) = layout(&ten_batches());
+        let mut all = vec![vec![0u8; SEG]];
+        all.extend(segs.into_iter().skip(1));
+        let images: Vec<SegmentImage<'_>> = all
+            .iter()
+            .enumerate()
+            .map(|(i, b)| SegmentImage {
+                id: i as u64,
+                bytes: b,
+            })
+            .collect();
+        let r = scan(&images, 80, 80, 1); // the first segment was trimmed at 80
+        assert!(
+            r.corruption.is_empty() && r.torn_tail.is_none(),
+            "{:?}",
+            r.corruption
+        );
+        assert!(!r.entries.is_empty());
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct WalConfig {
     pub read_cache_bytes: usize,
     /// While the disk is full, how often to try preparing a segment again.
     pub space_retry_ms: u64,
+    /// Segments kept preallocated ahead of the one being written.
+    pub segments_ahead: u32,
 }
 
 impl Default for WalConfig {
@@ -68,6 +70,7 @@ impl Default for WalConfig {
             direct_io: true,
             read_cache_bytes: 8 << 20,
             space_retry_ms: 100,
+            segments_ahead: 1,
         }
     }
 }
@@ -250,7 +253,10 @@ pub struct Wal {
     segments: BTreeMap<u64, File>,
     active: u64,
     append_offset: u64,
+    /// The segment being preallocated in the background, if any.
     spare: Option<(u64, JoinHandle<io::Result<()>>)>,
+    /// Preallocated segments after the active one, ready to use.
+    ready_spares: std::collections::BTreeSet<u64>,
     next_seq: u64,
     /// Batches cut and waiting for their flush, oldest first.
     sealed: VecDeque<Sealed>,
@@ -407,27 +413,24 @@ impl Wal {
         drop(views);
         drop(images);
 
+        if let Some(t) = &found.torn_tail {
+            zero_range(dir, &ids, t.zero_from, t.zero_until)?;
+        }
+        // Files after the one being written are preallocated spares.
+        let (mut active, append_offset) = found
+            .append_at
+            .unwrap_or((ids.first().copied().unwrap_or(1), 0));
+        if ids.is_empty() {
+            preallocate(dir, 1, cfg.segment_bytes)
+                .map_err(io_err("preallocating the first segment"))?;
+            ids.push(1);
+            active = 1;
+        }
         let mut segments = BTreeMap::new();
-        for &id in &ids {
+        for &id in ids.iter().filter(|&&id| id <= active) {
             let (f, _, _) = open_data_file(&segment_path(dir, id), direct)?;
             segments.insert(id, f);
         }
-        if let Some(t) = &found.torn_tail {
-            zero_range(dir, &segments, t.zero_from, t.zero_until)?;
-        }
-        let (active, append_offset) = match found.append_at {
-            Some(at) => at,
-            None => match ids.last() {
-                Some(&id) => (id, 0),
-                None => {
-                    preallocate(dir, 1, cfg.segment_bytes)
-                        .map_err(io_err("preallocating the first segment"))?;
-                    let (f, _, _) = open_data_file(&segment_path(dir, 1), direct)?;
-                    segments.insert(1, f);
-                    (1, 0)
-                }
-            },
-        };
         let last = found
             .entries
             .last()
@@ -466,6 +469,7 @@ impl Wal {
             active,
             append_offset,
             spare: None,
+            ready_spares: ids.iter().copied().filter(|&id| id > active).collect(),
             next_seq: found.last_seq + 1,
             sealed: VecDeque::new(),
             open_batch: None,
@@ -629,6 +633,8 @@ impl Wal {
     /// without blocking. Call after every `Ready` and on every wake-up.
     pub fn poll(&mut self) -> Result<(), WalError> {
         self.reap(false)?;
+        self.collect_spare(false)?;
+        self.top_up_spares();
         self.submit_ready()?;
         self.check_stall();
         Ok(())
@@ -803,24 +809,10 @@ impl Wal {
     /// one (the disk is full).
     fn roll_segment(&mut self) -> Result<bool, WalError> {
         let next = self.active + 1;
-        let ready = match self.spare.take() {
-            Some((id, job)) if id == next => match job.join() {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) if is_enospc(&e) => false,
-                Ok(Err(e)) => return Err(WalError::Io(format!("preallocating segment {next}"), e)),
-                Err(_) => {
-                    return Err(WalError::Invalid(
-                        "the preallocation thread panicked".into(),
-                    ))
-                }
-            },
-            Some(other) => {
-                self.spare = Some(other);
-                false
-            }
-            None => false,
-        };
-        if !ready {
+        // Wait for the background job only if it is preparing this one.
+        let block = !self.ready_spares.contains(&next);
+        self.collect_spare(block)?;
+        if !self.ready_spares.remove(&next) {
             let now = Instant::now();
             if self.state == DiskState::Full
                 && self.last_space_retry.is_some_and(|t| {
@@ -846,10 +838,71 @@ impl Wal {
         if self.state == DiskState::Full {
             self.state = DiskState::Healthy;
         }
-        // Prepare the one after in the background.
-        let (dir, bytes, id) = (self.dir.clone(), self.cfg.segment_bytes, next + 1);
-        self.spare = Some((id, std::thread::spawn(move || preallocate(&dir, id, bytes))));
+        self.top_up_spares();
         Ok(true)
+    }
+
+    /// Collects a finished background preallocation (waiting for it with
+    /// `block`). Running out of space there is not an error yet: the roll
+    /// that needs the segment will find out.
+    fn collect_spare(&mut self, block: bool) -> Result<(), WalError> {
+        let finished = self
+            .spare
+            .as_ref()
+            .is_some_and(|(_, job)| job.is_finished());
+        if !(block || finished) {
+            return Ok(());
+        }
+        if let Some((id, job)) = self.spare.take() {
+            match job.join() {
+                Ok(Ok(())) => {
+                    self.ready_spares.insert(id);
+                }
+                Ok(Err(e)) if is_enospc(&e) => {}
+                Ok(Err(e)) => return Err(WalError::Io(format!("preallocating segment {id}"), e)),
+                Err(_) => {
+                    return Err(WalError::Invalid(
+                        "the preallocation thread panicked".into(),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts preparing the next spare in the background if fewer than
+    /// `segments_ahead` are ready (one preparation at a time).
+    fn top_up_spares(&mut self) {
+        if self.spare.is_some() || self.ready_spares.len() >= self.cfg.segments_ahead as usize {
+            return;
+        }
+        let id = self
+            .ready_spares
+            .last()
+            .copied()
+            .unwrap_or(self.active)
+            .max(self.active)
+            + 1;
+        let (dir, bytes) = (self.dir.clone(), self.cfg.segment_bytes);
+        self.spare = Some((id, std::thread::spawn(move || preallocate(&dir, id, bytes))));
+    }
+
+    /// Preallocates `segments_ahead` spare segments now, blocking: at
+    /// start-up, so that the first minutes of appends never wait for one
+    /// (and, in benchmarks, as fio lays out its file before timing).
+    pub fn prepare_segments(&mut self) -> Result<(), WalError> {
+        loop {
+            self.collect_spare(true)?;
+            if self.ready_spares.len() >= self.cfg.segments_ahead as usize {
+                return Ok(());
+            }
+            let before = self.ready_spares.len();
+            self.top_up_spares();
+            self.collect_spare(true)?;
+            if self.ready_spares.len() == before {
+                return Err(WalError::DiskFull);
+            }
+        }
     }
 
     fn reap(&mut self, wait: bool) -> Result<(), WalError> {
@@ -987,6 +1040,9 @@ impl Wal {
         // Every old segment goes; a fresh one starts the new log.
         if let Some((id, job)) = self.spare.take() {
             let _ = job.join();
+            let _ = fs::remove_file(segment_path(&self.dir, id));
+        }
+        for id in std::mem::take(&mut self.ready_spares) {
             let _ = fs::remove_file(segment_path(&self.dir, id));
         }
         let old: Vec<u64> = self.segments.keys().copied().collect();
@@ -1219,11 +1275,11 @@ fn open_data_file(path: &Path, want_direct: bool) -> Result<(File, bool, String)
 /// left behind must not be read as data by a later scan.
 fn zero_range(
     dir: &Path,
-    segments: &BTreeMap<u64, File>,
+    ids: &[u64],
     from: (u64, u64),
     until: (u64, u64),
 ) -> Result<(), WalError> {
-    for (&id, _) in segments.range(from.0..=until.0) {
+    for &id in ids.iter().filter(|&&id| id >= from.0 && id <= until.0) {
         let path = segment_path(dir, id);
         let f = OpenOptions::new()
             .write(true)

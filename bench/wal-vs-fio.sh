@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The storage path against fio on the same disk, in the same run.
+# quire appends 1 KiB records with 256 outstanding; fio then writes
+# sequentially with --fdatasync=1 and --bs set to the bytes quire put
+# behind each fdatasync, so both pay for the same bytes per flush.
+# Usage: bench/wal-vs-fio.sh [DIR on the disk under test] [runs] [seconds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-$PWD/target/bench-disk}
+runs=${2:-5}
+secs=${3:-10}
+backend=${BACKEND:-auto}
+command -v fio >/dev/null || { echo "fio is missing: apt-get install fio" >&2; exit 2; }
+mkdir -p "$dir"
+cargo build --release --example wal_bench >&2
+results=()
+for i in $(seq "$runs"); do
+  out=$(target/release/examples/wal_bench "$dir/wal" 1024 256 "$secs" "$backend" 2>/dev/null)
+  bpf=$(sed -n 's/^BYTES_PER_FLUSH=//p' <<<"$out")
+  q=$(sed -n 's/^DISK_MBPS=//p' <<<"$out")
+  bs=$(( (bpf + 4095) / 4096 * 4096 ))
+  f=$(fio --name=wal --directory="$dir" --ioengine=io_uring --rw=write --bs="$bs" \
+        --fdatasync=1 --direct=1 --size=1g --runtime="$secs" --time_based \
+        --output-format=json | python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"]/1e6)')
+  rm -rf "$dir/wal" "$dir"/wal.*.*
+  echo "run $i: $(head -1 <<<"$out")"
+  echo "run $i: fio --bs=$bs --fdatasync=1: $f MB/s; quire/fio = $(python3 -c "print(f'{$q/$f:.3f}')")"
+  results+=("$q $f")
+done
+printf '%s\n' "${results[@]}" | python3 -c '
+import sys, statistics as s
+rows=[tuple(map(float,l.split())) for l in sys.stdin if l.strip()]
+q=s.median(r[0] for r in rows); f=s.median(r[1] for r in rows)
+r=s.median(r[0]/r[1] for r in rows)
+print(f"median of {len(rows)} runs: quire {q:.1f} MB/s, fio {f:.1f} MB/s, median ratio quire/fio {r:.3f}")'
