@@ -3,6 +3,10 @@
 # quire appends 1 KiB records with 256 outstanding; fio then writes
 # sequentially with --fdatasync=1 and --bs set to the bytes quire put
 # behind each fdatasync, so both pay for the same bytes per flush.
+# Both write into space already written once: quire into its zero-filled
+# segments (prepared before timing), fio into a file it lays out fully
+# before timing (--overwrite=1); fio's default fallocate layout would make
+# every fdatasync also commit unwritten-extent conversions to the journal.
 # Usage: bench/wal-vs-fio.sh [DIR on the disk under test] [runs] [seconds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +24,7 @@ for i in $(seq "$runs"); do
   q=$(sed -n 's/^DISK_MBPS=//p' <<<"$out")
   bs=$(( (bpf + 4095) / 4096 * 4096 ))
   f=$(fio --name=wal --directory="$dir" --ioengine=io_uring --rw=write --bs="$bs" \
-        --fdatasync=1 --direct=1 --size=1g --runtime="$secs" --time_based \
+        --fdatasync=1 --direct=1 --overwrite=1 --size=1g --runtime="$secs" --time_based \
         --output-format=json | python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"]/1e6)')
   rm -rf "$dir/wal" "$dir"/wal.*.*
   echo "run $i: $(head -1 <<<"$out")"
