@@ -327,6 +327,11 @@ mod tests {
     }
 
     fn run(segs: &[Vec<u8>], window: u64) -> ScanResult {
+        run_from(segs, 0, window)
+    }
+
+    /// Scans with the log starting after `base` (a snapshot or trim point).
+    fn run_from(segs: &[Vec<u8>], base: Index, window: u64) -> ScanResult {
         let images: Vec<SegmentImage<'_>> = segs
             .iter()
             .enumerate()
@@ -335,7 +340,7 @@ mod tests {
                 bytes: b,
             })
             .collect();
-        scan(&images, 0, 0, window)
+        scan(&images, base, base, window)
     }
 
     fn indexes(r: &ScanResult) -> Vec<(Index, Term)> {
@@ -435,15 +440,7 @@ mod tests {
         let (segs, _) = layout(&ten_batches());
         let mut all = vec![vec![0u8; SEG]];
         all.extend(segs.into_iter().skip(1));
-        let images: Vec<SegmentImage<'_>> = all
-            .iter()
-            .enumerate()
-            .map(|(i, b)| SegmentImage {
-                id: i as u64,
-                bytes: b,
-            })
-            .collect();
-        let r = scan(&images, 80, 80, 1); // the first segment was trimmed at 80
+        let r = run_from(&all, 80, 1); // the first segment was trimmed at 80
         assert!(
             r.corruption.is_empty() && r.torn_tail.is_none(),
             "{:?}",
