@@ -28,6 +28,7 @@
 //! batches that were in flight.
 
 use crate::consensus::{Entry, Index, Membership, Payload, Term};
+use crate::io::AlignedBuf;
 
 /// Magic number at the start of every record.
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"QRW1");
@@ -57,38 +58,32 @@ fn record_crc(header: &[u8], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, payload)
 }
 
-fn put_header(out: &mut Vec<u8>, kind: u8, tag: u8, a: u64, b: u64, payload: &[u8]) {
-    let start = out.len();
-    out.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
-    out.push(kind);
-    out.push(tag);
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes()); // crc, filled below
-    out.extend_from_slice(&a.to_le_bytes());
-    out.extend_from_slice(&b.to_le_bytes());
-    let crc = record_crc(&out[start..start + HEADER_BYTES], payload);
-    out[start + 12..start + 16].copy_from_slice(&crc.to_le_bytes());
+/// A record header, checksum included, for `payload`.
+fn record_header(kind: u8, tag: u8, a: u64, b: u64, payload: &[u8]) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    h[4] = kind;
+    h[5] = tag;
+    h[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&a.to_le_bytes());
+    h[24..32].copy_from_slice(&b.to_le_bytes());
+    let crc = record_crc(&h, payload);
+    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+fn put_record(out: &mut AlignedBuf, kind: u8, tag: u8, a: u64, b: u64, payload: &[u8]) {
+    out.extend_from_slice(&record_header(kind, tag, a, b, payload));
     out.extend_from_slice(payload);
 }
 
-/// The payload bytes of an entry and its tag.
-fn encode_payload(p: &Payload, scratch: &mut Vec<u8>) -> u8 {
-    scratch.clear();
-    match p {
-        Payload::Noop => TAG_NOOP,
-        Payload::Normal(data) => {
-            scratch.extend_from_slice(data);
-            TAG_DATA
-        }
-        Payload::Membership(m) => {
-            scratch.extend_from_slice(&(m.voters.len() as u32).to_le_bytes());
-            scratch.extend_from_slice(&(m.learners.len() as u32).to_le_bytes());
-            for id in m.voters.iter().chain(m.learners.iter()) {
-                scratch.extend_from_slice(&id.to_le_bytes());
-            }
-            TAG_MEMBERSHIP
-        }
+/// Encodes a membership payload.
+fn encode_membership(m: &Membership, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&(m.voters.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(m.learners.len() as u32).to_le_bytes());
+    for id in m.voters.iter().chain(m.learners.iter()) {
+        out.extend_from_slice(&id.to_le_bytes());
     }
 }
 
@@ -187,21 +182,36 @@ fn read_record(bytes: &[u8]) -> Result<RawRecord<'_>, FormatError> {
     })
 }
 
-/// A batch as built in memory before it is written.
-#[derive(Debug)]
+/// A batch as built in memory before it is written, directly in the
+/// aligned buffer that will be handed to the kernel.
 pub struct BatchBuilder {
-    buf: Vec<u8>,
+    buf: AlignedBuf,
     scratch: Vec<u8>,
     count: u32,
     first_index: Index,
     last: Option<(Index, Term)>,
 }
 
+impl std::fmt::Debug for BatchBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchBuilder")
+            .field("first_index", &self.first_index)
+            .field("count", &self.count)
+            .field("bytes", &self.buf.len())
+            .finish()
+    }
+}
+
 impl BatchBuilder {
     /// A batch whose first entry will have `first_index`.
     pub fn new(first_index: Index) -> Self {
-        let mut buf = Vec::with_capacity(BLOCK_BYTES);
-        buf.resize(HEADER_BYTES + BATCH_PAYLOAD_BYTES, 0);
+        Self::with_buffer(first_index, AlignedBuf::with_capacity(BLOCK_BYTES))
+    }
+
+    /// The same, reusing `buf` (its contents are discarded).
+    pub fn with_buffer(first_index: Index, mut buf: AlignedBuf) -> Self {
+        buf.clear();
+        buf.resize_zeroed(HEADER_BYTES + BATCH_PAYLOAD_BYTES); // header, filled by finish
         BatchBuilder {
             buf,
             scratch: Vec::new(),
@@ -215,10 +225,23 @@ impl BatchBuilder {
     pub fn push(&mut self, e: &Entry) {
         let expected = self.first_index + self.count as u64;
         assert_eq!(e.index, expected, "batch entries are consecutive");
-        let tag = encode_payload(&e.payload, &mut self.scratch);
-        let scratch = std::mem::take(&mut self.scratch);
-        put_header(&mut self.buf, KIND_ENTRY, tag, e.term, e.index, &scratch);
-        self.scratch = scratch;
+        match &e.payload {
+            Payload::Noop => put_record(&mut self.buf, KIND_ENTRY, TAG_NOOP, e.term, e.index, &[]),
+            Payload::Normal(data) => {
+                put_record(&mut self.buf, KIND_ENTRY, TAG_DATA, e.term, e.index, data)
+            }
+            Payload::Membership(m) => {
+                encode_membership(m, &mut self.scratch);
+                put_record(
+                    &mut self.buf,
+                    KIND_ENTRY,
+                    TAG_MEMBERSHIP,
+                    e.term,
+                    e.index,
+                    &self.scratch,
+                );
+            }
+        }
         self.count += 1;
         self.last = Some((e.index, e.term));
     }
@@ -244,17 +267,18 @@ impl BatchBuilder {
     }
 
     /// Seals the batch with its sequence number and the commit index to
-    /// record, and returns the padded bytes.
-    pub fn finish(mut self, seq: u64, commit: Index) -> Vec<u8> {
+    /// record, and returns the padded bytes, ready to write.
+    pub fn finish(mut self, seq: u64, commit: Index) -> AlignedBuf {
         let total = self.disk_bytes();
         let mut payload = [0u8; BATCH_PAYLOAD_BYTES];
         payload[0..4].copy_from_slice(&self.count.to_le_bytes());
         payload[4..8].copy_from_slice(&(total as u32).to_le_bytes());
         payload[8..16].copy_from_slice(&commit.to_le_bytes());
-        let mut head = Vec::with_capacity(HEADER_BYTES + BATCH_PAYLOAD_BYTES);
-        put_header(&mut head, KIND_BATCH, 0, seq, self.first_index, &payload);
-        self.buf[..head.len()].copy_from_slice(&head);
-        self.buf.resize(total, 0);
+        let head = record_header(KIND_BATCH, 0, seq, self.first_index, &payload);
+        let bytes = self.buf.as_mut_slice();
+        bytes[..HEADER_BYTES].copy_from_slice(&head);
+        bytes[HEADER_BYTES..HEADER_BYTES + BATCH_PAYLOAD_BYTES].copy_from_slice(&payload);
+        self.buf.resize_zeroed(total);
         self.buf
     }
 }
@@ -345,7 +369,7 @@ mod tests {
         }
         let bytes = b.finish(9, 4);
         assert_eq!(bytes.len() % BLOCK_BYTES, 0);
-        let got = decode_batch(&bytes).expect("decodes");
+        let got = decode_batch(bytes.as_slice()).expect("decodes");
         assert_eq!(got.seq, 9);
         assert_eq!(got.first_index, 5);
         assert_eq!(got.commit, 4);
@@ -358,7 +382,7 @@ mod tests {
         for e in sample().into_iter().take(3) {
             b.push(&e);
         }
-        let bytes = b.finish(1, 0);
+        let bytes = b.finish(1, 0).as_slice().to_vec();
         let used = HEADER_BYTES * 4 + BATCH_PAYLOAD_BYTES + 5 + 8 + 24;
         for byte in 0..used {
             for bit in 0..8 {

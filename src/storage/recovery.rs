@@ -313,7 +313,10 @@ mod tests {
                     payload: Payload::Normal(vec![(first + i) as u8; 700]),
                 });
             }
-            let bytes = b.finish(seq as u64 + 1, first + count - 1);
+            let bytes = b
+                .finish(seq as u64 + 1, first + count - 1)
+                .as_slice()
+                .to_vec();
             if at + bytes.len() > SEG {
                 segs.push(vec![0u8; SEG]);
                 at = 0;

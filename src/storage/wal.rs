@@ -274,6 +274,8 @@ pub struct Wal {
     index: Vec<BatchLocation>,
     cache: VecDeque<(BatchLocation, Vec<Entry>)>,
     cache_bytes: usize,
+    /// Batch buffers back from the kernel, reused for the next batches.
+    buf_pool: Vec<AlignedBuf>,
     state: DiskState,
     last_space_retry: Option<Instant>,
     metrics: WalMetrics,
@@ -484,6 +486,7 @@ impl Wal {
             index: found.batches,
             cache: VecDeque::new(),
             cache_bytes: 0,
+            buf_pool: Vec::new(),
             state: DiskState::Healthy,
             last_space_retry: None,
             metrics: WalMetrics::new(),
@@ -562,10 +565,9 @@ impl Wal {
             self.sb_dirty = true;
             if self.open_batch.is_none() && self.sealed.is_empty() {
                 let at = self.last.0 + 1;
-                self.open_batch = Some(Sealed {
-                    ticket: self.take_ticket(),
-                    batch: BatchBuilder::new(at),
-                });
+                let ticket = self.take_ticket();
+                let batch = self.new_batch(at);
+                self.open_batch = Some(Sealed { ticket, batch });
             }
         }
         Ok(self.current_ticket())
@@ -608,23 +610,37 @@ impl Wal {
             self.sealed.push_back(b);
         }
         let ticket = self.take_ticket();
-        self.open_batch = Some(Sealed {
-            ticket,
-            batch: BatchBuilder::new(first_index),
-        });
+        let batch = self.new_batch(first_index);
+        self.open_batch = Some(Sealed { ticket, batch });
         // Cached reads of the replaced suffix are stale now.
         self.cache
             .retain(|(loc, _)| loc.first_index + loc.count <= first_index);
         self.last = (first_index - 1, self.last.1);
     }
 
+    /// A batch built in a recycled buffer when one is free.
+    fn new_batch(&mut self, first_index: Index) -> BatchBuilder {
+        let buf = self
+            .buf_pool
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(self.cfg.flush_bytes_max + (64 << 10)));
+        BatchBuilder::with_buffer(first_index, buf)
+    }
+
+    /// Keeps a few batch-sized buffers for reuse.
+    fn recycle(&mut self, bufs: Vec<AlignedBuf>) {
+        for b in bufs {
+            if b.capacity() >= self.cfg.flush_bytes_max && self.buf_pool.len() < 8 {
+                self.buf_pool.push(b);
+            }
+        }
+    }
+
     fn batch_for_append(&mut self, index: Index) -> &mut Sealed {
         if self.open_batch.is_none() {
             let ticket = self.take_ticket();
-            self.open_batch = Some(Sealed {
-                ticket,
-                batch: BatchBuilder::new(index),
-            });
+            let batch = self.new_batch(index);
+            self.open_batch = Some(Sealed { ticket, batch });
         }
         self.open_batch.as_mut().expect("just ensured")
     }
@@ -678,10 +694,9 @@ impl Wal {
             } else if in_flight == 0 && (self.open_batch.is_some() || self.sb_dirty) {
                 self.open_batch.take().or_else(|| {
                     let at = self.last.0 + 1;
-                    Some(Sealed {
-                        ticket: self.take_ticket(),
-                        batch: BatchBuilder::new(at),
-                    })
+                    let ticket = self.take_ticket();
+                    let batch = self.new_batch(at);
+                    Some(Sealed { ticket, batch })
                 })
             } else {
                 None
@@ -733,7 +748,7 @@ impl Wal {
             ops.push(IoOp::Write {
                 fd,
                 offset: l.offset,
-                buf: AlignedBuf::from_slice(&data),
+                buf: data,
             });
             ops.push(IoOp::Fdatasync { fd });
         } else if self.sb_dirty {
@@ -919,6 +934,7 @@ impl Wal {
             if let Err(e) = c.result {
                 f.result = Some(e);
             }
+            self.recycle(c.bufs);
         }
         self.advance_durable();
         self.check_not_failed()
