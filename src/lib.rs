@@ -10,6 +10,7 @@
 
 pub mod consensus;
 pub mod io;
+pub mod net;
 pub mod sim;
 pub mod storage;
 pub mod transport;

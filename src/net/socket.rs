@@ -1,0 +1,345 @@
+//! Opening one group socket: created with libc so that SO_REUSEADDR and
+//! the buffer sizes are set before `bind`, the sizes the kernel granted
+//! compared with those asked, and GSO and GRO probed. Also the
+//! `SocketAddr` <-> `sockaddr` conversions the batched calls need.
+
+use super::config::UdpConfig;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// A socket address in the form the kernel takes.
+#[derive(Clone, Copy)]
+pub(crate) struct RawAddr {
+    pub(crate) storage: libc::sockaddr_storage,
+    pub(crate) len: libc::socklen_t,
+}
+
+impl RawAddr {
+    /// Room for any address (what `recvmmsg` fills in).
+    pub(crate) fn empty() -> RawAddr {
+        RawAddr {
+            // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+            storage: unsafe { zeroed() },
+            len: size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        }
+    }
+
+    pub(crate) fn from_std(addr: &SocketAddr) -> RawAddr {
+        // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for
+                // every sockaddr type.
+                unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
+                size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: as above.
+                unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
+                size_of::<libc::sockaddr_in6>()
+            }
+        };
+        RawAddr {
+            storage,
+            len: len as libc::socklen_t,
+        }
+    }
+
+    pub(crate) fn to_std(self) -> Option<SocketAddr> {
+        match self.storage.ss_family as libc::c_int {
+            libc::AF_INET => {
+                // SAFETY: the family says this is a sockaddr_in.
+                let a = unsafe { *(&self.storage as *const _ as *const libc::sockaddr_in) };
+                let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    ip,
+                    u16::from_be(a.sin_port),
+                )))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family says this is a sockaddr_in6.
+                let a = unsafe { *(&self.storage as *const _ as *const libc::sockaddr_in6) };
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn last_error(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: a valid pointer to an int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid pointer to an int and its size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            &mut value as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reads a sysctl under /proc/sys/net/core, for the warning text.
+fn core_sysctl(name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// What opening the sockets found: what the kernel granted and why
+/// something asked for is not in use.
+pub(crate) struct Opened {
+    pub(crate) socket: UdpSocket,
+    pub(crate) recv_buffer_bytes: usize,
+    pub(crate) send_buffer_bytes: usize,
+    /// Ok, or why GSO cannot be used on this socket.
+    pub(crate) gso: Result<(), String>,
+    /// Ok, or why GRO is not on for this socket.
+    pub(crate) gro: Result<(), String>,
+    /// Buffer sizes the kernel capped, in words for the operator.
+    pub(crate) warnings: Vec<String>,
+}
+
+/// Sets a buffer size and says, in the warning, how far short the kernel
+/// fell. Linux doubles the value for its bookkeeping and reports the
+/// doubled figure; we compare half of it with what was asked.
+fn set_buffer(fd: RawFd, name: libc::c_int, asked: usize, warnings: &mut Vec<String>) -> usize {
+    let (opt, sysctl) = if name == libc::SO_RCVBUF {
+        ("SO_RCVBUF", "rmem_max")
+    } else {
+        ("SO_SNDBUF", "wmem_max")
+    };
+    let value = asked.min(libc::c_int::MAX as usize / 2) as libc::c_int;
+    if let Err(e) = setsockopt_int(fd, libc::SOL_SOCKET, name, value) {
+        warnings.push(format!(
+            "{opt} of {asked} bytes refused ({e}); the kernel default stays"
+        ));
+    }
+    let granted = match getsockopt_int(fd, libc::SOL_SOCKET, name) {
+        Ok(v) => (v.max(0) as usize) / 2,
+        Err(e) => {
+            warnings.push(format!("{opt} cannot be read back ({e})"));
+            return 0;
+        }
+    };
+    if granted < asked {
+        let max = core_sysctl(sysctl).map_or("unknown".into(), |v| v.to_string());
+        warnings.push(format!(
+            "{opt}: asked for {asked} bytes, the kernel granted {granted}: it caps the size at \
+             net.core.{sysctl} (now {max}); raise it with `sysctl -w net.core.{sysctl}={asked}` \
+             (and in /etc/sysctl.d/) or datagrams will be dropped under load (RcvbufErrors in \
+             /proc/net/snmp)"
+        ));
+    }
+    granted
+}
+
+/// Whether the kernel takes UDP_SEGMENT on this socket (Linux 4.18+):
+/// reading the option back succeeds exactly where sending with it can.
+fn probe_gso(fd: RawFd) -> Result<(), String> {
+    match getsockopt_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Err(format!(
+            "the kernel has no UDP_SEGMENT (Linux 4.18 or newer is needed): {e}"
+        )),
+        Err(e) => Err(format!("UDP_SEGMENT probe failed: {e}")),
+    }
+}
+
+/// Turns on UDP_GRO (Linux 5.0+).
+fn enable_gro(fd: RawFd) -> Result<(), String> {
+    match setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Err(format!(
+            "the kernel has no UDP_GRO (Linux 5.0 or newer is needed): {e}"
+        )),
+        Err(e) => Err(format!("setting UDP_GRO failed: {e}")),
+    }
+}
+
+/// Opens one non-blocking UDP socket bound to `addr`; with `timestamps`,
+/// received messages carry their kernel receive time (SO_TIMESTAMPNS).
+pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::Result<Opened> {
+    let family = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_UDP,
+        )
+    };
+    if fd < 0 {
+        return Err(last_error("socket(AF_INET, SOCK_DGRAM)"));
+    }
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // A restarted daemon must rebind its port at once, while datagrams
+    // of its earlier life may still be queued to the old socket.
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)
+        .map_err(|e| io::Error::new(e.kind(), format!("SO_REUSEADDR: {e}")))?;
+    let mut warnings = Vec::new();
+    // Sizes before bind: datagrams may arrive as soon as it is bound.
+    let recv_buffer_bytes = set_buffer(fd, libc::SO_RCVBUF, cfg.recv_buffer_bytes, &mut warnings);
+    let send_buffer_bytes = set_buffer(fd, libc::SO_SNDBUF, cfg.send_buffer_bytes, &mut warnings);
+    let raw = RawAddr::from_std(&addr);
+    // SAFETY: raw holds a sockaddr of raw.len bytes.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            &raw.storage as *const _ as *const libc::sockaddr,
+            raw.len,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        let hint = match e.raw_os_error() {
+            Some(libc::EADDRINUSE) => {
+                " (another process holds the port without SO_REUSEADDR: is a second quired running?)"
+            }
+            Some(libc::EADDRNOTAVAIL) => " (bind_ip is not an address of this host)",
+            Some(libc::EACCES) => " (ports below 1024 need CAP_NET_BIND_SERVICE)",
+            _ => "",
+        };
+        return Err(io::Error::new(e.kind(), format!("bind {addr}: {e}{hint}")));
+    }
+    if timestamps {
+        if let Err(e) = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1) {
+            warnings.push(format!(
+                "SO_TIMESTAMPNS refused ({e}): datagrams of different group sockets are read \
+                 socket by socket, which can reorder a channel's frames and cause needless NACKs"
+            ));
+        }
+    }
+    let gso = if cfg.gso && cfg.gso_segments_max > 1 {
+        probe_gso(fd)
+    } else {
+        Err("disabled by configuration".into())
+    };
+    let gro = if cfg.gro {
+        enable_gro(fd)
+    } else {
+        Err("disabled by configuration".into())
+    };
+    Ok(Opened {
+        socket: UdpSocket::from(owned),
+        recv_buffer_bytes,
+        send_buffer_bytes,
+        gso,
+        gro,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_addr_round_trips() {
+        for s in ["127.0.0.1:7400", "[::1]:9", "10.1.2.3:65535"] {
+            let a: SocketAddr = s.parse().unwrap();
+            assert_eq!(RawAddr::from_std(&a).to_std(), Some(a));
+        }
+    }
+
+    #[test]
+    fn bound_socket_reports_its_port_and_buffers() {
+        let cfg = UdpConfig {
+            recv_buffer_bytes: 64 << 10,
+            send_buffer_bytes: 64 << 10,
+            ..Default::default()
+        };
+        let o = open("127.0.0.1:0".parse().unwrap(), &cfg, false).unwrap();
+        assert_ne!(o.socket.local_addr().unwrap().port(), 0);
+        assert!(o.recv_buffer_bytes >= 64 << 10, "{}", o.recv_buffer_bytes);
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    }
+
+    #[test]
+    fn a_capped_buffer_is_reported_with_the_sysctl() {
+        let asked = 1 << 30;
+        let Some(max) = core_sysctl("rmem_max") else {
+            return;
+        };
+        if max >= asked as u64 {
+            return;
+        }
+        let cfg = UdpConfig {
+            recv_buffer_bytes: asked,
+            ..Default::default()
+        };
+        let o = open("127.0.0.1:0".parse().unwrap(), &cfg, false).unwrap();
+        assert!(o.recv_buffer_bytes < asked);
+        assert!(
+            o.warnings.iter().any(|w| w.contains("net.core.rmem_max")),
+            "{:?}",
+            o.warnings
+        );
+    }
+}
