@@ -13,9 +13,9 @@
 //! rows say why they are missing. Only loopback addresses are used.
 
 use clap::Parser;
+use quire::net::nft::NftLoss;
 use quire::net::{PeerMap, UdpConfig, UdpDriver, UdpSnmp};
 use quire::transport::{ClusterKey, Endpoint, Event, SendError, TransportConfig};
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -81,53 +81,12 @@ fn pin(core: usize) {
     }
 }
 
-/// An nftables table dropping `percent`% of the UDP packets to `ports`
-/// from loopback; deleted on drop.
-struct NftLoss {
-    table: String,
-}
-
-impl NftLoss {
-    fn install(ports: &[u16], percent: u32) -> Result<Option<NftLoss>, String> {
-        if percent == 0 {
-            return Ok(None);
-        }
-        let table = format!("quire_bench_{}", std::process::id());
-        let set: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
-        let script = format!(
-            "table inet {table} {{\n chain input {{\n  type filter hook input priority 0; policy accept;\n  \
-             ip saddr 127.0.0.0/8 udp dport {{ {} }} numgen random mod 100 < {percent} drop\n }}\n}}\n",
-            set.join(", ")
-        );
-        let mut child = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run nft ({e}): apt-get install nftables, run as root"))?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(script.as_bytes())
-            .map_err(|e| e.to_string())?;
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "nft refused the table: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(Some(NftLoss { table }))
+/// Installs `percent`% loss on `ports` (none for 0).
+fn loss_on(ports: &[u16], percent: u32) -> Result<Option<NftLoss>, String> {
+    if percent == 0 {
+        return Ok(None);
     }
-}
-
-impl Drop for NftLoss {
-    fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "inet", &self.table])
-            .status();
-    }
+    NftLoss::install(ports, percent).map(Some)
 }
 
 /// One quire run: what the receiver got and what it cost.
@@ -185,7 +144,7 @@ fn quire_run(args: &Args, size: usize, loss: u32) -> Result<QuireRun, String> {
     );
     drivers[0].peers_mut().set_group(2, 0, b0);
     drivers[1].peers_mut().set_group(1, 0, a0);
-    let _loss = NftLoss::install(&[a0.port(), b0.port()], loss)?;
+    let _loss = loss_on(&[a0.port(), b0.port()], loss)?;
     let snmp = UdpSnmp::read().ok();
     let mut receiver = drivers.pop().expect("two");
     let mut sender = drivers.pop().expect("two");
@@ -299,7 +258,7 @@ impl Drop for Iperf3Server {
 /// has its own server and a time limit (`timeout`), and a few attempts
 /// are made.
 fn iperf3_run(args: &Args, len: usize, loss: u32, port: u16) -> Result<f64, String> {
-    let _loss = NftLoss::install(&[port], loss)?;
+    let _loss = loss_on(&[port], loss)?;
     let (tx_core, rx_core) = (args.cores[0], args.cores[1 % args.cores.len()]);
     let mut last_error = String::new();
     for _attempt in 0..5 {

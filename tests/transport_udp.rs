@@ -23,12 +23,12 @@
 //!
 //! QUIRE_UDP_TEST_SEED=n picks the seed (a failure prints the one it used).
 
+use quire::net::nft::NftLoss;
 use quire::net::{NetStats, PeerMap, UdpConfig, UdpDriver, UdpSnmp};
 use quire::transport::{ClusterKey, Endpoint, Event, GroupId, TransportConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -410,111 +410,6 @@ fn lossless_without_offloads() {
     for r in &results {
         assert!(!r.net.gso_enabled && !r.net.gro_enabled);
         assert_eq!((r.net.gso_sends, r.net.gro_receives), (0, 0));
-    }
-}
-
-/// An nftables table of the test's own that drops a share of the UDP
-/// packets to some ports; deleted on drop, also when the test panics.
-struct NftLoss {
-    table: String,
-}
-
-impl NftLoss {
-    /// Installs the rule, or says why it cannot.
-    fn install(ports: &[u16], percent: u32) -> Result<NftLoss, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root: nftables rules need CAP_NET_ADMIN".into());
-        }
-        match Command::new("nft").arg("--version").output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => return Err(format!("`nft --version` failed: {}", o.status)),
-            Err(e) => return Err(format!("no `nft` ({e}): apt-get install nftables")),
-        }
-        remove_stale_tables();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let table = format!("quire_test_{}_{nanos}", std::process::id());
-        let set: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
-        // The input hook only: a loopback packet crosses it once (output
-        // would count it twice, and would turn drops into EPERM on send).
-        let script = format!(
-            "table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
-             ip saddr 127.0.0.0/8 udp dport {{ {} }} numgen random mod 100 < {percent} counter drop\n  }}\n}}\n",
-            set.join(", ")
-        );
-        let mut child = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run nft: {e}"))?;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .map_err(|e| format!("writing to nft: {e}"))?;
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "nft refused the table ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(NftLoss { table })
-    }
-
-    /// Packets the rule dropped so far.
-    fn dropped(&self) -> Option<u64> {
-        let out = Command::new("nft")
-            .args(["list", "table", "inet", &self.table])
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let after = text.split("counter packets ").nth(1)?;
-        after.split_whitespace().next()?.parse().ok()
-    }
-}
-
-/// Deletes tables left by test processes that no longer exist (killed
-/// before their guard ran), so that no stray rule keeps dropping packets
-/// to ports some later program may get.
-fn remove_stale_tables() {
-    let Ok(out) = Command::new("nft").args(["list", "tables"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.strip_prefix("table inet ") else {
-            continue;
-        };
-        let Some(rest) = name.strip_prefix("quire_test_") else {
-            continue;
-        };
-        let pid = rest.split('_').next().unwrap_or("");
-        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = Command::new("nft")
-                .args(["delete", "table", "inet", name])
-                .status();
-            say(&format!("deleted the stale nftables table inet {name}"));
-        }
-    }
-}
-
-impl Drop for NftLoss {
-    fn drop(&mut self) {
-        let r = Command::new("nft")
-            .args(["delete", "table", "inet", &self.table])
-            .status();
-        if !matches!(r, Ok(s) if s.success()) {
-            say(&format!(
-                "could not delete nftables table inet {}: delete it by hand ({r:?})",
-                self.table
-            ));
-        }
     }
 }
 

@@ -32,6 +32,7 @@
 
 mod config;
 mod driver;
+pub mod nft;
 mod rx;
 mod socket;
 mod stats;

@@ -1,0 +1,117 @@
+//! Packet loss on loopback ports with nftables, for tests and benchmarks
+//! (`tc netem` is not available on our machines). Each rule lives in a
+//! table of its own, named after the process, and is deleted when the
+//! guard drops, also on panic; tables left by killed processes are removed
+//! the next time one is installed. Only loopback sources are matched.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// Prefix of every table this module creates.
+const TABLE_PREFIX: &str = "quire_loss_";
+
+/// An nftables table dropping a share of the UDP packets sent from
+/// loopback to some ports; deleted on drop.
+pub struct NftLoss {
+    table: String,
+}
+
+impl NftLoss {
+    /// Installs a rule dropping `percent`% of the UDP packets to `ports`,
+    /// or says why it cannot (not root, no `nft`, rule refused).
+    pub fn install(ports: &[u16], percent: u32) -> Result<NftLoss, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root: nftables rules need CAP_NET_ADMIN".into());
+        }
+        match Command::new("nft").arg("--version").output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => return Err(format!("`nft --version` failed: {}", o.status)),
+            Err(e) => return Err(format!("no `nft` ({e}): apt-get install nftables")),
+        }
+        remove_stale_tables();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let table = format!("{TABLE_PREFIX}{}_{nanos}", std::process::id());
+        let set: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+        // The input hook only: a loopback packet crosses it once (output
+        // would count it twice, and would turn drops into EPERM on send).
+        let script = format!(
+            "table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+             ip saddr 127.0.0.0/8 udp dport {{ {} }} numgen random mod 100 < {percent} counter drop\n  }}\n}}\n",
+            set.join(", ")
+        );
+        let mut child = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run nft: {e}"))?;
+        child
+            .stdin
+            .take()
+            .expect("stdin is piped")
+            .write_all(script.as_bytes())
+            .map_err(|e| format!("writing to nft: {e}"))?;
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "nft refused the table ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(NftLoss { table })
+    }
+
+    /// Packets the rule dropped so far.
+    pub fn dropped(&self) -> Option<u64> {
+        let out = Command::new("nft")
+            .args(["list", "table", "inet", &self.table])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let after = text.split("counter packets ").nth(1)?;
+        after.split_whitespace().next()?.parse().ok()
+    }
+}
+
+/// Deletes tables left by processes that no longer exist (killed before
+/// their guard ran), so that no stray rule keeps dropping packets to ports
+/// some later program may get.
+fn remove_stale_tables() {
+    let Ok(out) = Command::new("nft").args(["list", "tables"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.strip_prefix("table inet ") else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(TABLE_PREFIX) else {
+            continue;
+        };
+        let pid = rest.split('_').next().unwrap_or("");
+        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("nft")
+                .args(["delete", "table", "inet", name])
+                .status();
+            eprintln!("deleted the stale nftables table inet {name}");
+        }
+    }
+}
+
+impl Drop for NftLoss {
+    fn drop(&mut self) {
+        let r = Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+        if !matches!(r, Ok(s) if s.success()) {
+            eprintln!(
+                "could not delete nftables table inet {}: delete it by hand ({r:?})",
+                self.table
+            );
+        }
+    }
+}
