@@ -689,7 +689,8 @@ impl World {
                 return Ok(moved);
             };
             let rd = raft.ready();
-            node.snapshot_wanted = rd.snapshot_wanted;
+            // Raised once; it stays wanted until the node compacts.
+            node.snapshot_wanted |= rd.snapshot_wanted;
             let busy = rd.hard_state.is_some()
                 || rd.snapshot.is_some()
                 || rd.truncate_from.is_some()
@@ -1065,9 +1066,10 @@ impl World {
                     .compact(index, format!("state@{index}").into_bytes());
                 if let Some(snap) = Outcome::parse(a)?.check(got)? {
                     // The caller persists the snapshot, then trims its log.
-                    let d = &mut self.node_mut(id)?.durable;
-                    d.entries.retain(|e| e.index > snap.index);
-                    d.snapshot = Some(snap);
+                    let n = self.node_mut(id)?;
+                    n.snapshot_wanted = false; // answered
+                    n.durable.entries.retain(|e| e.index > snap.index);
+                    n.durable.snapshot = Some(snap);
                 }
                 self.process_ready(id)?;
             }

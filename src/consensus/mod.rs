@@ -168,7 +168,7 @@ pub struct Ready {
     pub read_states: Vec<ReadState>,
     /// The log has grown past `snapshot_entries` since the last snapshot:
     /// the caller should snapshot its state machine at the applied index and
-    /// call [`Raft::compact`].
+    /// call [`Raft::compact`]. Raised once per `snapshot_entries` applied.
     pub snapshot_wanted: bool,
 }
 
@@ -285,6 +285,8 @@ pub struct Raft {
     read_states: Vec<ReadState>,
     /// A leader has new entries or acks to turn into appends at `ready()`.
     replication_dirty: bool,
+    /// Applied index at the last `snapshot_wanted`.
+    snapshot_requested_at: Index,
     stats: RaftStats,
 }
 
@@ -359,6 +361,7 @@ impl Raft {
             persisted_hard_state: hs,
             read_states: Vec::new(),
             replication_dirty: false,
+            snapshot_requested_at: 0,
             stats: RaftStats::default(),
             cfg,
         };
@@ -580,7 +583,15 @@ impl Raft {
             persisted_hs
         });
         let committed = self.log.take_committed(self.cfg.apply_bytes_max);
-        let applied_since_snapshot = self.log.applied - self.log.snapshot_index;
+        // Asked once per `snapshot_entries` applied, not in every Ready: a
+        // caller that declines (or is still busy snapshotting) must still
+        // see an empty Ready when nothing else happened.
+        let th = self.cfg.snapshot_entries;
+        let snapshot_wanted = self.log.applied >= self.log.snapshot_index + th
+            && self.log.applied >= self.snapshot_requested_at + th;
+        if snapshot_wanted {
+            self.snapshot_requested_at = self.log.applied;
+        }
         Ready {
             hard_state,
             snapshot,
@@ -590,7 +601,7 @@ impl Raft {
             messages_after_persist: std::mem::take(&mut self.messages_after_persist),
             committed,
             read_states: std::mem::take(&mut self.read_states),
-            snapshot_wanted: applied_since_snapshot >= self.cfg.snapshot_entries,
+            snapshot_wanted,
         }
     }
 

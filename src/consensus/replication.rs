@@ -308,8 +308,10 @@ impl Raft {
     /// of voters, if that entry is of the current term (thesis §3.6.2: a
     /// leader never commits an earlier term's entry by counting replicas).
     pub(super) fn maybe_commit(&mut self) {
-        let m = self.membership().clone();
-        let mut matched: Vec<Index> = m
+        // Runs on every acknowledgement: borrow the membership, don't copy it.
+        let quorum = self.membership().quorum();
+        let mut matched: Vec<Index> = self
+            .membership()
             .voters
             .iter()
             .map(|&v| {
@@ -321,7 +323,7 @@ impl Raft {
             })
             .collect();
         matched.sort_unstable_by(|a, b| b.cmp(a));
-        let mut candidate = matched[m.quorum() - 1];
+        let mut candidate = matched[quorum - 1];
         if self.cfg.planted_bug == Some(PlantedBug::CommitOnLeaderOnly) {
             candidate = self.log.persisted;
         }
