@@ -247,7 +247,17 @@ fn torn_tail_is_discarded_and_zeroed(b: BackendChoice) {
         report.to_string().contains("discarded a torn tail"),
         "{report}"
     );
-    let _ = t;
+    // Reported where it is: in the file we damaged, by its checksum, with
+    // nothing valid after it (no in-flight batch was discarded with it).
+    let damaged_id = u64::from_str_radix(last.file_stem().unwrap().to_str().unwrap(), 16).unwrap();
+    assert_eq!(t.segment, damaged_id);
+    assert!(
+        (t.offset as usize) < end,
+        "reported at {} past the damage at {end}",
+        t.offset
+    );
+    assert_eq!(t.reason, quire::storage::format::FormatError::BadChecksum);
+    assert_eq!(t.batches_discarded, 0);
     // Appending after the discarded tail works, and the next open is clean.
     append_range(&mut wal, n + 1, n + 5, 2);
     wal.sync().unwrap();

@@ -21,11 +21,11 @@ use super::format::{decode_batch, FormatError, BLOCK_BYTES};
 use crate::consensus::{Entry, Index};
 
 /// A segment file's contents.
-pub struct SegmentImage<'a> {
+pub struct SegmentImage {
     /// Segment number (files are named after it).
     pub id: u64,
     /// The whole file.
-    pub bytes: &'a [u8],
+    pub bytes: Vec<u8>,
 }
 
 /// Where a batch lives.
@@ -118,7 +118,15 @@ struct Suspect {
 /// Rebuilds the log from segments in order. `base` is the index the log
 /// starts after (the snapshot's); `commit` the superblock's; `window` the
 /// number of flushes that may have been in flight.
-pub fn scan(segments: &[SegmentImage<'_>], base: Index, commit: Index, window: u64) -> ScanResult {
+///
+/// Segments are taken one at a time, so a caller that reads each file
+/// lazily holds one segment in memory, not the whole log.
+pub fn scan(
+    segments: impl IntoIterator<Item = SegmentImage>,
+    base: Index,
+    commit: Index,
+    window: u64,
+) -> ScanResult {
     let mut r = ScanResult {
         commit,
         ..ScanResult::default()
@@ -335,15 +343,11 @@ mod tests {
 
     /// Scans with the log starting after `base` (a snapshot or trim point).
     fn run_from(segs: &[Vec<u8>], base: Index, window: u64) -> ScanResult {
-        let images: Vec<SegmentImage<'_>> = segs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| SegmentImage {
-                id: i as u64,
-                bytes: b,
-            })
-            .collect();
-        scan(&images, base, base, window)
+        let images = segs.iter().enumerate().map(|(i, b)| SegmentImage {
+            id: i as u64,
+            bytes: b.clone(),
+        });
+        scan(images, base, base, window)
     }
 
     fn indexes(r: &ScanResult) -> Vec<(Index, Term)> {

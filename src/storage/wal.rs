@@ -399,21 +399,27 @@ impl Wal {
             }
         }
         ids.sort_unstable();
-        let mut images = Vec::new();
-        for &id in &ids {
-            let bytes =
-                fs::read(segment_path(dir, id)).map_err(io_err(format!("reading segment {id}")))?;
-            images.push((id, bytes));
-        }
-        let bytes_scanned = images.iter().map(|(_, b)| b.len() as u64).sum();
-        let window = sb.flushes_in_flight_max.max(1) as u64;
-        let views: Vec<SegmentImage<'_>> = images
+        // Read each segment only when the scan reaches it: recovery holds
+        // one segment in memory at a time.
+        let mut bytes_scanned = 0u64;
+        let mut read_error = None;
+        let images = ids
             .iter()
-            .map(|(id, b)| SegmentImage { id: *id, bytes: b })
-            .collect();
-        let found = scan(&views, sb.snapshot_index, sb.hard_state.commit, window);
-        drop(views);
-        drop(images);
+            .map_while(|&id| match fs::read(segment_path(dir, id)) {
+                Ok(bytes) => {
+                    bytes_scanned += bytes.len() as u64;
+                    Some(SegmentImage { id, bytes })
+                }
+                Err(e) => {
+                    read_error = Some(WalError::Io(format!("reading segment {id}"), e));
+                    None
+                }
+            });
+        let window = sb.flushes_in_flight_max.max(1) as u64;
+        let found = scan(images, sb.snapshot_index, sb.hard_state.commit, window);
+        if let Some(e) = read_error {
+            return Err(e);
+        }
 
         if let Some(t) = &found.torn_tail {
             zero_range(dir, &ids, t.zero_from, t.zero_until)?;
