@@ -64,6 +64,7 @@ both_backends!(
     flipped_byte_in_the_middle_is_reported_never_truncated,
     torn_tail_is_discarded_and_zeroed,
     compaction_trims_segments_and_install_replaces_the_log,
+    trimmed_segments_are_recycled_instead_of_zero_filled,
     backend_in_use_is_the_one_asked_for,
 );
 
@@ -272,7 +273,11 @@ fn torn_tail_is_discarded_and_zeroed(b: BackendChoice) {
 
 fn compaction_trims_segments_and_install_replaces_the_log(b: BackendChoice) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut wal, _) = open(dir.path(), b);
+    let no_recycling = WalConfig {
+        segments_recycled_max: 0,
+        ..cfg(b)
+    };
+    let (mut wal, _) = Wal::open(dir.path(), no_recycling).unwrap();
     append_range(&mut wal, 1, 800, 1);
     wal.sync().unwrap();
     let before = segment_files(dir.path()).len();
@@ -310,6 +315,63 @@ fn compaction_trims_segments_and_install_replaces_the_log(b: BackendChoice) {
     assert_eq!(report.restored.snapshot.as_ref(), Some(&ahead));
     let idx: Vec<Index> = report.restored.entries.iter().map(|e| e.index).collect();
     assert_eq!(idx, vec![5001, 5002, 5003]);
+}
+
+fn trimmed_segments_are_recycled_instead_of_zero_filled(b: BackendChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wal, _) = open(dir.path(), b);
+    let compact_at = |wal: &mut Wal, index: Index| {
+        let snap = Snapshot {
+            index,
+            term: 1,
+            membership: Membership::with_voters([1, 2, 3]),
+            data: Vec::new(),
+        };
+        wal.compact(&snap).unwrap();
+    };
+    append_range(&mut wal, 1, 800, 1);
+    wal.sync().unwrap();
+    compact_at(&mut wal, 600);
+    let recycled = wal.metrics().segments_recycled;
+    assert!(recycled > 0, "segments below 600 are kept for reuse");
+    let zero_filled = wal.metrics().segments_zero_filled;
+    // Four times the space on disk, compacting as a node that snapshots.
+    let mut hi = 800;
+    while hi < 2000 {
+        append_range(&mut wal, hi + 1, hi + 100, 1);
+        hi += 100;
+        wal.sync().unwrap();
+        compact_at(&mut wal, hi - 150);
+    }
+    assert_eq!(
+        wal.metrics().segments_zero_filled,
+        zero_filled,
+        "steady state writes into recycled segments only"
+    );
+    assert!(wal.metrics().segments_recycled > recycled + 2);
+    drop(wal);
+    let (wal, report) = open(dir.path(), b);
+    assert!(report.torn_tail.is_none(), "{report}");
+    assert!(report.corruption.is_empty(), "{report}");
+    let idx: Vec<Index> = report.restored.entries.iter().map(|e| e.index).collect();
+    assert_eq!(idx, (1851..=2000).collect::<Vec<_>>());
+    for e in &report.restored.entries {
+        assert_eq!(e, &entry(e.index, 1));
+    }
+    drop(wal);
+    // Appends resume after the reopen, into the recycled spares found on
+    // disk (their old batches must not be mistaken for new ones).
+    let (mut wal, _) = open(dir.path(), b);
+    append_range(&mut wal, 2001, 2600, 1);
+    wal.sync().unwrap();
+    drop(wal);
+    let (_, report) = open(dir.path(), b);
+    let idx: Vec<Index> = report.restored.entries.iter().map(|e| e.index).collect();
+    assert_eq!(idx, (1851..=2600).collect::<Vec<_>>());
+    assert!(
+        report.torn_tail.is_none() && report.corruption.is_empty(),
+        "{report}"
+    );
 }
 
 fn backend_in_use_is_the_one_asked_for(b: BackendChoice) {

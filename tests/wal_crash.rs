@@ -3,13 +3,15 @@
 //! for a go-ahead on stdin; the parent SIGKILLs it at a random report
 //! (while it holds appended but unflushed records and flushes in flight)
 //! and checks that every record reported durable is intact and in order.
-//! Repeated many times, on both backends, continuing the same log.
+//! Repeated many times, on both backends, continuing the same log. The
+//! child also compacts now and then, as a node that snapshots does, so the
+//! log runs through recycled segments that still hold older batches.
 //!
 //! A process kill leaves the kernel's page cache intact, so this catches
 //! durability reported for records not yet handed to the kernel; lost
 //! unsynced data on power loss is the simulator's disk model's job.
 
-use quire::consensus::{Entry, Index, Payload};
+use quire::consensus::{Entry, Index, Membership, Payload, Snapshot};
 use quire::io::BackendChoice;
 use quire::storage::{Wal, WalConfig};
 use rand::{Rng, SeedableRng};
@@ -52,6 +54,7 @@ fn crash_child() {
     let mut next = report.restored.entries.last().map_or(1, |e| e.index + 1);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(next);
     let mut reported = 0;
+    let mut compacted = report.restored.snapshot.as_ref().map_or(0, |s| s.index);
     let mut out = std::io::stdout().lock();
     let mut go = std::io::stdin().lock();
     loop {
@@ -71,9 +74,21 @@ fn crash_child() {
         }
         wal.wait().expect("wait");
         let d = wal.durable().0;
+        if d >= compacted + 1000 {
+            // Keep the last 300 entries; whole segments below go to recycling.
+            compacted = d - 300;
+            let snap = Snapshot {
+                index: compacted,
+                term: 1,
+                membership: Membership::with_voters([1]),
+                data: Vec::new(),
+            };
+            wal.compact(&snap).expect("compact");
+        }
         if d > reported {
             reported = d;
-            writeln!(out, "durable {d}").unwrap();
+            let recycled = wal.metrics().segments_recycled;
+            writeln!(out, "durable {d} recycled {recycled}").unwrap();
             out.flush().unwrap();
             // Freeze here until the parent decides: go on, or SIGKILL.
             let mut byte = [0u8; 1];
@@ -89,6 +104,7 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
     let exe = std::env::current_exe().unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let mut confirmed_before: Index = 0;
+    let mut recycled = 0;
     for round in 0..rounds {
         let mut child = Command::new(&exe)
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
@@ -103,14 +119,18 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
             .unwrap();
         let reports_before_kill = rng.gen_range(1..=40);
         let mut max_durable = 0;
+        let mut recycled_in_round = 0;
         let mut seen = 0;
         let stdout = child.stdout.take().unwrap();
         let mut stdin = child.stdin.take().unwrap();
         for line in BufReader::new(stdout).lines() {
             let line = line.unwrap();
             // libtest may print "test crash_child ... " on the same line.
-            if let Some(n) = line.split("durable ").nth(1) {
-                max_durable = n.parse::<Index>().unwrap();
+            if let Some(rest) = line.split("durable ").nth(1) {
+                let mut words = rest.split_whitespace();
+                max_durable = words.next().unwrap().parse::<Index>().unwrap();
+                let r: u64 = words.nth(1).unwrap().parse().unwrap();
+                recycled_in_round = recycled_in_round.max(r);
                 seen += 1;
                 if seen == reports_before_kill {
                     break;
@@ -121,10 +141,12 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
         }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        recycled += recycled_in_round;
         assert!(seen > 0, "round {round}: the child never reported progress");
 
         let (wal, report) = Wal::open(dir.path(), cfg(backend)).expect("reopens after SIGKILL");
         let entries = &report.restored.entries;
+        let base = report.restored.snapshot.as_ref().map_or(0, |s| s.index);
         assert!(report.corruption.is_empty(), "round {round}: {report}");
         let last = entries.last().map_or(0, |e| e.index);
         assert!(
@@ -132,7 +154,11 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
             "round {round}: reported durable up to {max_durable} but only {last} survived ({report})"
         );
         for (k, e) in entries.iter().enumerate() {
-            assert_eq!(e.index, k as u64 + 1, "round {round}: entries out of order");
+            assert_eq!(
+                e.index,
+                base + k as u64 + 1,
+                "round {round}: entries out of order"
+            );
             assert_eq!(
                 e.payload,
                 Payload::Normal(payload(e.index)),
@@ -144,8 +170,11 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
         drop(wal);
     }
     println!(
-        "{} crash rounds on {backend:?}: log of {confirmed_before} entries intact",
-        rounds
+        "{rounds} crash rounds on {backend:?}: log up to {confirmed_before} intact, {recycled} segments recycled"
+    );
+    assert!(
+        recycled > 0,
+        "the run should have written into recycled segments"
     );
 }
 

@@ -9,17 +9,28 @@
 //!  record := header (32 bytes) + payload (`len` bytes)
 //!
 //!  header, little endian:
-//!   0  magic     u32  "QRW1"
+//!   0  magic     u32  "QRW2"
 //!   4  kind      u8   1 batch header, 2 entry
-//!   5  tag       u8   entry payload: 0 no-op, 1 data, 2 membership
+//!   5  tag       u8   entry payload: 0 no-op, 1 data, 2 membership;
+//!                     batch header: flags, bit 0 = recycled segment
 //!   6  reserved  u16  0
 //!   8  len       u32  payload bytes
 //!  12  crc       u32  CRC32C of bytes 0..12, 16..32 and the payload
 //!  16  a         u64  entry: term;  batch header: batch sequence number
 //!  24  b         u64  entry: index; batch header: first index
 //!
-//!  batch header payload: count u32, batch_bytes u32, commit u64
+//!  batch header payload: count u32, batch_bytes u32, commit u64,
+//!                        segment u64
 //! ```
+//!
+//! Every batch names the segment it was written to. Trimmed segments are
+//! recycled (renamed to a new, higher segment number) instead of zero-filling
+//! new files, so a recycled file still holds batches from its earlier life
+//! past the point the new life has reached: those name another segment and
+//! the recovery scan skips them as free space. Batches written into a
+//! recycled file carry the `recycled` flag, which tells the scan that
+//! undecodable blocks after the end of the log may be the inside of such an
+//! old batch rather than a torn write.
 //!
 //! Batch sequence numbers rise by one per batch across the whole log. A
 //! batch whose first index is at or below the log's end replaces the
@@ -31,13 +42,13 @@ use crate::consensus::{Entry, Index, Membership, Payload, Term};
 use crate::io::AlignedBuf;
 
 /// Magic number at the start of every record.
-pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"QRW1");
+pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"QRW2");
 /// Size of a record header.
 pub const HEADER_BYTES: usize = 32;
 /// Alignment and padding unit of batches (and of O_DIRECT writes).
 pub const BLOCK_BYTES: usize = 4096;
 /// Payload of a batch header.
-const BATCH_PAYLOAD_BYTES: usize = 16;
+const BATCH_PAYLOAD_BYTES: usize = 24;
 /// Largest payload a single entry may carry.
 pub const ENTRY_PAYLOAD_MAX: usize = 64 << 20;
 
@@ -46,6 +57,8 @@ const KIND_ENTRY: u8 = 2;
 const TAG_NOOP: u8 = 0;
 const TAG_DATA: u8 = 1;
 const TAG_MEMBERSHIP: u8 = 2;
+/// Batch header flag: the segment is recycled (see the module comment).
+const BATCH_FLAG_RECYCLED: u8 = 1;
 
 /// Rounds `n` up to a whole number of blocks.
 pub fn align_up(n: usize) -> usize {
@@ -127,6 +140,9 @@ pub enum FormatError {
     BadField,
     /// The entry payload does not decode.
     BadPayload,
+    /// A valid batch naming another segment: left from the file's earlier
+    /// life before it was recycled, so free space.
+    Recycled,
 }
 
 impl std::fmt::Display for FormatError {
@@ -138,6 +154,7 @@ impl std::fmt::Display for FormatError {
             FormatError::BadChecksum => "checksum mismatch",
             FormatError::BadField => "impossible field value",
             FormatError::BadPayload => "undecodable payload",
+            FormatError::Recycled => "batch from a recycled segment's earlier life",
         })
     }
 }
@@ -266,15 +283,22 @@ impl BatchBuilder {
         self.first_index
     }
 
-    /// Seals the batch with its sequence number and the commit index to
-    /// record, and returns the padded bytes, ready to write.
-    pub fn finish(mut self, seq: u64, commit: Index) -> AlignedBuf {
+    /// Seals the batch with its sequence number, the commit index to
+    /// record and where it goes, and returns the padded bytes, ready to
+    /// write.
+    pub fn finish(mut self, seq: u64, commit: Index, place: Placement) -> AlignedBuf {
         let total = self.disk_bytes();
         let mut payload = [0u8; BATCH_PAYLOAD_BYTES];
         payload[0..4].copy_from_slice(&self.count.to_le_bytes());
         payload[4..8].copy_from_slice(&(total as u32).to_le_bytes());
         payload[8..16].copy_from_slice(&commit.to_le_bytes());
-        let head = record_header(KIND_BATCH, 0, seq, self.first_index, &payload);
+        payload[16..24].copy_from_slice(&place.segment.to_le_bytes());
+        let flags = if place.recycled {
+            BATCH_FLAG_RECYCLED
+        } else {
+            0
+        };
+        let head = record_header(KIND_BATCH, flags, seq, self.first_index, &payload);
         let bytes = self.buf.as_mut_slice();
         bytes[..HEADER_BYTES].copy_from_slice(&head);
         bytes[HEADER_BYTES..HEADER_BYTES + BATCH_PAYLOAD_BYTES].copy_from_slice(&payload);
@@ -283,11 +307,22 @@ impl BatchBuilder {
     }
 }
 
+/// The segment a batch is written to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Segment number.
+    pub segment: u64,
+    /// The segment file is recycled: it may hold an earlier life's batches.
+    pub recycled: bool,
+}
+
 /// A batch read back from disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     /// Sequence number.
     pub seq: u64,
+    /// Where it was written.
+    pub place: Placement,
     /// Index of its first entry (also the truncation point it implies).
     pub first_index: Index,
     /// Commit index recorded with it.
@@ -308,8 +343,13 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Batch, FormatError> {
     let count = u32::from_le_bytes(p[0..4].try_into().expect("4 bytes"));
     let disk_bytes = u32::from_le_bytes(p[4..8].try_into().expect("4 bytes")) as usize;
     let commit = u64::from_le_bytes(p[8..16].try_into().expect("8 bytes"));
+    let segment = u64::from_le_bytes(p[16..24].try_into().expect("8 bytes"));
     let (seq, first_index) = (head.a, head.b);
-    if disk_bytes == 0 || disk_bytes % BLOCK_BYTES != 0 || first_index == 0 {
+    if disk_bytes == 0
+        || disk_bytes % BLOCK_BYTES != 0
+        || first_index == 0
+        || head.tag & !BATCH_FLAG_RECYCLED != 0
+    {
         return Err(FormatError::BadField);
     }
     let body = bytes.get(..disk_bytes).ok_or(FormatError::Truncated)?;
@@ -329,6 +369,10 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Batch, FormatError> {
     }
     Ok(Batch {
         seq,
+        place: Placement {
+            segment,
+            recycled: head.tag & BATCH_FLAG_RECYCLED != 0,
+        },
         first_index,
         commit,
         disk_bytes,
@@ -367,10 +411,15 @@ mod tests {
         for e in sample() {
             b.push(&e);
         }
-        let bytes = b.finish(9, 4);
+        let place = Placement {
+            segment: 3,
+            recycled: true,
+        };
+        let bytes = b.finish(9, 4, place);
         assert_eq!(bytes.len() % BLOCK_BYTES, 0);
         let got = decode_batch(bytes.as_slice()).expect("decodes");
         assert_eq!(got.seq, 9);
+        assert_eq!(got.place, place);
         assert_eq!(got.first_index, 5);
         assert_eq!(got.commit, 4);
         assert_eq!(got.entries, sample());
@@ -382,7 +431,11 @@ mod tests {
         for e in sample().into_iter().take(3) {
             b.push(&e);
         }
-        let bytes = b.finish(1, 0).as_slice().to_vec();
+        let place = Placement {
+            segment: 1,
+            recycled: false,
+        };
+        let bytes = b.finish(1, 0, place).as_slice().to_vec();
         let used = HEADER_BYTES * 4 + BATCH_PAYLOAD_BYTES + 5 + 8 + 24;
         for byte in 0..used {
             for bit in 0..8 {

@@ -15,10 +15,18 @@
 //!   with its segment and offset, the trusted log ends before it, and the
 //!   node must fetch the range again from a peer before it votes;
 //! - a later batch that starts at or below the damaged range rewrote it
-//!   (a repair, or a truncation by consensus): the damage is healed.
+//!   (a repair, or a truncation by consensus): the damage is healed;
+//! - a batch naming another segment is left from a recycled file's earlier
+//!   life: free space, like zeros. In a segment whose batches carry the
+//!   recycled flag, undecodable blocks are free space too (the inside of
+//!   such an old batch) unless valid batches follow them;
+//! - before the first batch, anything is free space (spares, or segments
+//!   left from before a trim) as long as that batch starts the log where
+//!   the snapshot ends; if it starts later, what is missing is corruption.
 
 use super::format::{decode_batch, FormatError, BLOCK_BYTES};
 use crate::consensus::{Entry, Index};
+use std::collections::BTreeSet;
 
 /// A segment file's contents.
 pub struct SegmentImage {
@@ -43,6 +51,8 @@ pub struct BatchLocation {
     pub first_index: Index,
     /// Entries in it.
     pub count: u64,
+    /// Written into a recycled segment file.
+    pub recycled: bool,
 }
 
 /// Damage found in the middle of the log.
@@ -99,6 +109,12 @@ pub struct ScanResult {
     /// With unhealed corruption: the highest index the disk held; the
     /// node must not vote until its log is durable up to here again.
     pub repair_until: Option<Index>,
+    /// Segments holding nothing but zeros (never written since they were
+    /// zero-filled); every other segment may hold old batches.
+    pub zeroed_segments: BTreeSet<u64>,
+    /// Whether the segment at `append_at` is a recycled file (true when
+    /// unknown).
+    pub append_recycled: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -139,25 +155,42 @@ pub fn scan(
 
     for seg in segments {
         let mut off = 0usize;
+        // This segment's current life is in a recycled file.
+        let mut recycled = false;
+        let mut only_zeros = true;
         while off + BLOCK_BYTES <= seg.bytes.len() {
             let batch = match decode_batch(&seg.bytes[off..]) {
+                Ok(b) if b.place.segment != seg.id => {
+                    only_zeros = false;
+                    let reason = FormatError::Recycled;
+                    note_suspect(&mut suspect, seg.id, off, reason, false, &log, &r);
+                    off += b.disk_bytes;
+                    continue;
+                }
                 Ok(b) if r.last_seq == 0 || b.seq > r.last_seq => b,
                 Ok(_) => {
                     // A batch older than one already applied cannot be
                     // here unless something wrote where it should not.
-                    note_suspect(&mut suspect, seg.id, off, FormatError::BadField, &log, &r);
+                    only_zeros = false;
+                    let reason = FormatError::BadField;
+                    note_suspect(&mut suspect, seg.id, off, reason, true, &log, &r);
                     off += BLOCK_BYTES;
                     continue;
                 }
                 Err(e) => {
-                    note_suspect(&mut suspect, seg.id, off, e, &log, &r);
+                    only_zeros &= e == FormatError::Zeroed;
+                    let dirty = e != FormatError::Zeroed && !recycled;
+                    note_suspect(&mut suspect, seg.id, off, e, dirty, &log, &r);
                     off += BLOCK_BYTES;
                     continue;
                 }
             };
-            if r.batches.is_empty() && suspect.is_some_and(|s| s.dirty_until.is_none()) {
-                // Zeros before the first batch: spare segments left from
-                // before a trim or a snapshot install, not damage.
+            only_zeros = false;
+            recycled = batch.place.recycled;
+            if r.batches.is_empty() && batch.first_index <= base + 1 {
+                // Whatever came before the first batch (spares, segments
+                // left from before a trim or a snapshot install) held
+                // nothing the log needs: free space, not damage.
                 suspect = None;
             }
             if let Some(s) = suspect.as_mut() {
@@ -194,6 +227,7 @@ pub fn scan(
                 seq: batch.seq,
                 first_index: batch.first_index,
                 count: batch.entries.len() as u64,
+                recycled,
             };
             r.last_seq = batch.seq;
             r.commit = r.commit.max(batch.commit);
@@ -214,6 +248,9 @@ pub fn scan(
             r.batches.push(loc);
             off += batch.disk_bytes;
             r.append_at = Some((seg.id, off as u64));
+        }
+        if only_zeros {
+            r.zeroed_segments.insert(seg.id);
         }
     }
 
@@ -243,21 +280,31 @@ pub fn scan(
             r.repair_until = None;
         }
     }
+    r.append_recycled = r.append_at.is_none_or(|(seg, _)| {
+        r.batches
+            .iter()
+            .rev()
+            .find(|b| b.segment == seg)
+            .is_none_or(|b| b.recycled)
+    });
     // Commit recorded by discarded or untrusted batches is not trusted.
     r.commit = r.commit.min(trusted_end(&log)).max(base);
     r.entries = log;
     r
 }
 
+/// Records a block that holds no batch of the log. `dirty` blocks may be
+/// a torn write and are zeroed with a torn tail; others are free space.
 fn note_suspect(
     suspect: &mut Option<Suspect>,
     segment: u64,
     off: usize,
     reason: FormatError,
+    dirty: bool,
     log: &[Entry],
     r: &ScanResult,
 ) {
-    let dirty = (reason != FormatError::Zeroed).then_some((segment, (off + BLOCK_BYTES) as u64));
+    let dirty = dirty.then_some((segment, (off + BLOCK_BYTES) as u64));
     match suspect {
         None => {
             *suspect = Some(Suspect {
@@ -302,7 +349,7 @@ fn apply(log: &mut Vec<Entry>, base: Index, first_index: Index, entries: Vec<Ent
 mod tests {
     use super::*;
     use crate::consensus::{Payload, Term};
-    use crate::storage::format::BatchBuilder;
+    use crate::storage::format::{BatchBuilder, Placement};
 
     const SEG: usize = 16 * BLOCK_BYTES;
 
@@ -321,15 +368,19 @@ mod tests {
                     payload: Payload::Normal(vec![(first + i) as u8; 700]),
                 });
             }
-            let bytes = b
-                .finish(seq as u64 + 1, first + count - 1)
-                .as_slice()
-                .to_vec();
-            if at + bytes.len() > SEG {
+            if at + b.disk_bytes() > SEG {
                 segs.push(vec![0u8; SEG]);
                 at = 0;
             }
             let s = segs.len() - 1;
+            let place = Placement {
+                segment: s as u64,
+                recycled: false,
+            };
+            let bytes = b
+                .finish(seq as u64 + 1, first + count - 1, place)
+                .as_slice()
+                .to_vec();
             segs[s][at..at + bytes.len()].copy_from_slice(&bytes);
             places.push((s, at));
             at += bytes.len();
@@ -477,5 +528,125 @@ mod tests {
         let t = r.torn_tail.expect("garbage reported");
         assert_eq!(t.zero_until, (s as u64, (end + 2 * BLOCK_BYTES) as u64));
         assert_eq!(r.append_at, Some((s as u64, end as u64)));
+    }
+
+    /// Writes one life of a segment file: batches (first index, count,
+    /// payload bytes) from offset 0 with sequence numbers from `seq`.
+    /// Returns each batch's offset and the end.
+    fn write_life(
+        file: &mut [u8],
+        segment: u64,
+        recycled: bool,
+        seq: u64,
+        batches: &[(Index, u64, usize)],
+    ) -> (Vec<usize>, usize) {
+        let mut at = 0;
+        let mut offsets = Vec::new();
+        for (i, &(first, count, bytes)) in batches.iter().enumerate() {
+            let mut b = BatchBuilder::new(first);
+            for j in 0..count {
+                b.push(&Entry {
+                    term: 1,
+                    index: first + j,
+                    payload: Payload::Normal(vec![0x5a; bytes]),
+                });
+            }
+            let place = Placement { segment, recycled };
+            let data = b.finish(seq + i as u64, first + count - 1, place);
+            file[at..at + data.len()].copy_from_slice(data.as_slice());
+            offsets.push(at);
+            at += data.len();
+        }
+        (offsets, at)
+    }
+
+    /// A file that lived as segment 2 with three-block batches, recycled
+    /// as segment 7 and rewritten with two-block batches: the new life
+    /// ends inside an old batch.
+    fn recycled_file(new_batches: usize) -> (Vec<u8>, Vec<usize>, usize) {
+        let mut file = vec![0u8; SEG];
+        let old: Vec<_> = (0..5).map(|i| (1 + i * 4, 4, 2500)).collect();
+        write_life(&mut file, 2, false, 1, &old);
+        let new: Vec<_> = (0..new_batches as u64)
+            .map(|i| (101 + i * 2, 2, 3000))
+            .collect();
+        let (offsets, end) = write_life(&mut file, 7, true, 50, &new);
+        (file, offsets, end)
+    }
+
+    fn scan_one(file: Vec<u8>, id: u64, base: Index, window: u64) -> ScanResult {
+        let images = [SegmentImage { id, bytes: file }];
+        scan(images, base, base, window)
+    }
+
+    #[test]
+    fn a_recycled_segment_ends_where_its_new_life_ends() {
+        let (file, _, end) = recycled_file(4);
+        let old_batch_spans_end = (end % (3 * BLOCK_BYTES)) != 0;
+        assert!(
+            old_batch_spans_end,
+            "the test wants the new end inside an old batch"
+        );
+        let r = scan_one(file, 7, 100, 2);
+        assert_eq!(indexes(&r), (101..=108).map(|i| (i, 1)).collect::<Vec<_>>());
+        assert!(r.torn_tail.is_none(), "{:?}", r.torn_tail);
+        assert!(r.corruption.is_empty(), "{:?}", r.corruption);
+        assert_eq!(r.append_at, Some((7, end as u64)));
+        assert!(r.append_recycled);
+        assert_eq!(r.last_seq, 53);
+    }
+
+    #[test]
+    fn a_recycled_spare_holds_no_log_and_is_not_zeroed() {
+        let (segs, _) = layout(&ten_batches());
+        let mut all = segs.clone();
+        let mut spare = vec![0u8; SEG];
+        let old: Vec<_> = (0..3).map(|i| (1 + i * 4, 4, 2500)).collect();
+        write_life(&mut spare, 0, false, 1, &old);
+        all.push(spare);
+        all.push(vec![0u8; SEG]);
+        let r = run(&all, 1);
+        assert_eq!(r.entries.len(), 100);
+        assert!(r.torn_tail.is_none() && r.corruption.is_empty());
+        let last = segs.len() as u64 - 1;
+        assert_eq!(r.append_at.map(|a| a.0), Some(last));
+        assert!(
+            !r.zeroed_segments.contains(&(last + 1)),
+            "the recycled spare is not zeroed"
+        );
+        assert!(r.zeroed_segments.contains(&(last + 2)));
+        assert!(!r.append_recycled);
+    }
+
+    #[test]
+    fn a_torn_write_in_a_recycled_segment_is_still_a_torn_tail() {
+        let (mut file, offsets, end) = recycled_file(4);
+        // Batch 3 of the new life is torn; batch 4 (in flight with it) landed.
+        file[offsets[2] + 100] ^= 0x10;
+        let torn = scan_one(file.clone(), 7, 100, 2);
+        assert_eq!(torn.entries.len(), 4);
+        let t = torn.torn_tail.expect("torn tail reported");
+        assert_eq!(t.batches_discarded, 1);
+        assert_eq!((t.segment, t.offset), (7, offsets[2] as u64));
+        assert_eq!(t.zero_until, (7, end as u64));
+        assert_eq!(torn.append_at, Some((7, offsets[2] as u64)));
+        // Beyond the in-flight window the same damage is corruption.
+        let corrupt = scan_one(file, 7, 100, 0);
+        assert_eq!(corrupt.corruption.len(), 1);
+        assert_eq!(corrupt.corruption[0].lost, (105, 106));
+        assert!(corrupt.torn_tail.is_none());
+    }
+
+    #[test]
+    fn a_log_that_starts_late_is_missing_its_head() {
+        // The first batch on disk starts above the snapshot: the batches
+        // before it were lost, which is corruption, not free space.
+        let (segs, _) = layout(&ten_batches());
+        let mut all = vec![vec![0u8; SEG]];
+        all.extend(segs.into_iter().skip(1));
+        let r = run_from(&all, 40, 1);
+        assert_eq!(r.corruption.len(), 1, "{:?}", r.corruption);
+        assert_eq!(r.corruption[0].lost.0, 41);
+        assert!(r.entries.is_empty());
     }
 }

@@ -16,7 +16,7 @@
 //! out of space while preparing a segment stops admitting new appends until
 //! space returns; nothing already written is touched.
 
-use super::format::{align_up, decode_batch, BatchBuilder, BLOCK_BYTES};
+use super::format::{align_up, decode_batch, BatchBuilder, Placement, BLOCK_BYTES};
 use super::recovery::{scan, BatchLocation, Corruption, SegmentImage, TornTail};
 use super::superblock::{decode_snapshot, encode_snapshot, Superblock};
 use crate::consensus::{Entry, HardState, Index, RestoredState, Snapshot, Term};
@@ -55,8 +55,12 @@ pub struct WalConfig {
     pub read_cache_bytes: usize,
     /// While the disk is full, how often to try preparing a segment again.
     pub space_retry_ms: u64,
-    /// Segments kept preallocated ahead of the one being written.
+    /// Spare segments kept ready ahead of the one being written; when
+    /// fewer are ready, one is zero-filled in the background.
     pub segments_ahead: u32,
+    /// Trimmed segments kept as spares for reuse (renamed, not rewritten)
+    /// instead of being deleted; beyond this many spares they are deleted.
+    pub segments_recycled_max: u32,
 }
 
 impl Default for WalConfig {
@@ -71,6 +75,7 @@ impl Default for WalConfig {
             read_cache_bytes: 8 << 20,
             space_retry_ms: 100,
             segments_ahead: 1,
+            segments_recycled_max: 4,
         }
     }
 }
@@ -205,6 +210,11 @@ pub struct WalMetrics {
     pub io_errors: u64,
     /// Appends refused because the disk was full.
     pub disk_full_refusals: u64,
+    /// Segments zero-filled, counted when started (each costs a segment's
+    /// worth of writes).
+    pub segments_zero_filled: u64,
+    /// Trimmed segments kept for reuse instead of a zero-fill.
+    pub segments_recycled: u64,
 }
 
 impl WalMetrics {
@@ -220,6 +230,8 @@ impl WalMetrics {
             stalls: 0,
             io_errors: 0,
             disk_full_refusals: 0,
+            segments_zero_filled: 0,
+            segments_recycled: 0,
         }
     }
 }
@@ -257,6 +269,10 @@ pub struct Wal {
     spare: Option<(u64, JoinHandle<io::Result<()>>)>,
     /// Preallocated segments after the active one, ready to use.
     ready_spares: std::collections::BTreeSet<u64>,
+    /// Spares that are recycled files (they may hold old batches).
+    recycled_spares: std::collections::BTreeSet<u64>,
+    /// The active segment is a recycled file.
+    active_recycled: bool,
     next_seq: u64,
     /// Batches cut and waiting for their flush, oldest first.
     sealed: VecDeque<Sealed>,
@@ -428,6 +444,7 @@ impl Wal {
         let (mut active, append_offset) = found
             .append_at
             .unwrap_or((ids.first().copied().unwrap_or(1), 0));
+        let fresh_segment = ids.is_empty();
         if ids.is_empty() {
             preallocate(dir, 1, cfg.segment_bytes)
                 .map_err(io_err("preallocating the first segment"))?;
@@ -478,6 +495,15 @@ impl Wal {
             append_offset,
             spare: None,
             ready_spares: ids.iter().copied().filter(|&id| id > active).collect(),
+            // A spare that is not all zeros may hold old batches.
+            recycled_spares: ids
+                .iter()
+                .copied()
+                .filter(|&id| id > active && !found.zeroed_segments.contains(&id))
+                .collect(),
+            active_recycled: !fresh_segment
+                && !found.zeroed_segments.contains(&active)
+                && found.append_recycled,
             next_seq: found.last_seq + 1,
             sealed: VecDeque::new(),
             open_batch: None,
@@ -735,7 +761,11 @@ impl Wal {
             let first_index = s.batch.first_index();
             let seq = self.next_seq;
             self.next_seq += 1;
-            let data = s.batch.finish(seq, self.commit);
+            let place = Placement {
+                segment: self.active,
+                recycled: self.active_recycled,
+            };
+            let data = s.batch.finish(seq, self.commit, place);
             let fd = self.segments[&self.active].as_raw_fd();
             let l = BatchLocation {
                 segment: self.active,
@@ -744,6 +774,7 @@ impl Wal {
                 seq,
                 first_index,
                 count: records,
+                recycled: self.active_recycled,
             };
             self.append_offset += len;
             bytes = len;
@@ -829,11 +860,12 @@ impl Wal {
     /// Moves writing to the next segment; false if there is no space for
     /// one (the disk is full).
     fn roll_segment(&mut self) -> Result<bool, WalError> {
-        let next = self.active + 1;
-        // Wait for the background job only if it is preparing this one.
-        let block = !self.ready_spares.contains(&next);
-        self.collect_spare(block)?;
-        if !self.ready_spares.remove(&next) {
+        // The lowest ready spare; else wait for the one being prepared;
+        // else prepare one now.
+        self.collect_spare(self.ready_spares.is_empty())?;
+        let ready = self.ready_spares.pop_first();
+        let next = ready.unwrap_or_else(|| self.highest_segment_id() + 1);
+        if ready.is_none() {
             let now = Instant::now();
             if self.state == DiskState::Full
                 && self.last_space_retry.is_some_and(|t| {
@@ -851,10 +883,12 @@ impl Wal {
                 }
                 Err(e) => return Err(WalError::Io(format!("preallocating segment {next}"), e)),
             }
+            self.metrics.segments_zero_filled += 1;
         }
         let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
         self.segments.insert(next, f);
         self.active = next;
+        self.active_recycled = self.recycled_spares.remove(&next);
         self.append_offset = 0;
         if self.state == DiskState::Full {
             self.state = DiskState::Healthy;
@@ -897,28 +931,36 @@ impl Wal {
         if self.spare.is_some() || self.ready_spares.len() >= self.cfg.segments_ahead as usize {
             return;
         }
-        let id = self
-            .ready_spares
-            .last()
-            .copied()
-            .unwrap_or(self.active)
-            .max(self.active)
-            + 1;
+        self.start_zero_fill();
+    }
+
+    /// Starts zero-filling a new spare segment in the background.
+    fn start_zero_fill(&mut self) {
+        let id = self.highest_segment_id() + 1;
         let (dir, bytes) = (self.dir.clone(), self.cfg.segment_bytes);
+        self.metrics.segments_zero_filled += 1;
         self.spare = Some((id, std::thread::spawn(move || preallocate(&dir, id, bytes))));
     }
 
-    /// Preallocates `segments_ahead` spare segments now, blocking: at
-    /// start-up, so that the first minutes of appends never wait for one
-    /// (and, in benchmarks, as fio lays out its file before timing).
-    pub fn prepare_segments(&mut self) -> Result<(), WalError> {
+    /// The highest segment number in use: written, spare or being prepared.
+    fn highest_segment_id(&self) -> u64 {
+        let spares = self.ready_spares.last().copied().unwrap_or(0);
+        let preparing = self.spare.as_ref().map_or(0, |(id, _)| *id);
+        let written = self.segments.keys().last().copied().unwrap_or(0);
+        self.active.max(spares).max(preparing).max(written)
+    }
+
+    /// Preallocates spare segments now, blocking, until `count` are ready:
+    /// at start-up, so that the first minutes of appends never wait for
+    /// one (and, in benchmarks, as fio lays out its file before timing).
+    pub fn prepare_segments(&mut self, count: u32) -> Result<(), WalError> {
         loop {
             self.collect_spare(true)?;
-            if self.ready_spares.len() >= self.cfg.segments_ahead as usize {
+            if self.ready_spares.len() >= count as usize {
                 return Ok(());
             }
             let before = self.ready_spares.len();
-            self.top_up_spares();
+            self.start_zero_fill();
             self.collect_spare(true)?;
             if self.ready_spares.len() == before {
                 return Err(WalError::DiskFull);
@@ -1067,6 +1109,7 @@ impl Wal {
         for id in std::mem::take(&mut self.ready_spares) {
             let _ = fs::remove_file(segment_path(&self.dir, id));
         }
+        self.recycled_spares.clear();
         let old: Vec<u64> = self.segments.keys().copied().collect();
         // Past every existing file, spares preallocated earlier included.
         let next = old.last().map_or(self.active, |&m| m.max(self.active)) + 1;
@@ -1080,6 +1123,7 @@ impl Wal {
         let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
         self.segments.insert(next, f);
         self.active = next;
+        self.active_recycled = false;
         self.append_offset = 0;
         for id in old {
             self.segments.remove(&id);
@@ -1179,7 +1223,19 @@ impl Wal {
             .collect();
         for id in &doomed {
             self.segments.remove(id);
-            fs::remove_file(segment_path(&self.dir, *id)).map_err(io_err("removing a segment"))?;
+            let path = segment_path(&self.dir, *id);
+            if self.ready_spares.len() < self.cfg.segments_recycled_max as usize {
+                // Reused under a new, higher number: its old batches name
+                // the old number, so recovery reads them as free space.
+                let new_id = self.highest_segment_id() + 1;
+                fs::rename(&path, segment_path(&self.dir, new_id))
+                    .map_err(io_err("recycling a segment"))?;
+                self.ready_spares.insert(new_id);
+                self.recycled_spares.insert(new_id);
+                self.metrics.segments_recycled += 1;
+            } else {
+                fs::remove_file(&path).map_err(io_err("removing a segment"))?;
+            }
         }
         if !doomed.is_empty() {
             sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
