@@ -8,27 +8,32 @@
 # before timing (--overwrite=1); fio's default fallocate layout would make
 # every fdatasync also commit unwritten-extent conversions to the journal.
 # Usage: bench/wal-vs-fio.sh [DIR on the disk under test] [runs] [seconds]
+# Environment: BACKEND (auto|io_uring|portable), FLUSH_BYTES_MAX (quire's
+# flush_bytes_max; default 1 MiB), FIO_IODEPTH (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-$PWD/target/bench-disk}
 runs=${2:-5}
 secs=${3:-10}
 backend=${BACKEND:-auto}
+flush_max=${FLUSH_BYTES_MAX:-1048576}
+iodepth=${FIO_IODEPTH:-1}
 command -v fio >/dev/null || { echo "fio is missing: apt-get install fio" >&2; exit 2; }
 mkdir -p "$dir"
 cargo build --release --example wal_bench >&2
 results=()
 for i in $(seq "$runs"); do
-  out=$(target/release/examples/wal_bench "$dir/wal" 1024 256 "$secs" "$backend" 2>/dev/null)
+  out=$(target/release/examples/wal_bench "$dir/wal" 1024 256 "$secs" "$backend" "$flush_max" 2>/dev/null)
   bpf=$(sed -n 's/^BYTES_PER_FLUSH=//p' <<<"$out")
   q=$(sed -n 's/^DISK_MBPS=//p' <<<"$out")
   bs=$(( (bpf + 4095) / 4096 * 4096 ))
-  f=$(fio --name=wal --directory="$dir" --ioengine=io_uring --rw=write --bs="$bs" \
+  f=$(fio --name=wal --directory="$dir" --ioengine=io_uring --rw=write --bs="$bs" --iodepth="$iodepth" \
         --fdatasync=1 --direct=1 --overwrite=1 --size=1g --runtime="$secs" --time_based \
         --output-format=json | python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"]/1e6)')
   rm -rf "$dir/wal" "$dir"/wal.*.*
   echo "run $i: $(head -1 <<<"$out")"
-  echo "run $i: fio --bs=$bs --fdatasync=1: $f MB/s; quire/fio = $(python3 -c "print(f'{$q/$f:.3f}')")"
+  echo "run $i: $(sed -n 2p <<<"$out")"
+  echo "run $i: fio --bs=$bs --iodepth=$iodepth --fdatasync=1: $f MB/s; quire/fio = $(python3 -c "print(f'{$q/$f:.3f}')")"
   results+=("$q $f")
 done
 printf '%s\n' "${results[@]}" | python3 -c '

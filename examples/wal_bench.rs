@@ -3,7 +3,7 @@
 //! disk under test. Prints throughput, records and bytes per fdatasync and
 //! flush latency percentiles; `bench/wal-vs-fio.sh` runs it beside fio.
 //!
-//! cargo run --release --example wal_bench -- DIR [record_bytes] [outstanding] [seconds] [backend]
+//! cargo run --release --example wal_bench -- DIR [record_bytes] [outstanding] [seconds] [backend] [flush_bytes_max]
 
 use quire::consensus::{Entry, Membership, Payload, Snapshot};
 use quire::io::BackendChoice;
@@ -23,6 +23,10 @@ fn main() {
     let backend: BackendChoice = args
         .get(5)
         .map_or(BackendChoice::Auto, |s| s.parse().expect("backend"));
+    let defaults = WalConfig::default();
+    let flush_bytes_max: usize = args.get(6).map_or(defaults.flush_bytes_max, |s| {
+        s.parse().expect("flush_bytes_max")
+    });
     let _ = std::fs::remove_dir_all(dir);
     // Steady state of a node that snapshots: the log is trimmed behind the
     // writer and trimmed segments are recycled, so the run writes into a
@@ -32,7 +36,8 @@ fn main() {
     let cfg = WalConfig {
         backend,
         segments_recycled_max: RING_SEGMENTS,
-        ..WalConfig::default()
+        flush_bytes_max,
+        ..defaults
     };
     let segment_bytes = cfg.segment_bytes;
     let (mut wal, report) = Wal::open(std::path::Path::new(dir), cfg).expect("open");
