@@ -67,8 +67,12 @@
 //! - `stabilize [nodes=NODES] [types=T,..]`: persist and deliver until
 //!   nothing moves; messages outside the selection stay queued;
 //! - `deliver [SEL] [type=T] [count=K]`, `drop [SEL] [type=T] [count=K]`;
-//! - `persist NODES`, `isolate NODES`, `heal`, `crash NODES`,
-//!   `restart NODES`.
+//! - `persist NODES`, `isolate NODES`, `cut A B` (both ways between two
+//!   nodes), `heal`, `crash NODES`, `restart NODES`.
+//!
+//! Failure-detector inputs (what the serial heartbeat would report):
+//! `peer-down NODES peer=P`, `leader-seen NODES leader=L term=T`,
+//! `observe-term NODES term=T`, `step-down NODES` (own disk stalled).
 //!
 //! Expectations (`expect WHAT NODES VALUE`, one failure line per node):
 //! `role` (leader, follower, candidate, pre-candidate), `term`, `vote`,
@@ -106,6 +110,7 @@ scenarios!(
     vote_rules,
     prevote,
     check_quorum,
+    failover,
     transfer,
     membership,
     snapshot,
@@ -549,6 +554,8 @@ struct World {
     nodes: BTreeMap<NodeId, Node>,
     net: VecDeque<Message>,
     isolated: BTreeSet<NodeId>,
+    /// Two-way cuts between pairs of nodes, (lower id, higher id).
+    cuts: BTreeSet<(NodeId, NodeId)>,
     now_ms: u64,
     trace: bool,
     /// Election safety: the leader seen in each term.
@@ -577,6 +584,7 @@ impl World {
             nodes: BTreeMap::new(),
             net: VecDeque::new(),
             isolated: BTreeSet::new(),
+            cuts: BTreeSet::new(),
             now_ms: 0,
             trace,
             leaders: BTreeMap::new(),
@@ -666,7 +674,9 @@ impl World {
 
     /// True if a partition separates `a` from `b`.
     fn cut(&self, a: NodeId, b: NodeId) -> bool {
-        self.isolated.contains(&a) || self.isolated.contains(&b)
+        self.isolated.contains(&a)
+            || self.isolated.contains(&b)
+            || self.cuts.contains(&(a.min(b), a.max(b)))
     }
 
     fn send(&mut self, m: Message) {
@@ -979,6 +989,26 @@ impl World {
                     self.process_ready(id)?;
                 }
             }
+            "peer-down" | "leader-seen" | "observe-term" | "step-down" => {
+                let ids = self.ids(&a.pos("nodes")?)?;
+                let now = self.now_ms;
+                let (peer, term) = match a.cmd.as_str() {
+                    "peer-down" => (num(&a.req("peer")?)?, 0),
+                    "leader-seen" => (num(&a.req("leader")?)?, num(&a.req("term")?)?),
+                    "observe-term" => (0, num(&a.req("term")?)?),
+                    _ => (0, 0),
+                };
+                for id in ids {
+                    let r = self.raft_mut(id)?;
+                    match a.cmd.as_str() {
+                        "peer-down" => r.peer_down(now, peer),
+                        "leader-seen" => r.leader_seen_out_of_band(now, peer, term),
+                        "observe-term" => r.observe_term(now, term),
+                        _ => r.step_down(),
+                    }
+                    self.process_ready(id)?;
+                }
+            }
             "tick" => {
                 let ids = self.ids(&a.pos("nodes")?)?;
                 self.now_ms += a.u64_or("ms", 0)?;
@@ -1127,7 +1157,23 @@ impl World {
                     self.send(m);
                 }
             }
-            "heal" => self.isolated.clear(),
+            "cut" => {
+                let (x, y) = (num(&a.pos("a node")?)?, num(&a.pos("another node")?)?);
+                self.cuts.insert((x.min(y), x.max(y)));
+                let sel = Selector {
+                    from: None,
+                    to: None,
+                    types: None,
+                };
+                let queued = self.take_messages(&sel, None);
+                for m in queued {
+                    self.send(m);
+                }
+            }
+            "heal" => {
+                self.isolated.clear();
+                self.cuts.clear();
+            }
             "crash" => {
                 for id in self.ids(&a.pos("nodes")?)? {
                     let n = self.node_mut(id)?;
@@ -1330,6 +1376,10 @@ impl World {
                     "check_quorum_step_downs" => s.check_quorum_step_downs,
                     "snapshots_sent" => s.snapshots_sent,
                     "snapshots_installed" => s.snapshots_installed,
+                    "fast_campaigns" => s.fast_campaigns,
+                    "out_of_band_leader_contacts" => s.out_of_band_leader_contacts,
+                    "out_of_band_step_downs" => s.out_of_band_step_downs,
+                    "disk_stall_step_downs" => s.disk_stall_step_downs,
                     other => return Err(format!("unknown stat `{other}`")),
                 };
                 (format!("{name}={}", num(value)?), format!("{name}={got}"))

@@ -27,6 +27,7 @@
 //! `transfer`, `progress` (per-follower window) and `log` (positions).
 
 mod election;
+mod failover;
 mod log;
 mod membership;
 mod progress;
@@ -92,6 +93,9 @@ pub struct RaftConfig {
     pub apply_bytes_max: usize,
     /// Ask for a snapshot once this many applied entries follow the last one.
     pub snapshot_entries: u64,
+    /// When the failure detector declares the leader down, campaign after
+    /// a random delay below this instead of an election timeout.
+    pub fast_campaign_jitter_ms: u64,
     /// Fault injection for checker validation only.
     pub planted_bug: Option<PlantedBug>,
 }
@@ -111,6 +115,7 @@ impl RaftConfig {
             append_bytes_max: 1 << 20,
             apply_bytes_max: 4 << 20,
             snapshot_entries: 100_000,
+            fast_campaign_jitter_ms: 30,
             planted_bug: None,
         }
     }
@@ -237,6 +242,14 @@ pub struct RaftStats {
     pub snapshots_sent: u64,
     /// Snapshots installed from a leader.
     pub snapshots_installed: u64,
+    /// Fast campaigns scheduled because the detector declared the leader down.
+    pub fast_campaigns: u64,
+    /// Times the serial heartbeat vouched for a leader not heard over IP.
+    pub out_of_band_leader_contacts: u64,
+    /// Times a leader stepped down for a higher term learnt out of band.
+    pub out_of_band_step_downs: u64,
+    /// Times a leader stepped down because its own disk stalled.
+    pub disk_stall_step_downs: u64,
 }
 
 /// One replica of one Raft group. See the module documentation.
@@ -558,10 +571,11 @@ impl Raft {
         }
     }
 
-    /// Failure-detector input: stop leading now (own disk stalled, or a
-    /// higher term learnt out of band).
+    /// Failure-detector input: stop leading now, and stop serving reads
+    /// (this node's own disk stalled).
     pub fn step_down(&mut self) {
         if self.role == Role::Leader {
+            self.stats.disk_stall_step_downs += 1;
             self.become_follower(self.term, None);
         }
     }
