@@ -15,8 +15,10 @@
 //! null-modem cable shares no NIC, driver, switch or power supply with the
 //! IP path, so "UDP silent, serial alive" means *ip-partitioned*, not dead.
 
+pub mod frame;
 pub mod message;
 pub mod replay;
 
+pub use frame::{encode_frame, DecoderStats, FrameDecoder, FrameError, FRAME_BYTES_MAX};
 pub use message::{GroupStatus, Heartbeat, LinkState, MessageError, PeerView};
 pub use replay::{Freshness, ReplayGuard};
