@@ -15,10 +15,15 @@
 //! null-modem cable shares no NIC, driver, switch or power supply with the
 //! IP path, so "UDP silent, serial alive" means *ip-partitioned*, not dead.
 
+pub mod detector;
 pub mod frame;
 pub mod message;
 pub mod replay;
 
+pub use detector::{
+    Channel, Detector, DetectorConfig, DetectorConfigError, DetectorStats, Event, LinkInfo,
+    LinkStats, PeerStatus,
+};
 pub use frame::{encode_frame, DecoderStats, FrameDecoder, FrameError, FRAME_BYTES_MAX};
 pub use message::{GroupStatus, Heartbeat, LinkState, MessageError, PeerView};
 pub use replay::{Freshness, ReplayGuard};
