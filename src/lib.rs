@@ -9,6 +9,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod consensus;
+pub mod heartbeat;
 pub mod io;
 pub mod net;
 pub mod sim;
