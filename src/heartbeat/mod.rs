@@ -16,6 +16,7 @@
 //! IP path, so "UDP silent, serial alive" means *ip-partitioned*, not dead.
 
 pub mod detector;
+pub mod failover;
 pub mod frame;
 pub mod message;
 pub mod replay;
