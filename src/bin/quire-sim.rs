@@ -36,6 +36,11 @@ struct Args {
     /// Print one line per seed.
     #[arg(long)]
     verbose: bool,
+    /// Run the scripted failover scenarios with serial cables instead
+    /// (kill the leader, cut its UDP to a follower, cut a serial cable,
+    /// stall its disk) and print how fast the cluster reacted.
+    #[arg(long)]
+    failover: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,12 +62,19 @@ fn main() -> ExitCode {
         groups: args.groups as usize,
         fault_phase_ms: args.fault_phase_ms,
         bug,
+        recent_events: std::env::var("QUIRE_SIM_RECENT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40),
         ..SimOptions::default()
     };
     let first = args.seed.unwrap_or(0);
     let count = args.seeds.unwrap_or(1);
     let single = args.seeds.is_none();
     let started = Instant::now();
+    if args.failover {
+        return failover(first, count, &opts, args.verbose || single);
+    }
 
     let mut totals = Totals::default();
     for seed in first..first.saturating_add(count) {
@@ -113,6 +125,8 @@ struct Totals {
     unknown: u64,
     snapshots: u64,
     dropped: u64,
+    detector_transitions: u64,
+    serial_frame_errors: u64,
     checks: u64,
     recovery_ms: Vec<u64>,
     faults: FaultCounts,
@@ -131,6 +145,8 @@ impl Totals {
         self.unknown += r.unknown;
         self.snapshots += r.snapshots_sent;
         self.dropped += r.messages_dropped;
+        self.detector_transitions += r.detector_transitions;
+        self.serial_frame_errors += r.serial_frame_errors;
         self.checks += r.invariant_checks;
         self.recovery_ms.push(r.recovery_ms);
         self.faults.add(&r.faults);
@@ -171,8 +187,12 @@ impl Totals {
             self.commits, self.confirmed, self.failed, self.unknown
         );
         println!(
-            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers; {} messages dropped",
-            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, self.dropped
+            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers, {} serial cables cut, {} made noisy, {} disk stalls; {} messages dropped",
+            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, f.serial_cuts, f.serial_noise, f.disk_stalls, self.dropped
+        );
+        println!(
+            "detectors:   {} link, peer and disk-stall transitions; {} serial frames rejected",
+            self.detector_transitions, self.serial_frame_errors
         );
         println!(
             "recovery:    after healing, every group confirmed again within p50 {} ms, max {} ms",
@@ -185,4 +205,93 @@ impl Totals {
             INVARIANTS.join(", ")
         );
     }
+}
+
+/// Runs every failover scenario on `count` seeds from `first` and prints
+/// the reaction times (simulated ms after the fault) as p50 / p99 / max.
+fn failover(first: u64, count: u64, opts: &SimOptions, verbose: bool) -> ExitCode {
+    use sim::{kill_leader_bound_ms, run_scenario, Scenario};
+    let started = Instant::now();
+    for scenario in Scenario::ALL {
+        let mut times = Vec::new();
+        let mut second = Vec::new();
+        for seed in first..first.saturating_add(count) {
+            let bound = kill_leader_bound_ms(seed, opts);
+            let verdict = run_scenario(scenario, seed, opts)
+                .map_err(|f| format!("{}: {}", f.invariant, f.detail))
+                .and_then(|r| match r.verdict(bound) {
+                    Ok(()) => Ok(r),
+                    Err(why) => Err(format!(
+                        "{why}\n  after the fault:\n    {}",
+                        r.timeline.join("\n    ")
+                    )),
+                });
+            let r = match verdict {
+                Ok(r) => r,
+                Err(why) => {
+                    println!("{} seed {seed}: FAILED: {why}", scenario.name());
+                    println!(
+                        "  replay with: cargo run --release --bin quire-sim -- --failover --seed {seed} --nodes {} --groups {}",
+                        opts.nodes, opts.groups
+                    );
+                    return ExitCode::from(1);
+                }
+            };
+            let (main, other) = match scenario {
+                Scenario::KillLeader => (r.new_leader.map(|l| l.1), r.down_after_ms),
+                Scenario::CutLeaderUdp => (r.ip_partitioned_after_ms, None),
+                Scenario::CutSerial => (r.serial_down_after_ms, None),
+                Scenario::StallLeaderDisk => (r.new_leader.map(|l| l.1), r.stepped_down_after_ms),
+            };
+            if verbose {
+                println!(
+                    "{} seed {seed}: leader n{}, new leader {:?}, ip-partitioned {:?}, serial-down {:?}, down {:?}, stepped down {:?} (ms after the fault)",
+                    scenario.name(), r.leader, r.new_leader, r.ip_partitioned_after_ms,
+                    r.serial_down_after_ms, r.down_after_ms, r.stepped_down_after_ms
+                );
+            }
+            times.extend(main);
+            second.extend(other);
+        }
+        let what = match scenario {
+            Scenario::KillLeader => "new leader elected (first node declared the leader down)",
+            Scenario::CutLeaderUdp => {
+                "follower classified the leader ip-partitioned; no leader change"
+            }
+            Scenario::CutSerial => "serial-down alarm; no leader change",
+            Scenario::StallLeaderDisk => "new leader elected (old leader stepped down)",
+        };
+        println!(
+            "{:<18} {count} seeds ok: {what}: {}{}",
+            scenario.name(),
+            spread(&mut times),
+            if second.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", spread(&mut second))
+            }
+        );
+    }
+    println!(
+        "failover scenarios: {} nodes x {} groups, {:.1} s of real time",
+        opts.nodes,
+        opts.groups,
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+/// "p50 X ms, p99 Y ms, max Z ms" of simulated times.
+fn spread(v: &mut [u64]) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.sort_unstable();
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    format!(
+        "p50 {} ms, p99 {} ms, max {} ms",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
 }

@@ -14,23 +14,41 @@ use rand::Rng;
 
 impl Raft {
     /// The detector declares `peer` down: every channel to it has been
-    /// silent for the deadtime. If it is this node's leader, the lease on
-    /// it is dropped (so this node grants votes to others that saw it die
-    /// too) and this node campaigns after a random delay drawn from
-    /// `[0, fast_campaign_jitter_ms)`, not a whole election timeout.
-    /// Pre-vote still applies: the campaign wins only if a majority agrees
-    /// the leader is gone.
+    /// silent for the deadtime. If it is this node's leader (or this node
+    /// knows no leader), the lease on it is dropped (so this node grants votes to others that saw it die
+    /// too) and this node campaigns soon, not after a whole election
+    /// timeout: after `rank * j + random(0..j/2)` ms, with `j` =
+    /// `fast_campaign_jitter_ms` (set it to a few round trips) and `rank` this node's place among the
+    /// voters counted on from the dead leader's id. Every follower's
+    /// detector fires at about the same time, so a purely random delay as
+    /// short as this would split the vote whenever messages take longer
+    /// than the spread; staggered by rank, the first candidate's vote
+    /// request reaches the others before their own turn. Pre-vote still
+    /// applies: the campaign wins only if a majority agrees the leader is
+    /// gone.
     pub fn peer_down(&mut self, now_ms: u64, peer: NodeId) {
         self.now_ms = self.now_ms.max(now_ms);
-        if self.role == Role::Leader || self.leader != Some(peer) {
+        // Also when leaderless: an election that split while the leader's
+        // death was still unconfirmed is retried in rank order too.
+        if self.role == Role::Leader || self.leader.is_some_and(|l| l != peer) {
             return;
         }
         self.leader = None;
         self.leader_contact_ms = None;
         self.stats.fast_campaigns += 1;
         let jitter = self.cfg.fast_campaign_jitter_ms.max(1);
-        let at = self.now_ms + self.rng.gen_range(0..jitter);
-        self.election_deadline_ms = self.election_deadline_ms.min(at);
+        let voters = &self.membership().voters;
+        let rank = voters
+            .iter()
+            .filter(|&&v| v != peer && v != self.id)
+            .filter(|&&v| v.wrapping_sub(peer) < self.id.wrapping_sub(peer))
+            .count() as u64;
+        // Random within the first half of the rank's slot, so that two
+        // ranks are always at least half a slot apart.
+        let at = self.now_ms + rank * jitter + self.rng.gen_range(0..jitter.div_ceil(2));
+        // Set, not lowered: a node whose own timer would fire earlier waits
+        // for its rank too, or it could collide with the rank before it.
+        self.election_deadline_ms = at;
     }
 
     /// The serial heartbeat shows `leader` leading `term` while it reports

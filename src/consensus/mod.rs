@@ -94,7 +94,8 @@ pub struct RaftConfig {
     /// Ask for a snapshot once this many applied entries follow the last one.
     pub snapshot_entries: u64,
     /// When the failure detector declares the leader down, campaign after
-    /// a random delay below this instead of an election timeout.
+    /// a delay staggered by rank in slots of this length instead of an
+    /// election timeout; a few network round trips (pre-vote and vote).
     pub fast_campaign_jitter_ms: u64,
     /// Fault injection for checker validation only.
     pub planted_bug: Option<PlantedBug>,

@@ -41,13 +41,8 @@ pub fn on_group_status(
         return;
     }
     match g.role {
-        Role::Leader if g.term > raft.term() => {
-            raft.observe_term(now_ms, g.term);
-            if !ip_alive && has_ip_quorum(hb, raft.membership().voters.len()) {
-                raft.leader_seen_out_of_band(now_ms, from, g.term);
-            }
-        }
-        Role::Leader if g.term == raft.term() => {
+        Role::Leader if g.term >= raft.term() => {
+            raft.observe_term(now_ms, g.term); // a no-op for this term
             if !ip_alive && has_ip_quorum(hb, raft.membership().voters.len()) {
                 raft.leader_seen_out_of_band(now_ms, from, g.term);
             }

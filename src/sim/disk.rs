@@ -172,6 +172,8 @@ pub(crate) struct SimDisk {
     pub(crate) epoch: u64,
     /// Fail the next write with EIO.
     pub(crate) fail_next_write: bool,
+    /// The disk completes nothing before this (a stalled disk).
+    pub(crate) stalled_until_ms: u64,
 }
 
 impl SimDisk {

@@ -38,6 +38,12 @@ pub struct FaultCounts {
     pub misdirected_writes: u64,
     /// Leadership transfers requested.
     pub transfers: u64,
+    /// Serial cables cut.
+    pub serial_cuts: u64,
+    /// Serial cables made noisy (bytes damaged on the line).
+    pub serial_noise: u64,
+    /// Disks stalled (nothing completes for seconds).
+    pub disk_stalls: u64,
 }
 
 impl FaultCounts {
@@ -57,6 +63,9 @@ impl FaultCounts {
             + self.corruptions
             + self.misdirected_writes
             + self.transfers
+            + self.serial_cuts
+            + self.serial_noise
+            + self.disk_stalls
     }
 
     /// Adds another run's counts.
@@ -75,13 +84,16 @@ impl FaultCounts {
         self.corruptions += o.corruptions;
         self.misdirected_writes += o.misdirected_writes;
         self.transfers += o.transfers;
+        self.serial_cuts += o.serial_cuts;
+        self.serial_noise += o.serial_noise;
+        self.disk_stalls += o.disk_stalls;
     }
 }
 
 impl World {
     pub(crate) fn inject_fault(&mut self) -> Result<(), Violation> {
         let n = self.rng.gen_range(0..self.nodes.len());
-        match self.rng.gen_range(0..100) {
+        match self.rng.gen_range(0..112) {
             // A crash loop: the process dies and is restarted every few ms,
             // so crashes land inside elections and between a vote and the
             // fsync or message that follows it.
@@ -160,6 +172,7 @@ impl World {
                 self.faults.heals += 1;
                 self.record(n, 0, What::Fault("heal-network"));
                 self.net.heal();
+                self.cables.heal();
             }
             67..=74 => {
                 self.faults.loss_changes += 1;
@@ -182,6 +195,33 @@ impl World {
                     self.record(n, g, What::Fault("eio"));
                     self.nodes[n].disks[g].fail_next_write = true;
                 }
+            }
+            100..=103 => {
+                let to = self.rng.gen_range(0..self.nodes.len());
+                if to != n {
+                    self.faults.serial_cuts += 1;
+                    self.record(n, 0, What::Fault("serial-cut"));
+                    self.cables.set_cut(n, to, true);
+                }
+            }
+            104..=106 => {
+                let to = self.rng.gen_range(0..self.nodes.len());
+                if to != n {
+                    self.faults.serial_noise += 1;
+                    self.record(n, 0, What::Fault("serial-noise"));
+                    let p = self.rng.gen_range(0.0..0.02);
+                    self.cables.set_noise(n, to, p);
+                }
+            }
+            107..=111 => {
+                let g = self.rng.gen_range(0..self.opts.groups);
+                self.faults.disk_stalls += 1;
+                self.record(n, g, What::Fault("disk-stall"));
+                // Stalls run their course, even past the heal (a disk does
+                // not take orders); completions keep their order.
+                let until = self.now + self.rng.gen_range(500..=3_000);
+                let disk = &mut self.nodes[n].disks[g];
+                disk.stalled_until_ms = disk.stalled_until_ms.max(until);
             }
             _ => {
                 let g = self.rng.gen_range(0..self.opts.groups);
@@ -231,6 +271,7 @@ impl World {
         self.net.heal();
         self.net.loss = 0.0;
         self.net.duplication = 0.0;
+        self.cables.heal();
         for n in 0..self.nodes.len() {
             for g in 0..self.opts.groups {
                 self.nodes[n].disks[g].fail_next_write = false;

@@ -17,12 +17,17 @@ mod client;
 mod disk;
 mod faults;
 mod net;
+mod scenario;
+mod serial;
 mod trace;
 mod world;
 
 pub use checker::{Violation, INVARIANTS};
 pub use client::{Operation, Outcome};
 pub use faults::FaultCounts;
+pub use scenario::{
+    kill_leader_bound_ms, run_scenario, Scenario, ScenarioReport, SETTLE_MS, WATCH_MS,
+};
 
 use crate::consensus::PlantedBug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -90,6 +95,10 @@ pub struct RunReport {
     pub faults: FaultCounts,
     /// Messages dropped by partitions and loss.
     pub messages_dropped: u64,
+    /// Link, peer and disk-stall transitions the failure detectors saw.
+    pub detector_transitions: u64,
+    /// Serial frames rejected (noise, cut lines mid-frame).
+    pub serial_frame_errors: u64,
     /// Invariant checks performed.
     pub invariant_checks: u64,
     /// Time from healing until every group confirmed again, in ms.

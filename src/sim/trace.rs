@@ -70,6 +70,22 @@ pub(crate) enum What {
     BecameLeader {
         term: u64,
     },
+    /// The failure detector saw a link change state.
+    Link {
+        peer: u64,
+        channel: &'static str,
+        state: &'static str,
+    },
+    /// The failure detector classified a peer anew.
+    PeerStatus {
+        peer: u64,
+        status: &'static str,
+    },
+    /// A peer's disk started or stopped looking stalled.
+    PeerDiskStall {
+        peer: u64,
+        stalled: bool,
+    },
 }
 
 /// One event of the run.
@@ -103,6 +119,15 @@ impl fmt::Display for Record {
             What::Propose { index } => write!(f, "client propose -> index {index}"),
             What::Confirm { index } => write!(f, "client confirmed index {index}"),
             What::BecameLeader { term } => write!(f, "became leader of term {term}"),
+            What::Link {
+                peer,
+                channel,
+                state,
+            } => write!(f, "link to n{peer} over {channel}: {state}"),
+            What::PeerStatus { peer, status } => write!(f, "peer n{peer} is {status}"),
+            What::PeerDiskStall { peer, stalled } => {
+                write!(f, "peer n{peer} disk stalled: {stalled}")
+            }
         }
     }
 }
@@ -174,6 +199,16 @@ impl Trace {
             What::Propose { index } => fold(fold(h, 9), index),
             What::Confirm { index } => fold(fold(h, 10), index),
             What::BecameLeader { term } => fold(fold(h, 11), term),
+            What::Link {
+                peer,
+                channel,
+                state,
+            } => fold(
+                fold(fold(h, 12), peer),
+                (channel.len() as u64) << 8 | state.len() as u64,
+            ),
+            What::PeerStatus { peer, status } => fold(fold(fold(h, 13), peer), status.len() as u64),
+            What::PeerDiskStall { peer, stalled } => fold(fold(fold(h, 14), peer), stalled as u64),
         };
         self.hash = h;
         if self.keep > 0 {

@@ -7,9 +7,11 @@ use super::client::{Client, Operation, Outcome};
 use super::disk::{snapshot_chain, DiskOp, Durable, SimDisk};
 use super::faults::FaultCounts;
 use super::net::Network;
+use super::serial::{Cables, Watch};
 use super::trace::{chain, describe, Record, Trace, What};
 use super::{RunReport, SimOptions};
 use crate::consensus::{Body, Index, Message, NodeId, Raft, RaftConfig, Role, Term};
+use crate::heartbeat::Heartbeat;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -99,6 +101,30 @@ pub(crate) enum Event {
         until_ms: u64,
     },
     Heal,
+    /// A node sends its heartbeat on both channels.
+    HeartbeatSend {
+        node: usize,
+    },
+    /// A heartbeat datagram arrives.
+    HeartbeatUdp {
+        to: usize,
+        hb: Box<Heartbeat>,
+    },
+    /// Bytes arrive at one end of a serial cable.
+    HeartbeatSerial {
+        from: usize,
+        to: usize,
+        bytes: Vec<u8>,
+    },
+}
+
+/// A write submitted to a simulated disk and not yet durable.
+#[derive(Clone, Copy, Debug)]
+struct PendingWrite {
+    id: u64,
+    /// The (index, term) to report as persisted when it completes.
+    report: Option<(Index, Term)>,
+    submitted_ms: u64,
 }
 
 /// One group's replica on one node, with its driver state.
@@ -107,8 +133,8 @@ pub(crate) struct Replica {
     /// The state machine: applied index and chain hash of the applied log.
     pub(crate) sm_index: Index,
     pub(crate) sm_chain: u64,
-    /// Writes submitted and not yet durable: (write id, what to report).
-    in_flight: VecDeque<(u64, Option<(Index, Term)>)>,
+    /// Writes submitted and not yet durable, oldest first.
+    in_flight: VecDeque<PendingWrite>,
     /// Messages waiting for a write to become durable.
     held: VecDeque<(u64, Vec<Message>)>,
     /// Last term in which this replica was seen leading.
@@ -131,6 +157,13 @@ pub(crate) struct World {
     seq: u64,
     pub(crate) nodes: Vec<Node>,
     pub(crate) net: Network,
+    pub(crate) cables: Cables,
+    /// Per node while it is up: its heartbeat state and failure detector.
+    pub(crate) watches: Vec<Option<Watch>>,
+    pub(crate) serial_frame_errors: u64,
+    pub(crate) detector_transitions: u64,
+    /// Scripted runs keep leader changes, detector transitions and faults.
+    pub(crate) observed: Option<Vec<Record>>,
     pub(crate) checker: Checker,
     pub(crate) clients: Vec<Client>,
     /// (node, group, index) -> client waiting for that entry to apply.
@@ -160,8 +193,29 @@ pub(crate) fn idx(id: NodeId) -> usize {
 
 impl World {
     pub(crate) fn new(seed: u64, opts: &SimOptions) -> Self {
+        Self::build(seed, opts, false)
+    }
+
+    /// A world without the random fault schedule, for scripted runs: the
+    /// caller injects faults itself. It runs the production defaults
+    /// (pre-vote and check-quorum on) on a clean network and disks: no
+    /// clogs, no targeted crashes, no damage.
+    pub(crate) fn scripted(seed: u64, opts: &SimOptions) -> Self {
+        Self::build(seed, opts, true)
+    }
+
+    fn build(seed: u64, opts: &SimOptions, scripted: bool) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let p = Params::from_rng(&mut rng);
+        let mut p = Params::from_rng(&mut rng);
+        if scripted {
+            p.pre_vote = true;
+            p.check_quorum = true;
+            p.net_clog_probability = 0.0;
+            p.disk_spike_probability = 0.0;
+            p.crash_after_vote_probability = 0.0;
+            p.corruption_probability = 0.0;
+            p.misdirected_write_probability = 0.0;
+        }
         let n = opts.nodes;
         let mut w = World {
             seed,
@@ -173,6 +227,11 @@ impl World {
             seq: 0,
             nodes: Vec::new(),
             net: Network::new(n),
+            cables: Cables::new(n),
+            watches: Vec::new(),
+            serial_frame_errors: 0,
+            detector_transitions: 0,
+            observed: None,
             checker: Checker::new(opts.groups, n),
             clients: Vec::new(),
             waiting: HashMap::new(),
@@ -199,6 +258,13 @@ impl World {
                 disks: (0..opts.groups).map(|_| SimDisk::default()).collect(),
             });
         }
+        for node in 0..n {
+            let epoch = w.rng.gen();
+            w.watches
+                .push(Some(Watch::new(node, n, opts.groups, 0, epoch)));
+            let at = w.rng.gen_range(0..50);
+            w.schedule(at, Event::HeartbeatSend { node });
+        }
         for g in 0..opts.groups {
             for _ in 0..w.p.clients_per_group {
                 let id = w.clients.len();
@@ -214,9 +280,11 @@ impl World {
                 );
             }
         }
-        let first_fault = w.rng.gen_range(100..=w.p.fault_gap_ms_max);
-        w.schedule(first_fault, Event::Fault);
-        w.schedule(opts.fault_phase_ms, Event::Heal);
+        if !scripted {
+            let first_fault = w.rng.gen_range(100..=w.p.fault_gap_ms_max);
+            w.schedule(first_fault, Event::Fault);
+            w.schedule(opts.fault_phase_ms, Event::Heal);
+        }
         w
     }
 
@@ -231,6 +299,8 @@ impl World {
         cfg.pre_vote = self.p.pre_vote;
         cfg.check_quorum = self.p.check_quorum;
         cfg.planted_bug = self.opts.bug;
+        // A few of this network's round trips, as an operator would set it.
+        cfg.fast_campaign_jitter_ms = 2 * (self.p.net_delay_min_ms + self.p.net_jitter_ms) + 10;
         cfg
     }
 
@@ -240,23 +310,31 @@ impl World {
     }
 
     pub(crate) fn record(&mut self, node: usize, group: usize, what: What) {
-        self.trace.record(Record {
+        let r = Record {
             time_ms: self.now,
             node: node as u64 + 1,
             group,
             what,
-        });
+        };
+        if let Some(log) = self.observed.as_mut() {
+            if matches!(
+                what,
+                What::BecameLeader { .. }
+                    | What::Link { .. }
+                    | What::PeerStatus { .. }
+                    | What::PeerDiskStall { .. }
+                    | What::Fault(_)
+            ) {
+                log.push(r);
+            }
+        }
+        self.trace.record(r);
     }
 
     /// Runs to the end of the liveness phase, or to the first violation.
     pub(crate) fn run(&mut self) -> Result<(), Violation> {
         loop {
-            let next_event = self
-                .queue
-                .first_key_value()
-                .map_or(u64::MAX, |(&(t, _), _)| t);
-            let (tick_at, who) = self.next_tick();
-            let t = next_event.min(tick_at);
+            let t = self.next_time();
             if let Some(h) = self.healed_at {
                 if t > h + self.opts.liveness_bound_ms {
                     let stuck: Vec<usize> = (0..self.opts.groups)
@@ -271,29 +349,64 @@ impl World {
                     });
                 }
             }
-            if tick_at <= next_event {
-                self.now = self.now.max(tick_at);
-                let (n, g) = who.expect("a deadline comes from a replica");
-                self.record(n, g, What::Tick);
-                let now = self.now;
-                let rep = self.nodes[n].replicas[g]
-                    .as_mut()
-                    .expect("ticked replica is live");
-                rep.raft.tick(now);
-                assert!(
-                    rep.raft.poll_timeout() > now,
-                    "n{} g{g}: tick at {now} did not move the deadline",
-                    n + 1
-                );
-                self.drive(n, g)?;
-            } else {
-                let ((t, _), ev) = self.queue.pop_first().expect("an event exists");
-                self.now = t;
-                self.handle(ev)?;
-            }
+            self.step()?;
             if self.healed_at.is_some() && self.recovered.iter().all(|&r| r) {
                 return Ok(());
             }
+        }
+    }
+
+    /// Runs every event and timer due up to `until_ms` (scripted runs).
+    pub(crate) fn run_until(&mut self, until_ms: u64) -> Result<(), Violation> {
+        while self.next_time() <= until_ms {
+            self.step()?;
+        }
+        self.now = self.now.max(until_ms);
+        Ok(())
+    }
+
+    /// When the next event or timer is due.
+    fn next_time(&self) -> u64 {
+        let next_event = self
+            .queue
+            .first_key_value()
+            .map_or(u64::MAX, |(&(t, _), _)| t);
+        next_event
+            .min(self.next_tick().0)
+            .min(self.next_detector_tick().0)
+    }
+
+    /// Handles the next event or timer.
+    fn step(&mut self) -> Result<(), Violation> {
+        let next_event = self
+            .queue
+            .first_key_value()
+            .map_or(u64::MAX, |(&(t, _), _)| t);
+        let (tick_at, who) = self.next_tick();
+        let (detector_at, watcher) = self.next_detector_tick();
+        if detector_at < tick_at && detector_at <= next_event {
+            self.now = self.now.max(detector_at);
+            let n = watcher.expect("a deadline comes from a node");
+            self.detector_tick(n)
+        } else if tick_at <= next_event {
+            self.now = self.now.max(tick_at);
+            let (n, g) = who.expect("a deadline comes from a replica");
+            self.record(n, g, What::Tick);
+            let now = self.now;
+            let rep = self.nodes[n].replicas[g]
+                .as_mut()
+                .expect("ticked replica is live");
+            rep.raft.tick(now);
+            assert!(
+                rep.raft.poll_timeout() > now,
+                "n{} g{g}: tick at {now} did not move the deadline",
+                n + 1
+            );
+            self.drive(n, g)
+        } else {
+            let ((t, _), ev) = self.queue.pop_first().expect("an event exists");
+            self.now = t;
+            self.handle(ev)
         }
     }
 
@@ -367,6 +480,9 @@ impl World {
             }
             Event::CrashLoop { node, until_ms } => self.crash_loop_step(node, until_ms),
             Event::Heal => self.heal(),
+            Event::HeartbeatSend { node } => self.heartbeat_send(node),
+            Event::HeartbeatUdp { to, hb } => self.heartbeat_udp(to, &hb),
+            Event::HeartbeatSerial { from, to, bytes } => self.heartbeat_serial(from, to, &bytes),
         }
     }
 
@@ -415,7 +531,7 @@ impl World {
             };
             let rep = self.nodes[n].replicas[g].as_mut().expect("live");
             if !rd.messages_after_persist.is_empty() {
-                match write.or(rep.in_flight.back().map(|&(id, _)| id)) {
+                match write.or(rep.in_flight.back().map(|w| w.id)) {
                     Some(id) => rep.held.push_back((id, rd.messages_after_persist)),
                     None => {
                         for m in rd.messages_after_persist {
@@ -468,13 +584,20 @@ impl World {
         }
         let disk = &mut self.nodes[n].disks[g];
         let id = disk.submit(op);
-        let done = (self.now + latency).max(disk.busy_until_ms);
+        // During a stall, after every write deferred to its end.
+        let done = (self.now + latency)
+            .max(disk.busy_until_ms)
+            .max(disk.stalled_until_ms + 1);
         disk.busy_until_ms = done;
         let epoch = disk.epoch;
         let rep = self.nodes[n].replicas[g]
             .as_mut()
             .expect("writes come from a live replica");
-        rep.in_flight.push_back((id, report));
+        rep.in_flight.push_back(PendingWrite {
+            id,
+            report,
+            submitted_ms: self.now,
+        });
         self.schedule(
             done,
             Event::DiskDone {
@@ -497,6 +620,21 @@ impl World {
         if self.nodes[n].disks[g].epoch != epoch || self.nodes[n].replicas[g].is_none() {
             return Ok(()); // the write died with a crash
         }
+        let stalled_until = self.nodes[n].disks[g].stalled_until_ms;
+        if self.now < stalled_until {
+            // The disk is stalled: nothing completes until it recovers.
+            let ev = Event::DiskDone {
+                node: n,
+                group: g,
+                epoch,
+                write_id,
+            };
+            self.schedule(stalled_until, ev);
+            return Ok(());
+        }
+        if let Some(w) = self.watches[n].as_mut() {
+            w.last_fsync_ms[g] = self.now;
+        }
         if self.nodes[n].disks[g].fail_next_write {
             // fsync failed: its errors cannot be retried, so the group stops
             // on this node, as the storage layer will.
@@ -515,7 +653,8 @@ impl World {
         }
         self.check_durable(n, g, &applied)?;
         let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
-        let (id, report) = rep.in_flight.pop_front().expect("a write was in flight");
+        let PendingWrite { id, report, .. } =
+            rep.in_flight.pop_front().expect("a write was in flight");
         assert_eq!(id, write_id);
         let mut release = Vec::new();
         while rep.held.front().is_some_and(|&(w, _)| w <= write_id) {
@@ -632,6 +771,7 @@ impl World {
     pub(crate) fn crash_node(&mut self, n: usize) -> Result<(), Violation> {
         self.record(n, 0, What::Crash);
         self.nodes[n].alive = false;
+        self.watches[n] = None;
         for g in 0..self.opts.groups {
             self.stop_group(n, g)?;
             if self.rng.gen_bool(self.p.corruption_probability) && self.may_damage(n, g) {
@@ -660,6 +800,10 @@ impl World {
     pub(crate) fn restart_node(&mut self, n: usize) -> Result<(), Violation> {
         self.record(n, 0, What::Restart);
         self.nodes[n].alive = true;
+        let epoch = self.rng.gen();
+        let (nodes, groups) = (self.nodes.len(), self.opts.groups);
+        self.watches[n] = Some(Watch::new(n, nodes, groups, self.now, epoch));
+        self.schedule(self.now, Event::HeartbeatSend { node: n });
         for g in 0..self.opts.groups {
             self.start_group(n, g);
             self.drive(n, g)?;
@@ -696,6 +840,8 @@ impl World {
             snapshots_sent: snapshots,
             faults: self.faults,
             messages_dropped: self.dropped,
+            detector_transitions: self.detector_transitions,
+            serial_frame_errors: self.serial_frame_errors,
             invariant_checks: self.checker.checks,
             recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
         }
@@ -711,6 +857,16 @@ impl World {
 }
 
 impl Replica {
+    /// True while writes are submitted and not yet durable.
+    pub(crate) fn writes_pending(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// When the oldest write still pending was submitted.
+    pub(crate) fn oldest_write_ms(&self) -> Option<u64> {
+        self.in_flight.front().map(|w| w.submitted_ms)
+    }
+
     fn new(raft: Raft) -> Self {
         Replica {
             raft,
