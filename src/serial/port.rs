@@ -244,7 +244,8 @@ impl SerialPort {
         self.decoder.next_frame()
     }
 
-    /// The descriptor to wait on for input (POLLIN), while open.
+    /// The descriptor to wait on while open: POLLIN, and POLLHUP/POLLERR
+    /// (a hang-up), both mean "call `receive`".
     pub fn raw_fd(&self) -> Option<RawFd> {
         self.fd.as_ref().map(|f| f.as_raw_fd())
     }
