@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! on the line:  0x00  COBS(payload)  0x00
-//! payload:      heartbeat (message.rs, 30..=446 bytes)
+//! payload:      heartbeat (message.rs, 30..=478 bytes)
 //!               crc32c(heartbeat) u32 little-endian
 //!               keyed BLAKE3(cluster key, heartbeat || crc), first 16 bytes
 //! ```
@@ -376,6 +376,10 @@ mod tests {
             .collect();
         let stream: Vec<u8> = hbs.iter().flat_map(frame).collect();
         assert!(hbs.iter().all(|h| frame(h).len() <= FRAME_BYTES_MAX));
+        // The line sizes the docs quote (airtime at 115200 baud: 10 bits a byte).
+        assert_eq!(frame(&sample(2, 2)).len(), 165);
+        assert_eq!(FRAME_BYTES_MAX, 502);
+        assert!(frame(&sample(MAX_GROUPS, MAX_PEERS)).len() <= FRAME_BYTES_MAX);
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         for _ in 0..50 {
             let mut d = FrameDecoder::new(key());
