@@ -51,6 +51,13 @@ impl SerialConfig {
         }
     }
 
+    /// Microseconds `bytes` take on the line: 10 bits a byte at 8N1 (start,
+    /// 8 data, stop). A heartbeat's airtime must stay well under
+    /// `keepalive_ms`, or heartbeats queue up and arrive late.
+    pub fn airtime_us(&self, bytes: usize) -> u64 {
+        (bytes as u64 * 10 * 1_000_000).div_ceil(self.baud.max(1) as u64)
+    }
+
     /// Checks the baud rate and bounds.
     pub fn validate(&self) -> Result<(), String> {
         if baud_constant(self.baud).is_none() {
@@ -400,10 +407,14 @@ mod tests {
         .is_err());
         assert!(SerialConfig {
             tx_bytes_max: 10,
-            ..ok
+            ..ok.clone()
         }
         .validate()
         .is_err());
+        // The figures the heartbeat docs quote: 165 bytes 14 ms, 502 bytes
+        // 43.6 ms ("44").
+        assert_eq!(ok.airtime_us(165), 14_323);
+        assert_eq!(ok.airtime_us(FRAME_BYTES_MAX), 43_577);
     }
 
     #[test]
