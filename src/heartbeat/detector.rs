@@ -141,7 +141,7 @@ pub enum Event {
 /// - `disk_stall_ms` 2000: the same threshold as the WAL's own
 ///   `disk_stall_ms`, beyond any healthy fsync (tens of ms), well within
 ///   what a client waits before it gives up.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DetectorConfig {
     /// Interval at which heartbeats are sent (the sender's timer; used
     /// here to check the others against it).
@@ -560,7 +560,7 @@ impl Detector {
     fn advance(&mut self, now_ms: u64) -> u64 {
         let now = now_ms.max(self.now_ms);
         self.now_ms = now;
-        let c = self.cfg.clone();
+        let c = self.cfg;
         for i in 0..self.peers.len() {
             let id = self.peers[i].id;
             for channel in [Channel::Udp, Channel::Serial] {
@@ -1082,6 +1082,59 @@ mod tests {
             Some(1000)
         );
         assert_eq!(d.stats().events_dropped, 1);
+    }
+
+    #[test]
+    fn random_inputs_give_one_consistent_chain_of_events_per_link() {
+        use rand::{Rng, SeedableRng};
+        use std::collections::HashMap;
+        for seed in 0..50 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut d = detector();
+            let mut last: HashMap<(NodeId, Channel), LinkState> = HashMap::new();
+            let mut status: HashMap<NodeId, PeerStatus> = HashMap::new();
+            let mut now = 0;
+            for _ in 0..2000 {
+                now += rng.gen_range(0..120);
+                match rng.gen_range(0..4) {
+                    0 => d.heard(now, A, Channel::Udp),
+                    1 => d.heard(now, A, Channel::Serial),
+                    2 => d.heard(now, B, Channel::Udp),
+                    _ => d.tick(now),
+                }
+                while let Some(e) = d.poll_event() {
+                    match e {
+                        Event::Link {
+                            peer,
+                            channel,
+                            old,
+                            new,
+                            at_ms,
+                        } => {
+                            assert_ne!(old, new, "seed {seed}: a non-change reported");
+                            assert!(at_ms <= now);
+                            let prev = last.insert((peer, channel), new).unwrap_or(LinkState::Init);
+                            assert_eq!(prev, old, "seed {seed}: a transition missed or repeated");
+                        }
+                        Event::Peer { peer, old, new, .. } => {
+                            assert_ne!(old, new);
+                            let prev = status.insert(peer, new).unwrap_or(PeerStatus::Unknown);
+                            assert_eq!(prev, old, "seed {seed}");
+                        }
+                        Event::DiskStall { .. } => unreachable!("no disk inputs"),
+                    }
+                }
+                for ((peer, channel), state) in &last {
+                    assert_eq!(d.link(*peer, *channel).unwrap().state, *state);
+                }
+                for (peer, s) in &status {
+                    assert_eq!(d.status(*peer), Some(*s));
+                }
+                if let Some(t) = d.poll_timeout() {
+                    assert!(t > now, "seed {seed}: a deadline already passed");
+                }
+            }
+        }
     }
 
     #[test]

@@ -30,7 +30,8 @@
 //! Entries are fixed-layout but counted, not padded to the maximum: at
 //! 115200 baud (11.5 bytes per ms) a 3-node, 2-group heartbeat (142 bytes,
 //! 165 on the line) takes 14 ms, where a padded one (8 groups, 8 peers:
-//! 446 bytes) would take 42 ms and nearly fill a 50 ms keepalive.
+//! 478 bytes, up to 502 on the line) would take 44 ms and nearly fill a
+//! 50 ms keepalive.
 //!
 //! The magic differs from the transport's datagram magic ("qT"), so a
 //! frame MAC'd with the same cluster key never parses as a datagram, nor a

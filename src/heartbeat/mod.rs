@@ -25,6 +25,8 @@ pub use detector::{
     Channel, Detector, DetectorConfig, DetectorConfigError, DetectorStats, Event, LinkInfo,
     LinkStats, PeerStatus,
 };
-pub use frame::{encode_frame, DecoderStats, FrameDecoder, FrameError, FRAME_BYTES_MAX};
+pub use frame::{
+    decode_frame, encode_frame, DecoderStats, FrameDecoder, FrameError, FRAME_BYTES_MAX,
+};
 pub use message::{GroupStatus, Heartbeat, LinkState, MessageError, PeerView};
 pub use replay::{Freshness, ReplayGuard};
