@@ -445,7 +445,7 @@ impl Detector {
             }
         };
         let stall = self.cfg.disk_stall_ms;
-        if let Some(stalled) = update_stall(d, now, stall) {
+        if let Some(stalled) = update_stall(d, now, stall, false) {
             self.stall_event(peer, group, stalled, now);
         }
     }
@@ -599,14 +599,17 @@ impl Detector {
                     };
                 }
             }
+            self.reclassify(i, now);
+            // A peer silent on every channel is down, not disk-stalled:
+            // its last report says nothing about its disk now.
+            let silent = self.peers[i].status == PeerStatus::Down;
             for j in 0..self.peers[i].disks.len() {
                 let d = &mut self.peers[i].disks[j];
                 let group = d.group;
-                if let Some(stalled) = update_stall(d, now, c.disk_stall_ms) {
+                if let Some(stalled) = update_stall(d, now, c.disk_stall_ms, silent) {
                     self.stall_event(id, group, stalled, now);
                 }
             }
-            self.reclassify(i, now);
         }
         now
     }
@@ -677,8 +680,8 @@ fn set_state(link: &mut Link, new: LinkState, now: u64) {
 }
 
 /// Re-evaluates one group's stall flag; `Some(new)` if it changed.
-fn update_stall(d: &mut GroupDisk, now: u64, disk_stall_ms: u64) -> Option<bool> {
-    let stalled = d.pending && now.saturating_sub(d.since_ms) >= disk_stall_ms;
+fn update_stall(d: &mut GroupDisk, now: u64, disk_stall_ms: u64, silent: bool) -> Option<bool> {
+    let stalled = !silent && d.pending && now.saturating_sub(d.since_ms) >= disk_stall_ms;
     (stalled != d.stalled).then(|| {
         d.stalled = stalled;
         stalled
@@ -1007,18 +1010,18 @@ mod tests {
         events(&mut d);
         // Idle disk: no writes pending, no fsync for ages: not stalled.
         d.disk_progress(100, A, 0, 5, false);
-        d.tick(5000);
+        hear_all(&mut d, 150, 5000);
         assert!(!d.disk_stalled(A));
         // Writes pending from 5000: the stall clock starts then, not at the
         // last fsync long ago.
         d.disk_progress(5000, A, 0, 5, true);
         assert!(!d.disk_stalled(A));
-        assert_eq!(d.poll_timeout(), Some(7000));
         // Progress keeps it healthy.
+        hear_all(&mut d, 5050, 6500);
         d.disk_progress(6500, A, 0, 6, true);
-        d.tick(8000);
+        hear_all(&mut d, 6550, 8450);
         assert!(!d.disk_stalled(A));
-        d.tick(8500);
+        hear_all(&mut d, 8500, 8500);
         assert!(d.disk_stalled(A));
         assert_eq!(d.stalled_groups(A).collect::<Vec<_>>(), vec![0]);
         // Resumes: one event each way.
@@ -1046,6 +1049,25 @@ mod tests {
             ]
         );
         assert_eq!(d.stats().disk_stalls, 1);
+    }
+
+    #[test]
+    fn a_silent_peer_is_down_not_disk_stalled() {
+        let mut d = detector();
+        hear_all(&mut d, 0, 1000);
+        // Its last heartbeat had writes pending; then it fell silent.
+        d.disk_progress(1000, A, 0, 900, true);
+        d.tick(1000 + 10 * d.config().disk_stall_ms);
+        assert_eq!(d.status(A), Some(PeerStatus::Down));
+        assert!(
+            !d.disk_stalled(A),
+            "nothing is known of a silent peer's disk"
+        );
+        let stalls = events(&mut d)
+            .into_iter()
+            .filter(|e| matches!(e, Event::DiskStall { .. }))
+            .count();
+        assert_eq!(stalls, 0);
     }
 
     #[test]
