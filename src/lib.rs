@@ -12,6 +12,7 @@ pub mod consensus;
 pub mod heartbeat;
 pub mod io;
 pub mod net;
+pub mod node;
 pub mod serial;
 pub mod sim;
 pub mod storage;

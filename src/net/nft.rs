@@ -1,5 +1,5 @@
-//! Packet loss on loopback ports with nftables, for tests and benchmarks
-//! (`tc netem` is not available on our machines). Each rule lives in a
+//! Packet loss and partitions on loopback ports with nftables, for tests
+//! and benchmarks (`tc netem` is not available on our machines). Each rule lives in a
 //! table of its own, named after the process, and is deleted when the
 //! guard drops, also on panic; tables left by killed processes are removed
 //! the next time one is installed. Only loopback sources are matched.
@@ -16,10 +16,46 @@ pub struct NftLoss {
     table: String,
 }
 
+/// An nftables table dropping every UDP packet between two loopback ports,
+/// both ways (a partition between two sockets); deleted on drop.
+pub struct NftCut {
+    _loss: NftLoss,
+}
+
+impl NftCut {
+    /// Cuts UDP between the sockets on ports `a` and `b`, both ways, or
+    /// says why it cannot.
+    pub fn install(a: u16, b: u16) -> Result<NftCut, String> {
+        let rules = format!(
+            "ip saddr 127.0.0.0/8 udp sport {a} udp dport {b} counter drop\n    \
+             ip saddr 127.0.0.0/8 udp sport {b} udp dport {a} counter drop"
+        );
+        Ok(NftCut {
+            _loss: NftLoss::install_rules(&rules)?,
+        })
+    }
+
+    /// Packets dropped by the first of the two rules (`a` to `b`).
+    pub fn dropped(&self) -> Option<u64> {
+        self._loss.dropped()
+    }
+}
+
 impl NftLoss {
     /// Installs a rule dropping `percent`% of the UDP packets to `ports`,
     /// or says why it cannot (not root, no `nft`, rule refused).
     pub fn install(ports: &[u16], percent: u32) -> Result<NftLoss, String> {
+        let set: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+        let rule = format!(
+            "ip saddr 127.0.0.0/8 udp dport {{ {} }} numgen random mod 100 < {percent} counter drop",
+            set.join(", ")
+        );
+        Self::install_rules(&rule)
+    }
+
+    /// Installs `rules` (nft rule lines) in the input chain of a table of
+    /// this process's own.
+    fn install_rules(rules: &str) -> Result<NftLoss, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("not root: nftables rules need CAP_NET_ADMIN".into());
@@ -34,13 +70,11 @@ impl NftLoss {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let table = format!("{TABLE_PREFIX}{}_{nanos}", std::process::id());
-        let set: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
         // The input hook only: a loopback packet crosses it once (output
         // would count it twice, and would turn drops into EPERM on send).
         let script = format!(
             "table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
-             ip saddr 127.0.0.0/8 udp dport {{ {} }} numgen random mod 100 < {percent} counter drop\n  }}\n}}\n",
-            set.join(", ")
+             {rules}\n  }}\n}}\n"
         );
         let mut child = Command::new("nft")
             .args(["-f", "-"])

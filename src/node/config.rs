@@ -1,0 +1,82 @@
+//! What a node runs: its id, peers, groups and every tunable, as values
+//! (the daemon's TOML file is parsed into this).
+
+use crate::consensus::{NodeId, RaftConfig};
+use crate::heartbeat::DetectorConfig;
+use crate::net::UdpConfig;
+use crate::storage::WalConfig;
+use crate::transport::{ClusterKey, GroupId, TransportConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Another node of the cluster.
+#[derive(Clone, Debug)]
+pub struct PeerSpec {
+    /// Its id.
+    pub id: NodeId,
+    /// Where its group sockets listen: group `g` at this port + `g`.
+    pub udp_base: SocketAddr,
+    /// The serial device of the null-modem cable to it, if there is one.
+    pub serial_device: Option<PathBuf>,
+}
+
+/// One group (one disk) on this node.
+#[derive(Clone, Debug)]
+pub struct GroupSpec {
+    /// The group id.
+    pub group: GroupId,
+    /// The directory of its log on its disk.
+    pub dir: PathBuf,
+}
+
+/// Everything one node runs with.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    /// This node's id (non-zero).
+    pub id: NodeId,
+    /// The voters of every group (all nodes of the cluster).
+    pub voters: Vec<NodeId>,
+    /// The cluster key: MACs on datagrams and serial frames.
+    pub key: ClusterKey,
+    /// The other nodes.
+    pub peers: Vec<PeerSpec>,
+    /// This node's groups.
+    pub groups: Vec<GroupSpec>,
+    /// Raft timers and limits (`id` and `initial_voters` are set from above).
+    pub raft: RaftConfig,
+    /// Log storage.
+    pub wal: WalConfig,
+    /// The replication transport.
+    pub transport: TransportConfig,
+    /// Sockets: `bind_ip` and `base_port` (group `g` at `base_port + g`;
+    /// `groups` is set from above).
+    pub udp: UdpConfig,
+    /// The failure detector's timers.
+    pub detector: DetectorConfig,
+    /// Serial line speed.
+    pub serial_baud: u32,
+}
+
+impl NodeSpec {
+    /// Checks what the cores would otherwise refuse later, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.id == 0 {
+            return Err("id: node id 0 is reserved".into());
+        }
+        if !self.voters.contains(&self.id) {
+            return Err(format!("voters: this node ({}) is not among them", self.id));
+        }
+        for p in &self.peers {
+            if p.id == self.id || !self.voters.contains(&p.id) {
+                return Err(format!("peers: node {} is not another voter", p.id));
+            }
+        }
+        if self.groups.is_empty() {
+            return Err("groups: a node needs at least one".into());
+        }
+        self.detector
+            .validate()
+            .map_err(|e| format!("detector: {e}"))?;
+        Ok(())
+    }
+}

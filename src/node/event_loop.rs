@@ -1,0 +1,485 @@
+//! The node's event loop. See the module documentation of `node` for the
+//! turn; everything here runs on the loop's own thread.
+
+use super::config::NodeSpec;
+use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
+use super::replica::Replica;
+use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
+use crate::heartbeat::failover::{on_event, on_group_status};
+use crate::heartbeat::{
+    encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
+    ReplayGuard,
+};
+use crate::net::{PeerMap, UdpConfig, UdpDriver};
+use crate::serial::{SerialConfig, SerialPort};
+use crate::storage::Wal;
+use crate::transport::raft_codec::{decode_message, encode_message};
+use crate::transport::{Endpoint, Event, GroupId};
+use crossbeam_channel::Receiver;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// First byte of every message on a transport channel.
+const ENVELOPE_RAFT: u8 = 0;
+const ENVELOPE_HEARTBEAT: u8 = 1;
+/// Transitions kept for `NodeStatus::transitions`.
+const TRANSITIONS_KEPT: usize = 256;
+/// Longest wait in the UDP driver per turn: the serial ports and the
+/// WAL's completions are not in its poll set.
+const TURN_MAX: Duration = Duration::from_millis(1);
+
+pub(crate) struct EventLoop {
+    spec: NodeSpec,
+    started: Instant,
+    commands: Receiver<Command>,
+    udp: UdpDriver,
+    replicas: Vec<Replica>,
+    by_group: BTreeMap<GroupId, usize>,
+    serial: Vec<(NodeId, SerialPort)>,
+    detector: Detector,
+    epoch: u64,
+    seq: u64,
+    next_heartbeat_ms: u64,
+    udp_guards: BTreeMap<NodeId, ReplayGuard>,
+    serial_guards: BTreeMap<NodeId, ReplayGuard>,
+    stalled_noticed: Vec<bool>,
+    transitions: VecDeque<String>,
+    out: Vec<Message>,
+    buf: Vec<u8>,
+    /// Raft messages the transport refused (window full): Raft resends.
+    pub(crate) sends_refused: u64,
+}
+
+impl EventLoop {
+    /// Opens every log, binds the sockets, opens the serial ports.
+    pub(crate) fn open(spec: NodeSpec, commands: Receiver<Command>) -> Result<Self, String> {
+        let started = Instant::now();
+        let id = spec.id;
+        let udp_cfg = UdpConfig {
+            groups: spec.groups.iter().map(|g| g.group).collect(),
+            ..spec.udp.clone()
+        };
+        let mut peers = PeerMap::new();
+        for p in &spec.peers {
+            peers.set_node(p.id, p.udp_base);
+        }
+        let endpoint = Endpoint::new(
+            spec.transport.clone(),
+            spec.key.clone(),
+            id,
+            super::os_seed(),
+        )
+        .map_err(|e| format!("transport: {e}"))?;
+        let (udp, report) =
+            UdpDriver::bind(udp_cfg, endpoint, peers).map_err(|e| format!("udp: {e}"))?;
+        for w in &report.warnings {
+            eprintln!("node {id}: warning: {w}");
+        }
+        let mut replicas = Vec::new();
+        let mut by_group = BTreeMap::new();
+        for g in &spec.groups {
+            let (wal, report) = Wal::open(&g.dir, spec.wal.clone())
+                .map_err(|e| format!("group {} log at {}: {e}", g.group, g.dir.display()))?;
+            eprintln!("node {id} group {}: {report}", g.group);
+            let cfg = RaftConfig {
+                id,
+                initial_voters: spec.voters.clone(),
+                ..spec.raft.clone()
+            };
+            let snapshot = report.restored.snapshot.clone();
+            let raft = Raft::restore(cfg, super::os_seed(), 0, report.restored);
+            let mut r = Replica::new(g.group, raft, wal, 0);
+            if let Some(s) = snapshot {
+                r.applied = s.index;
+                r.applied_hash = u64::from_le_bytes(
+                    s.data
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .unwrap_or([0; 8]),
+                );
+            }
+            by_group.insert(g.group, replicas.len());
+            replicas.push(r);
+        }
+        let mut detector = Detector::new(spec.detector, 0).map_err(|e| format!("detector: {e}"))?;
+        let mut serial = Vec::new();
+        for p in &spec.peers {
+            detector.add_peer(0, p.id, p.serial_device.is_some());
+            if let Some(dev) = &p.serial_device {
+                let cfg = SerialConfig {
+                    baud: spec.serial_baud,
+                    ..SerialConfig::new(dev)
+                };
+                let port = SerialPort::new(cfg, spec.key.clone())
+                    .map_err(|e| format!("serial port to node {}: {e}", p.id))?;
+                serial.push((p.id, port));
+            }
+        }
+        let groups = replicas.len();
+        Ok(EventLoop {
+            started,
+            commands,
+            udp,
+            replicas,
+            by_group,
+            serial,
+            detector,
+            epoch: super::os_seed() | 1,
+            seq: 0,
+            next_heartbeat_ms: 0,
+            udp_guards: BTreeMap::new(),
+            serial_guards: BTreeMap::new(),
+            stalled_noticed: vec![false; groups],
+            transitions: VecDeque::new(),
+            out: Vec::new(),
+            buf: Vec::new(),
+            sends_refused: 0,
+            spec,
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Runs until told to stop.
+    pub(crate) fn run(&mut self) {
+        loop {
+            if !self.serve_commands() {
+                self.shutdown();
+                return;
+            }
+            let wait = self.next_deadline_ms().saturating_sub(self.now_ms());
+            let wait = Duration::from_millis(wait).min(TURN_MAX);
+            if let Err(e) = self.udp.run_once(wait) {
+                eprintln!("node {}: waiting on the sockets failed: {e}", self.spec.id);
+            }
+            for n in self.udp.take_notices() {
+                eprintln!("node {}: udp: {n}", self.spec.id);
+            }
+            let now = self.now_ms();
+            self.receive_udp(now);
+            self.serve_serial(now);
+            for i in 0..self.replicas.len() {
+                let r = &mut self.replicas[i];
+                if r.stopped.is_none() && now >= r.raft.poll_timeout() {
+                    r.raft.tick(now);
+                }
+            }
+            self.check_own_disks(now);
+            if now >= self.next_heartbeat_ms {
+                self.send_heartbeat(now);
+                self.next_heartbeat_ms = now + self.spec.detector.keepalive_ms;
+            }
+            self.detector.tick(now);
+            self.detector_events(now);
+            self.drive_all(now);
+        }
+    }
+
+    fn next_deadline_ms(&self) -> u64 {
+        let mut t = self.next_heartbeat_ms;
+        for r in &self.replicas {
+            t = t.min(r.raft.poll_timeout());
+        }
+        if let Some(d) = self.detector.poll_timeout() {
+            t = t.min(d);
+        }
+        t
+    }
+
+    /// Serves queued commands; false once told to stop.
+    fn serve_commands(&mut self) -> bool {
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Propose { group, data, reply } => match self.by_group.get(&group) {
+                    Some(&i) => self.replicas[i].propose(data, reply),
+                    None => {
+                        let why = format!("group {group} is not on this node");
+                        let _ = reply.send(Err(super::ProposeError::Unavailable(why)));
+                    }
+                },
+                Command::Status(reply) => {
+                    let _ = reply.send(self.status());
+                }
+                Command::Stop => return false,
+            }
+        }
+        true
+    }
+
+    /// Stops cleanly: what was queued is flushed before the logs close.
+    fn shutdown(&mut self) {
+        for r in &mut self.replicas {
+            if r.stopped.is_none() {
+                if let Err(e) = r.wal.sync() {
+                    eprintln!("node {} group {}: final flush: {e}", self.spec.id, r.group);
+                }
+            }
+        }
+    }
+
+    fn receive_udp(&mut self, now: u64) {
+        while let Some(ev) = self.udp.endpoint_mut().poll_event() {
+            let Event::Delivered {
+                peer,
+                group,
+                message,
+            } = ev
+            else {
+                continue;
+            };
+            self.detector.heard(now, peer, Channel::Udp);
+            match message.split_first() {
+                Some((&ENVELOPE_RAFT, body)) => match decode_message(body) {
+                    Ok(msg) if msg.from == peer && msg.to == self.spec.id => {
+                        if let Some(&i) = self.by_group.get(&group) {
+                            self.replicas[i].raft.step(now, msg);
+                        }
+                    }
+                    Ok(_) | Err(_) => self.note(format!("dropped a bad message from node {peer}")),
+                },
+                Some((&ENVELOPE_HEARTBEAT, body)) => match Heartbeat::decode(body) {
+                    Ok(hb) if hb.node == peer => {
+                        let guard = self.udp_guards.entry(peer).or_default();
+                        if guard.check(&hb) != Freshness::Stale {
+                            self.heartbeat_heard(now, &hb, Channel::Udp);
+                        }
+                    }
+                    Ok(_) | Err(_) => {
+                        self.note(format!("dropped a bad heartbeat from node {peer}"))
+                    }
+                },
+                _ => self.note(format!("dropped an unknown message from node {peer}")),
+            }
+        }
+    }
+
+    fn serve_serial(&mut self, now: u64) {
+        let mut heard = Vec::new();
+        for (peer, port) in &mut self.serial {
+            port.poll_open(now);
+            port.receive(now);
+            while let Some(frame) = port.next_frame() {
+                // Frame errors are counted by the port's decoder.
+                if let Ok(hb) = frame {
+                    let guard = self.serial_guards.entry(*peer).or_default();
+                    if hb.node == *peer && guard.check(&hb) != Freshness::Stale {
+                        heard.push(hb);
+                    }
+                }
+            }
+            port.flush(now);
+        }
+        for hb in heard {
+            self.heartbeat_heard(now, &hb, Channel::Serial);
+        }
+    }
+
+    /// A fresh, authentic heartbeat from a peer on `channel`.
+    fn heartbeat_heard(&mut self, now: u64, hb: &Heartbeat, channel: Channel) {
+        let peer = hb.node;
+        self.detector.heard(now, peer, channel);
+        for g in hb.groups() {
+            self.detector
+                .disk_progress(now, peer, g.group, g.last_fsync_ms, g.writes_pending);
+        }
+        let ip_alive = self
+            .detector
+            .link(peer, Channel::Udp)
+            .is_some_and(|l| l.state.is_alive());
+        for g in hb.groups() {
+            if let Some(&i) = self.by_group.get(&g.group) {
+                on_group_status(&mut self.replicas[i].raft, now, hb, g, ip_alive);
+            }
+        }
+        self.detector_events(now);
+    }
+
+    fn detector_events(&mut self, now: u64) {
+        while let Some(ev) = self.detector.poll_event() {
+            let line = match ev {
+                LinkEvent::Link {
+                    peer,
+                    channel,
+                    old,
+                    new,
+                    at_ms,
+                } => format!(
+                    "at {at_ms} ms: link to node {peer} over {}: {} -> {}",
+                    channel.name(),
+                    old.name(),
+                    new.name()
+                ),
+                LinkEvent::Peer {
+                    peer,
+                    old,
+                    new,
+                    at_ms,
+                } => format!(
+                    "at {at_ms} ms: node {peer}: {} -> {}",
+                    old.name(),
+                    new.name()
+                ),
+                LinkEvent::DiskStall {
+                    peer,
+                    group,
+                    stalled,
+                    at_ms,
+                } => format!(
+                    "at {at_ms} ms: node {peer} group {group}: disk {}",
+                    if stalled { "stalled" } else { "progressing" }
+                ),
+            };
+            self.note(line);
+            for r in &mut self.replicas {
+                on_event(&mut r.raft, now, r.group, &ev);
+            }
+        }
+    }
+
+    /// Logs a line once and keeps it for the status.
+    fn note(&mut self, line: String) {
+        eprintln!("node {}: {line}", self.spec.id);
+        if self.transitions.len() == TRANSITIONS_KEPT {
+            self.transitions.pop_front();
+        }
+        self.transitions.push_back(line);
+    }
+
+    /// A leader whose own disk has had writes pending for `disk_stall_ms`
+    /// steps down: it can make nothing durable (etcd #13527).
+    fn check_own_disks(&mut self, now: u64) {
+        let stall_ms = self.spec.detector.disk_stall_ms;
+        for i in 0..self.replicas.len() {
+            let stalled = self.replicas[i].disk_stalled(now, stall_ms);
+            if stalled && !self.stalled_noticed[i] {
+                let g = self.replicas[i].group;
+                self.note(format!("at {now} ms: own disk of group {g} stalled"));
+            }
+            self.stalled_noticed[i] = stalled;
+            let r = &mut self.replicas[i];
+            if stalled && r.raft.role() == Role::Leader {
+                r.raft.step_down();
+                let g = r.group;
+                self.note(format!(
+                    "at {now} ms: stepped down as leader of group {g}: disk stalled"
+                ));
+            }
+        }
+    }
+
+    fn send_heartbeat(&mut self, now: u64) {
+        self.seq += 1;
+        let mut hb = Heartbeat::new(self.spec.id, self.epoch, self.seq);
+        for r in &self.replicas {
+            let status = GroupStatus {
+                group: r.group,
+                role: r.raft.role(),
+                term: r.raft.term(),
+                leader: r.raft.leader().unwrap_or(0),
+                commit: r.raft.commit_index(),
+                persisted: r.raft.persisted_index(),
+                last_fsync_ms: r.last_fsync_ms,
+                writes_pending: r.writes_pending(),
+            };
+            if hb.push_group(status).is_err() {
+                break; // more groups than a heartbeat holds: the first ones
+            }
+        }
+        for view in self.detector.views() {
+            let _ = hb.push_peer(view);
+        }
+        self.buf.clear();
+        self.buf.push(ENVELOPE_HEARTBEAT);
+        if hb.encode(&mut self.buf).is_err() {
+            return;
+        }
+        let group = self.replicas[0].group;
+        let peers: Vec<NodeId> = self.spec.peers.iter().map(|p| p.id).collect();
+        for peer in peers {
+            let _ = self.udp.endpoint_mut().send(peer, group, &self.buf);
+        }
+        let mut frame = Vec::new();
+        if encode_frame(&self.spec.key, &hb, &mut frame).is_ok() {
+            for (_, port) in &mut self.serial {
+                port.send_frame(now, &frame);
+            }
+        }
+    }
+
+    /// Runs every replica's Ready loop and sends what it produced.
+    fn drive_all(&mut self, now: u64) {
+        for i in 0..self.replicas.len() {
+            let mut out = std::mem::take(&mut self.out);
+            self.replicas[i].drive(now, &mut out);
+            let group = self.replicas[i].group;
+            for msg in out.drain(..) {
+                self.buf.clear();
+                self.buf.push(ENVELOPE_RAFT);
+                encode_message(&msg, &mut self.buf);
+                if self
+                    .udp
+                    .endpoint_mut()
+                    .send(msg.to, group, &self.buf)
+                    .is_err()
+                {
+                    // A full window: Raft's own retries resend it.
+                    self.sends_refused += 1;
+                }
+            }
+            self.out = out;
+        }
+        self.udp.flush();
+    }
+
+    fn status(&self) -> NodeStatus {
+        let now = self.now_ms();
+        let groups = self
+            .replicas
+            .iter()
+            .map(|r| GroupView {
+                group: r.group,
+                role: r.raft.role(),
+                term: r.raft.term(),
+                leader: r.raft.leader(),
+                commit: r.raft.commit_index(),
+                applied: r.applied,
+                persisted: r.raft.persisted_index(),
+                applied_hash: r.applied_hash,
+                disk: r.disk_state(),
+                stats: r.raft.stats(),
+            })
+            .collect();
+        let mut links = Vec::new();
+        let mut peers = Vec::new();
+        for p in &self.spec.peers {
+            for ch in [Channel::Udp, Channel::Serial] {
+                if let Some(l) = self.detector.link(p.id, ch) {
+                    links.push(LinkView {
+                        peer: p.id,
+                        channel: ch.name(),
+                        state: l.state.name(),
+                        last_heard_ago_ms: l.last_heard_ms.map(|t| now.saturating_sub(t)),
+                    });
+                }
+            }
+            if let Some(s) = self.detector.status(p.id) {
+                peers.push(PeerView {
+                    peer: p.id,
+                    status: s.name(),
+                    disk_stalled: self.detector.disk_stalled(p.id),
+                });
+            }
+        }
+        NodeStatus {
+            id: self.spec.id,
+            uptime_ms: now,
+            groups,
+            links,
+            peers,
+            alarm: self.detector.any_link_dead(),
+            transitions: self.transitions.iter().cloned().collect(),
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! The serial heartbeat issue's four failover scenarios on real threads:
+//! three nodes (`quire::node`, one event-loop thread each) with real logs
+//! in temp dirs, UDP on 127.0.0.1 and PTY null-modem cables between every
+//! pair. Each scenario faults the leader of group 0 and watches what the
+//! nodes report (`NodeStatus`: roles, terms, and the detector's
+//! transitions, which are also logged):
+//!
+//! - kill the leader (its thread stops: every channel falls silent): the
+//!   others declare it `down` and elect a new leader;
+//! - cut the serial cable between the leader and a follower: both raise
+//!   `serial-down`, leadership stays;
+//! - cut UDP between the leader and a follower (nftables, root): the
+//!   follower classifies the leader `ip-partitioned`, leadership stays and
+//!   appends still commit;
+//! - stall the leader's disk (`fsfreeze` on a loop-mounted ext4, root): the
+//!   leader steps down and another node leads.
+//!
+//! Timings are printed, and asserted only against generous bounds: this
+//! machine is shared; the simulator (`quire-sim --failover`) measures them.
+//! Waits poll the nodes' status with a deadline; nothing sleeps to
+//! synchronise. Scenarios run one at a time (a process-wide lock).
+
+use quire::consensus::{NodeId, RaftConfig, Role};
+use quire::heartbeat::DetectorConfig;
+use quire::net::nft::NftCut;
+use quire::net::UdpConfig;
+use quire::node::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
+use quire::serial::{End, NullModem};
+use quire::storage::WalConfig;
+use quire::transport::{ClusterKey, TransportConfig};
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Generous bound for anything the protocol does within a deadtime or an
+/// election: the machine is shared and may stall threads for a while.
+const SLOW: Duration = Duration::from_secs(10);
+
+struct Cluster {
+    nodes: BTreeMap<NodeId, NodeHandle>,
+    cables: BTreeMap<(NodeId, NodeId), NullModem>,
+    ports: BTreeMap<NodeId, u16>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+/// A free UDP port on 127.0.0.1 (bound and released: the kernel does not
+/// hand it out again at once).
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cluster {
+    /// Three nodes; node `n`'s log lives in `log_dirs[n-1]`.
+    fn start(log_dirs: &[PathBuf]) -> Cluster {
+        let ids: Vec<NodeId> = (1..=log_dirs.len() as u64).collect();
+        let ports: BTreeMap<NodeId, u16> = ids.iter().map(|&i| (i, free_port())).collect();
+        let cable_dir = tempfile::tempdir().unwrap();
+        let mut cables = BTreeMap::new();
+        for &a in &ids {
+            for &b in ids.iter().filter(|&&b| b > a) {
+                let dir = cable_dir.path().join(format!("{a}-{b}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                cables.insert((a, b), NullModem::new(&dir).expect("a PTY null-modem"));
+            }
+        }
+        let mut nodes = BTreeMap::new();
+        for &id in &ids {
+            let peers = ids
+                .iter()
+                .filter(|&&p| p != id)
+                .map(|&p| {
+                    let (a, b) = (id.min(p), id.max(p));
+                    let end = if id == a { End::A } else { End::B };
+                    PeerSpec {
+                        id: p,
+                        udp_base: SocketAddr::from(([127, 0, 0, 1], ports[&p])),
+                        serial_device: Some(cables[&(a, b)].path(end).to_path_buf()),
+                    }
+                })
+                .collect();
+            let spec = NodeSpec {
+                id,
+                voters: ids.clone(),
+                key: ClusterKey::derive(b"failover_live test"),
+                peers,
+                groups: vec![GroupSpec {
+                    group: 0,
+                    dir: log_dirs[(id - 1) as usize].clone(),
+                }],
+                raft: RaftConfig::new(id, ids.clone()),
+                wal: WalConfig {
+                    segment_bytes: 4 << 20,
+                    flush_bytes_max: 256 << 10,
+                    ..WalConfig::default()
+                },
+                transport: TransportConfig::default(),
+                udp: UdpConfig {
+                    bind_ip: "127.0.0.1".parse().unwrap(),
+                    base_port: ports[&id],
+                    recv_buffer_bytes: 1 << 20,
+                    ..UdpConfig::default()
+                },
+                detector: DetectorConfig::default(),
+                serial_baud: 115_200,
+            };
+            nodes.insert(id, NodeHandle::spawn(spec).expect("node starts"));
+        }
+        Cluster {
+            nodes,
+            cables,
+            ports,
+            _dirs: vec![cable_dir],
+        }
+    }
+
+    fn status(&self, id: NodeId) -> NodeStatus {
+        self.nodes[&id].status().expect("node answers")
+    }
+
+    fn statuses(&self) -> Vec<NodeStatus> {
+        self.nodes.keys().map(|&id| self.status(id)).collect()
+    }
+
+    /// The leader of group 0 that the nodes agree on: it says it leads,
+    /// and every other node follows it in its term.
+    fn agreed_leader(&self) -> Option<(NodeId, u64)> {
+        let all = self.statuses();
+        let leader = all.iter().find(|s| s.groups[0].role == Role::Leader)?;
+        let (id, term) = (leader.id, leader.groups[0].term);
+        all.iter()
+            .all(|s| s.groups[0].leader == Some(id) && s.groups[0].term == term)
+            .then_some((id, term))
+    }
+
+    fn cable(&mut self, a: NodeId, b: NodeId) -> &mut NullModem {
+        self.cables.get_mut(&(a.min(b), a.max(b))).unwrap()
+    }
+
+    /// Waits until every link is up and a leader is agreed on and has
+    /// confirmed an append.
+    fn settle(&self) -> (NodeId, u64) {
+        let all_up = |c: &Cluster| {
+            c.statuses()
+                .iter()
+                .all(|s| s.peers.len() == 2 && s.peers.iter().all(|p| p.status == "up"))
+        };
+        wait_for("every link up", || all_up(self));
+        let ((leader, term), _) = wait_for_value("an agreed leader", || self.agreed_leader());
+        self.nodes[&leader]
+            .propose(0, b"settled".to_vec(), SLOW)
+            .expect("the leader confirms an append");
+        (leader, term)
+    }
+}
+
+/// Polls `cond` until it holds or `SLOW` passes; returns how long it took.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    wait_for_value(what, || cond().then_some(())).1
+}
+
+fn wait_for_value<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return (v, started.elapsed());
+        }
+        assert!(started.elapsed() < SLOW, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+fn temp_dirs(n: usize) -> (Vec<tempfile::TempDir>, Vec<PathBuf>) {
+    let dirs: Vec<_> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
+    let paths = dirs.iter().map(|d| d.path().join("log")).collect();
+    (dirs, paths)
+}
+
+fn other_than(c: &Cluster, leader: NodeId) -> NodeId {
+    *c.nodes.keys().find(|&&n| n != leader).unwrap()
+}
+
+#[test]
+fn kill_the_leader_and_another_takes_over() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (_keep, dirs) = temp_dirs(3);
+    let mut c = Cluster::start(&dirs);
+    let (leader, term) = c.settle();
+    let killed = Instant::now();
+    c.nodes.remove(&leader).unwrap().stop();
+    let (new, took) = wait_for_value("a new leader", || {
+        c.statuses().iter().find_map(|s| {
+            let g = &s.groups[0];
+            (g.role == Role::Leader && g.term > term).then_some(s.id)
+        })
+    });
+    println!("kill-leader: node {leader} stopped; node {new} leads after {took:?}");
+    let took_down = wait_for("the survivors to classify the old leader down", || {
+        c.statuses()
+            .iter()
+            .all(|s| s.peer(leader).map(|p| p.status) == Some("down"))
+    });
+    println!(
+        "kill-leader: both survivors classify node {leader} down after {:?}",
+        killed.elapsed().min(took + took_down)
+    );
+    for s in c.statuses() {
+        assert!(
+            s.transitions
+                .iter()
+                .any(|t| t.contains(&format!("node {leader}: ")) && t.ends_with("-> down")),
+            "node {} logged the transition: {:?}",
+            s.id,
+            s.transitions
+        );
+    }
+    c.nodes[&new]
+        .propose(0, b"after failover".to_vec(), SLOW)
+        .expect("the new leader confirms appends");
+    assert!(killed.elapsed() < SLOW);
+}
+
+#[test]
+fn cut_serial_cable_raises_serial_down_and_keeps_the_leader() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (_keep, dirs) = temp_dirs(3);
+    let mut c = Cluster::start(&dirs);
+    let (leader, term) = c.settle();
+    let follower = other_than(&c, leader);
+    c.cable(leader, follower).unplug();
+    let took = wait_for("serial-down on both ends", || {
+        c.status(leader).peer(follower).map(|p| p.status) == Some("serial-down")
+            && c.status(follower).peer(leader).map(|p| p.status) == Some("serial-down")
+    });
+    println!("cut-serial: both ends report serial-down after {took:?}");
+    assert!(
+        c.status(leader).alarm && c.status(follower).alarm,
+        "alarm raised"
+    );
+    // Leadership holds while the cable is out, and appends commit.
+    c.nodes[&leader]
+        .propose(0, b"while unplugged".to_vec(), SLOW)
+        .expect("appends confirm with a cable out");
+    assert_eq!(c.agreed_leader(), Some((leader, term)), "no leader change");
+    c.cable(leader, follower).replug();
+    wait_for("the cable back up", || {
+        c.status(follower).peer(leader).map(|p| p.status) == Some("up")
+    });
+    assert_eq!(c.agreed_leader(), Some((leader, term)));
+}
+
+#[test]
+fn cut_udp_between_leader_and_follower_is_ip_partitioned_not_an_election() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (_keep, dirs) = temp_dirs(3);
+    let c = Cluster::start(&dirs);
+    let (leader, term) = c.settle();
+    let follower = other_than(&c, leader);
+    let cut = match NftCut::install(c.ports[&leader], c.ports[&follower]) {
+        Ok(cut) => cut,
+        Err(why) => {
+            println!("skipping the UDP cut: {why}");
+            return;
+        }
+    };
+    let took = wait_for("the follower to see the leader ip-partitioned", || {
+        c.status(follower).peer(leader).map(|p| p.status) == Some("ip-partitioned")
+    });
+    println!(
+        "cut-leader-udp: node {follower} classifies node {leader} ip-partitioned after {took:?}"
+    );
+    // Several election timeouts pass: the follower keeps following (its
+    // serial heartbeat vouches for the leader) and appends commit through
+    // the other follower.
+    for i in 0..5 {
+        c.nodes[&leader]
+            .propose(0, format!("cut {i}").into_bytes(), SLOW)
+            .expect("appends confirm through the other follower");
+    }
+    let until = Instant::now() + Duration::from_millis(1000);
+    while Instant::now() < until {
+        let f = c.status(follower);
+        assert_eq!(
+            f.groups[0].term, term,
+            "the follower campaigned: {:?}",
+            f.transitions
+        );
+    }
+    assert_eq!(c.status(follower).groups[0].stats.elections_started, 0);
+    assert!(cut.dropped().unwrap_or(0) > 0, "the rule dropped traffic");
+    assert_eq!(c.agreed_leader(), Some((leader, term)));
+    drop(cut);
+}
+
+/// A small ext4 on a loop device, which `fsfreeze` can stall.
+struct LoopFs {
+    mnt: PathBuf,
+    frozen: bool,
+    _dir: tempfile::TempDir,
+}
+
+fn run(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+impl LoopFs {
+    fn new() -> Result<LoopFs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root: loop mounts and fsfreeze need root".into());
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let img = dir.path().join("fs.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(64 << 20))
+            .map_err(|e| e.to_string())?;
+        if !run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]) {
+            return Err("mkfs.ext4 failed or is missing (Debian package e2fsprogs)".into());
+        }
+        if !run(
+            "mount",
+            &["-o", "loop", img.to_str().unwrap(), mnt.to_str().unwrap()],
+        ) {
+            return Err("mount -o loop failed (no loop devices here?)".into());
+        }
+        Ok(LoopFs {
+            mnt,
+            frozen: false,
+            _dir: dir,
+        })
+    }
+
+    fn freeze(&mut self) -> Result<(), String> {
+        if !run("fsfreeze", &["-f", self.mnt.to_str().unwrap()]) {
+            return Err("fsfreeze -f failed (util-linux missing?)".into());
+        }
+        self.frozen = true;
+        Ok(())
+    }
+
+    fn thaw(&mut self) {
+        if self.frozen {
+            run("fsfreeze", &["-u", self.mnt.to_str().unwrap()]);
+            self.frozen = false;
+        }
+    }
+
+    fn path(&self) -> &Path {
+        &self.mnt
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        self.thaw();
+        run("umount", &["-l", self.mnt.to_str().unwrap()]);
+    }
+}
+
+#[test]
+fn stalled_leader_disk_moves_leadership() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fss = Vec::new();
+    for _ in 0..3 {
+        match LoopFs::new() {
+            Ok(fs) => fss.push(fs),
+            Err(why) => {
+                println!("skipping the disk stall: {why}");
+                return;
+            }
+        }
+    }
+    let dirs: Vec<PathBuf> = fss.iter().map(|f| f.path().join("log")).collect();
+    let mut c = Cluster::start(&dirs);
+    let (leader, term) = c.settle();
+    let i = (leader - 1) as usize;
+    if let Err(why) = fss[i].freeze() {
+        println!("skipping the disk stall: {why}");
+        return;
+    }
+    let stalled = Instant::now();
+    // A write waits on the frozen disk: the leader cannot confirm it.
+    let r = c.nodes[&leader].propose(0, b"into the stall".to_vec(), Duration::from_millis(100));
+    assert!(r.is_err(), "nothing is confirmed on a frozen disk: {r:?}");
+    let (new, took) = wait_for_value("leadership to move", || {
+        c.statuses().iter().find_map(|s| {
+            let g = &s.groups[0];
+            (s.id != leader && g.role == Role::Leader && g.term > term).then_some(s.id)
+        })
+    });
+    println!("stall-leader-disk: node {new} leads {took:?} after node {leader}'s disk froze");
+    let old = c.status(leader);
+    assert_ne!(old.groups[0].role, Role::Leader);
+    assert!(
+        old.transitions
+            .iter()
+            .any(|t| t.contains("stepped down") && t.contains("disk stalled")),
+        "{:?}",
+        old.transitions
+    );
+    c.nodes[&new]
+        .propose(0, b"after the stall".to_vec(), SLOW)
+        .expect("the new leader confirms appends");
+    // Thaw before the nodes stop: a clean stop flushes the log.
+    fss[i].thaw();
+    assert!(stalled.elapsed() < 3 * SLOW);
+    c.nodes.clear();
+}
