@@ -20,16 +20,9 @@
 //! Waits poll the nodes' status with a deadline; nothing sleeps to
 //! synchronise. Scenarios run one at a time (a process-wide lock).
 
-use quire::consensus::{NodeId, RaftConfig, Role};
-use quire::heartbeat::DetectorConfig;
+use quire::consensus::{NodeId, Role};
 use quire::net::nft::NftCut;
-use quire::net::UdpConfig;
-use quire::node::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
-use quire::serial::{End, NullModem};
-use quire::storage::WalConfig;
-use quire::transport::{ClusterKey, TransportConfig};
-use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
+use quire::node::{LocalCluster, NodeStatus};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -42,83 +35,31 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const SLOW: Duration = Duration::from_secs(10);
 
 struct Cluster {
-    nodes: BTreeMap<NodeId, NodeHandle>,
-    cables: BTreeMap<(NodeId, NodeId), NullModem>,
-    ports: BTreeMap<NodeId, u16>,
-    _dirs: Vec<tempfile::TempDir>,
+    inner: LocalCluster,
+    _cables: tempfile::TempDir,
 }
 
-/// A free UDP port on 127.0.0.1 (bound and released: the kernel does not
-/// hand it out again at once).
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+impl std::ops::Deref for Cluster {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut LocalCluster {
+        &mut self.inner
+    }
 }
 
 impl Cluster {
     /// Three nodes; node `n`'s log lives in `log_dirs[n-1]`.
     fn start(log_dirs: &[PathBuf]) -> Cluster {
-        let ids: Vec<NodeId> = (1..=log_dirs.len() as u64).collect();
-        let ports: BTreeMap<NodeId, u16> = ids.iter().map(|&i| (i, free_port())).collect();
-        let cable_dir = tempfile::tempdir().unwrap();
-        let mut cables = BTreeMap::new();
-        for &a in &ids {
-            for &b in ids.iter().filter(|&&b| b > a) {
-                let dir = cable_dir.path().join(format!("{a}-{b}"));
-                std::fs::create_dir_all(&dir).unwrap();
-                cables.insert((a, b), NullModem::new(&dir).expect("a PTY null-modem"));
-            }
-        }
-        let mut nodes = BTreeMap::new();
-        for &id in &ids {
-            let peers = ids
-                .iter()
-                .filter(|&&p| p != id)
-                .map(|&p| {
-                    let (a, b) = (id.min(p), id.max(p));
-                    let end = if id == a { End::A } else { End::B };
-                    PeerSpec {
-                        id: p,
-                        udp_base: SocketAddr::from(([127, 0, 0, 1], ports[&p])),
-                        serial_device: Some(cables[&(a, b)].path(end).to_path_buf()),
-                    }
-                })
-                .collect();
-            let spec = NodeSpec {
-                id,
-                voters: ids.clone(),
-                key: ClusterKey::derive(b"failover_live test"),
-                peers,
-                groups: vec![GroupSpec {
-                    group: 0,
-                    dir: log_dirs[(id - 1) as usize].clone(),
-                }],
-                raft: RaftConfig::new(id, ids.clone()),
-                wal: WalConfig {
-                    segment_bytes: 4 << 20,
-                    flush_bytes_max: 256 << 10,
-                    ..WalConfig::default()
-                },
-                transport: TransportConfig::default(),
-                udp: UdpConfig {
-                    bind_ip: "127.0.0.1".parse().unwrap(),
-                    base_port: ports[&id],
-                    recv_buffer_bytes: 1 << 20,
-                    ..UdpConfig::default()
-                },
-                detector: DetectorConfig::default(),
-                serial_baud: 115_200,
-            };
-            nodes.insert(id, NodeHandle::spawn(spec).expect("node starts"));
-        }
+        let cables = tempfile::tempdir().unwrap();
+        let inner = LocalCluster::start(log_dirs, cables.path(), |_| {}).expect("cluster starts");
         Cluster {
-            nodes,
-            cables,
-            ports,
-            _dirs: vec![cable_dir],
+            inner,
+            _cables: cables,
         }
     }
 
@@ -126,34 +67,10 @@ impl Cluster {
         self.nodes[&id].status().expect("node answers")
     }
 
-    fn statuses(&self) -> Vec<NodeStatus> {
-        self.nodes.keys().map(|&id| self.status(id)).collect()
-    }
-
-    /// The leader of group 0 that the nodes agree on: it says it leads,
-    /// and every other node follows it in its term.
-    fn agreed_leader(&self) -> Option<(NodeId, u64)> {
-        let all = self.statuses();
-        let leader = all.iter().find(|s| s.groups[0].role == Role::Leader)?;
-        let (id, term) = (leader.id, leader.groups[0].term);
-        all.iter()
-            .all(|s| s.groups[0].leader == Some(id) && s.groups[0].term == term)
-            .then_some((id, term))
-    }
-
-    fn cable(&mut self, a: NodeId, b: NodeId) -> &mut NullModem {
-        self.cables.get_mut(&(a.min(b), a.max(b))).unwrap()
-    }
-
     /// Waits until every link is up and a leader is agreed on and has
     /// confirmed an append.
     fn settle(&self) -> (NodeId, u64) {
-        let all_up = |c: &Cluster| {
-            c.statuses()
-                .iter()
-                .all(|s| s.peers.len() == 2 && s.peers.iter().all(|p| p.status == "up"))
-        };
-        wait_for("every link up", || all_up(self));
+        wait_for("every link up", || self.all_links_up());
         let ((leader, term), _) = wait_for_value("an agreed leader", || self.agreed_leader());
         self.nodes[&leader]
             .propose(0, b"settled".to_vec(), SLOW)
@@ -195,7 +112,7 @@ fn kill_the_leader_and_another_takes_over() {
     let mut c = Cluster::start(&dirs);
     let (leader, term) = c.settle();
     let killed = Instant::now();
-    c.nodes.remove(&leader).unwrap().stop();
+    c.stop_node(leader);
     let (new, took) = wait_for_value("a new leader", || {
         c.statuses().iter().find_map(|s| {
             let g = &s.groups[0];
@@ -235,7 +152,7 @@ fn cut_serial_cable_raises_serial_down_and_keeps_the_leader() {
     let mut c = Cluster::start(&dirs);
     let (leader, term) = c.settle();
     let follower = other_than(&c, leader);
-    c.cable(leader, follower).unplug();
+    c.cable(leader, follower).unwrap().unplug();
     let took = wait_for("serial-down on both ends", || {
         c.status(leader).peer(follower).map(|p| p.status) == Some("serial-down")
             && c.status(follower).peer(leader).map(|p| p.status) == Some("serial-down")
@@ -250,7 +167,7 @@ fn cut_serial_cable_raises_serial_down_and_keeps_the_leader() {
         .propose(0, b"while unplugged".to_vec(), SLOW)
         .expect("appends confirm with a cable out");
     assert_eq!(c.agreed_leader(), Some((leader, term)), "no leader change");
-    c.cable(leader, follower).replug();
+    c.cable(leader, follower).unwrap().replug();
     wait_for("the cable back up", || {
         c.status(follower).peer(leader).map(|p| p.status) == Some("up")
     });
@@ -384,7 +301,7 @@ fn stalled_leader_disk_moves_leadership() {
         }
     }
     let dirs: Vec<PathBuf> = fss.iter().map(|f| f.path().join("log")).collect();
-    let mut c = Cluster::start(&dirs);
+    let c = Cluster::start(&dirs);
     let (leader, term) = c.settle();
     let i = (leader - 1) as usize;
     if let Err(why) = fss[i].freeze() {
@@ -417,5 +334,5 @@ fn stalled_leader_disk_moves_leadership() {
     // Thaw before the nodes stop: a clean stop flushes the log.
     fss[i].thaw();
     assert!(stalled.elapsed() < 3 * SLOW);
-    c.nodes.clear();
+    drop(c);
 }

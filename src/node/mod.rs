@@ -19,10 +19,12 @@
 mod config;
 mod event_loop;
 mod handle;
+mod local;
 mod replica;
 
 pub use config::{GroupSpec, NodeSpec, PeerSpec};
 pub use handle::{GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError};
+pub use local::LocalCluster;
 
 /// A seed from the OS for what must differ at every start (session
 /// epochs, election jitter); falls back to the clock and the pid.

@@ -1,0 +1,144 @@
+//! A local cluster in one process: `n` nodes on 127.0.0.1 (free ports),
+//! logs in the directories given, and a PTY null-modem cable between every
+//! pair. The failover tests, the failover benchmark and `quire up` use it.
+
+use super::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
+use crate::consensus::{NodeId, RaftConfig, Role, Term};
+use crate::heartbeat::DetectorConfig;
+use crate::net::UdpConfig;
+use crate::serial::{End, NullModem};
+use crate::storage::WalConfig;
+use crate::transport::{ClusterKey, TransportConfig};
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+
+/// A running local cluster; nodes stop when it drops.
+pub struct LocalCluster {
+    /// The running nodes by id (a stopped node is removed).
+    pub nodes: BTreeMap<NodeId, NodeHandle>,
+    cables: BTreeMap<(NodeId, NodeId), NullModem>,
+    /// Each node's UDP port (its group 0 socket).
+    pub ports: BTreeMap<NodeId, u16>,
+}
+
+/// A free UDP port on 127.0.0.1 (bound and released; the kernel does not
+/// hand it out again at once).
+fn free_port() -> std::io::Result<u16> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl LocalCluster {
+    /// Starts one node per entry of `log_dirs` (node `i + 1` logs group 0
+    /// in `log_dirs[i]`), with cables made under `cable_dir`, and `tune`
+    /// applied to each node's spec before it starts.
+    pub fn start(
+        log_dirs: &[PathBuf],
+        cable_dir: &Path,
+        tune: impl Fn(&mut NodeSpec),
+    ) -> Result<LocalCluster, String> {
+        let ids: Vec<NodeId> = (1..=log_dirs.len() as u64).collect();
+        let mut ports = BTreeMap::new();
+        for &id in &ids {
+            ports.insert(id, free_port().map_err(|e| format!("finding a free port: {e}"))?);
+        }
+        let mut cables = BTreeMap::new();
+        for &a in &ids {
+            for &b in ids.iter().filter(|&&b| b > a) {
+                let dir = cable_dir.join(format!("{a}-{b}"));
+                std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                let cable = NullModem::new(&dir).map_err(|e| format!("a PTY null-modem: {e}"))?;
+                cables.insert((a, b), cable);
+            }
+        }
+        let mut nodes = BTreeMap::new();
+        for &id in &ids {
+            let peers = ids
+                .iter()
+                .filter(|&&p| p != id)
+                .map(|&p| {
+                    let (a, b) = (id.min(p), id.max(p));
+                    let end = if id == a { End::A } else { End::B };
+                    PeerSpec {
+                        id: p,
+                        udp_base: SocketAddr::from(([127, 0, 0, 1], ports[&p])),
+                        serial_device: Some(cables[&(a, b)].path(end).to_path_buf()),
+                    }
+                })
+                .collect();
+            let mut spec = NodeSpec {
+                id,
+                voters: ids.clone(),
+                key: ClusterKey::derive(b"quire local cluster"),
+                peers,
+                groups: vec![GroupSpec {
+                    group: 0,
+                    dir: log_dirs[(id - 1) as usize].clone(),
+                }],
+                raft: RaftConfig::new(id, ids.clone()),
+                wal: WalConfig {
+                    segment_bytes: 4 << 20,
+                    flush_bytes_max: 256 << 10,
+                    ..WalConfig::default()
+                },
+                transport: TransportConfig::default(),
+                udp: UdpConfig {
+                    bind_ip: "127.0.0.1".parse().expect("an address"),
+                    base_port: ports[&id],
+                    recv_buffer_bytes: 1 << 20,
+                    ..UdpConfig::default()
+                },
+                detector: DetectorConfig::default(),
+                serial_baud: 115_200,
+            };
+            tune(&mut spec);
+            nodes.insert(id, NodeHandle::spawn(spec)?);
+        }
+        Ok(LocalCluster {
+            nodes,
+            cables,
+            ports,
+        })
+    }
+
+    /// The status of every running node.
+    pub fn statuses(&self) -> Vec<NodeStatus> {
+        self.nodes.values().filter_map(|n| n.status()).collect()
+    }
+
+    /// The leader of group 0 and its term, if every running node agrees
+    /// on it and it says it leads.
+    pub fn agreed_leader(&self) -> Option<(NodeId, Term)> {
+        let all = self.statuses();
+        let leader = all.iter().find(|s| s.groups[0].role == Role::Leader)?;
+        let (id, term) = (leader.id, leader.groups[0].term);
+        let agreed = all.len() == self.nodes.len()
+            && all
+                .iter()
+                .all(|s| s.groups[0].leader == Some(id) && s.groups[0].term == term);
+        agreed.then_some((id, term))
+    }
+
+    /// True once every running node sees every other running node `up`.
+    pub fn all_links_up(&self) -> bool {
+        let running: Vec<NodeId> = self.nodes.keys().copied().collect();
+        self.statuses().iter().all(|s| {
+            running
+                .iter()
+                .filter(|&&p| p != s.id)
+                .all(|&p| s.peer(p).is_some_and(|v| v.status == "up"))
+        })
+    }
+
+    /// The cable between `a` and `b`.
+    pub fn cable(&mut self, a: NodeId, b: NodeId) -> Option<&mut NullModem> {
+        self.cables.get_mut(&(a.min(b), a.max(b)))
+    }
+
+    /// Stops node `id` (its thread exits: every channel falls silent).
+    pub fn stop_node(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.remove(&id) {
+            n.stop();
+        }
+    }
+}
