@@ -33,7 +33,10 @@ fn main() {
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "trial {trial}: the cluster never settled");
+            assert!(
+                Instant::now() < deadline,
+                "trial {trial}: the cluster never settled"
+            );
             std::thread::yield_now();
         };
         let stopped = Instant::now();
@@ -76,7 +79,12 @@ fn main() {
     let spread = |v: &mut Vec<u64>| {
         v.sort_unstable();
         let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-        format!("p50 {} ms, p99 {} ms, max {} ms", at(0.5), at(0.99), at(1.0))
+        format!(
+            "p50 {} ms, p99 {} ms, max {} ms",
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        )
     };
     println!("failover over {trials} trials: {}", spread(&mut failover));
     if !detection.is_empty() {

@@ -40,7 +40,10 @@ impl LocalCluster {
         let ids: Vec<NodeId> = (1..=log_dirs.len() as u64).collect();
         let mut ports = BTreeMap::new();
         for &id in &ids {
-            ports.insert(id, free_port().map_err(|e| format!("finding a free port: {e}"))?);
+            ports.insert(
+                id,
+                free_port().map_err(|e| format!("finding a free port: {e}"))?,
+            );
         }
         let mut cables = BTreeMap::new();
         for &a in &ids {
