@@ -472,8 +472,12 @@ impl Detector {
                     _ => {}
                 }
             }
-            for d in p.disks.iter().filter(|d| d.pending && !d.stalled) {
-                at(d.since_ms.saturating_add(c.disk_stall_ms));
+            // A silent (down) peer's disk is never flagged (see `advance`),
+            // so its stall clock is no deadline.
+            if p.status != PeerStatus::Down {
+                for d in p.disks.iter().filter(|d| d.pending && !d.stalled) {
+                    at(d.since_ms.saturating_add(c.disk_stall_ms));
+                }
             }
         }
         next
@@ -1068,6 +1072,14 @@ mod tests {
             .filter(|e| matches!(e, Event::DiskStall { .. }))
             .count();
         assert_eq!(stalls, 0);
+        // And its stall clock is no deadline: a tick at poll_timeout()
+        // always moves it (a driver would spin otherwise).
+        let now = 1000 + 10 * d.config().disk_stall_ms;
+        assert!(
+            d.poll_timeout().is_none_or(|t| t > now),
+            "{:?}",
+            d.poll_timeout()
+        );
     }
 
     #[test]

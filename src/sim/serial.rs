@@ -280,6 +280,11 @@ impl World {
         let now = self.now;
         if let Some(w) = self.watches[n].as_mut() {
             w.detector.tick(now);
+            assert!(
+                w.detector.poll_timeout().is_none_or(|t| t > now),
+                "n{}: detector tick at {now} did not move its deadline",
+                n + 1
+            );
         }
         self.detector_events(n)
     }
