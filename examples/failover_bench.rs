@@ -20,7 +20,8 @@ fn main() {
     for trial in 0..trials {
         let dir = tempfile::tempdir().expect("temp dir");
         let logs: Vec<_> = (1..=3).map(|i| dir.path().join(format!("n{i}"))).collect();
-        let mut c = LocalCluster::start(&logs, dir.path(), |_| {}).expect("cluster starts");
+        let mut c =
+            LocalCluster::start(&logs, &[0], &[], dir.path(), |_| {}).expect("cluster starts");
         let deadline = Instant::now() + Duration::from_secs(20);
         let (leader, term) = loop {
             if c.all_links_up() {

@@ -56,7 +56,8 @@ impl Cluster {
     /// Three nodes; node `n`'s log lives in `log_dirs[n-1]`.
     fn start(log_dirs: &[PathBuf]) -> Cluster {
         let cables = tempfile::tempdir().unwrap();
-        let inner = LocalCluster::start(log_dirs, cables.path(), |_| {}).expect("cluster starts");
+        let inner = LocalCluster::start(log_dirs, &[0], &[], cables.path(), |_| {})
+            .expect("cluster starts");
         Cluster {
             inner,
             _cables: cables,

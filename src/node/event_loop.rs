@@ -1,5 +1,13 @@
-//! The node's event loop. See the module documentation of `node` for the
-//! turn; everything here runs on the loop's own thread.
+//! The node's event loop, one per core. See the module documentation of
+//! `node` for the turn; everything here runs on the loop's own thread.
+//!
+//! A node runs one loop per core that owns groups. The *control* loop (the
+//! core of the node's first group) also owns the serial ports, the failure
+//! detector and the node's heartbeat; the others (*workers*) hand it what
+//! it needs over channels (peers heard on their sockets, heartbeats that
+//! arrived there, their groups' status) and it hands them the detector's
+//! events and the peers' heartbeats, which drive the failover policy of
+//! their replicas. Nothing else crosses cores, and no lock is taken.
 
 use super::config::NodeSpec;
 use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
@@ -15,7 +23,7 @@ use crate::serial::{SerialConfig, SerialPort};
 use crate::storage::Wal;
 use crate::transport::raft_codec::{decode_message, encode_message};
 use crate::transport::{Endpoint, Event, GroupId};
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, Sender};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -24,37 +32,82 @@ const ENVELOPE_RAFT: u8 = 0;
 const ENVELOPE_HEARTBEAT: u8 = 1;
 /// Transitions kept for `NodeStatus::transitions`.
 const TRANSITIONS_KEPT: usize = 256;
-/// Longest wait in the UDP driver per turn: the serial ports and the
-/// WAL's completions are not in its poll set.
+/// Longest wait in the UDP driver per turn: the serial ports, the WAL's
+/// completions and the other cores' messages are not in its poll set.
 const TURN_MAX: Duration = Duration::from_millis(1);
+/// A worker reports a peer heard at most this often.
+const HEARD_FORWARD_MS: u64 = 10;
+
+/// What the loops of one node tell each other.
+pub(crate) enum CoreMsg {
+    /// Worker to control: a peer was heard on one of the worker's sockets.
+    HeardUdp { peer: NodeId },
+    /// Worker to control: a heartbeat arrived on one of its sockets.
+    Heartbeat(Box<Heartbeat>),
+    /// Worker to control: the worker's groups, for the node's heartbeat.
+    Groups(Vec<GroupStatus>),
+    /// Control to worker: something the detector found.
+    Detector(LinkEvent),
+    /// Control to worker: a fresh peer heartbeat, and whether IP to that
+    /// peer is alive.
+    PeerHeartbeat(Box<Heartbeat>, bool),
+}
+
+/// How a loop is wired to the node's other loops.
+pub(crate) enum Wiring {
+    /// The control loop, with a sender to every worker.
+    Control(Vec<Sender<CoreMsg>>),
+    /// A worker, with a sender to the control loop.
+    Worker(Sender<CoreMsg>),
+}
+
+/// The parts only the control loop has.
+struct Control {
+    serial: Vec<(NodeId, SerialPort)>,
+    detector: Detector,
+    epoch: u64,
+    seq: u64,
+    udp_guards: BTreeMap<NodeId, ReplayGuard>,
+    serial_guards: BTreeMap<NodeId, ReplayGuard>,
+    workers: Vec<Sender<CoreMsg>>,
+    /// The latest status of the workers' groups.
+    remote_groups: BTreeMap<GroupId, GroupStatus>,
+}
 
 pub(crate) struct EventLoop {
     spec: NodeSpec,
     started: Instant,
     commands: Receiver<Command>,
+    mesh: Receiver<CoreMsg>,
     udp: UdpDriver,
     replicas: Vec<Replica>,
     by_group: BTreeMap<GroupId, usize>,
-    serial: Vec<(NodeId, SerialPort)>,
-    detector: Detector,
-    epoch: u64,
-    seq: u64,
+    control: Option<Control>,
+    to_control: Option<Sender<CoreMsg>>,
+    /// When each peer was last reported heard to the control loop.
+    heard_forwarded: BTreeMap<NodeId, u64>,
     next_heartbeat_ms: u64,
-    udp_guards: BTreeMap<NodeId, ReplayGuard>,
-    serial_guards: BTreeMap<NodeId, ReplayGuard>,
     stalled_noticed: Vec<bool>,
     transitions: VecDeque<String>,
     out: Vec<Message>,
     buf: Vec<u8>,
     /// Raft messages the transport refused (window full): Raft resends.
-    pub(crate) sends_refused: u64,
+    sends_refused: u64,
 }
 
 impl EventLoop {
-    /// Opens every log, binds the sockets, opens the serial ports.
-    pub(crate) fn open(spec: NodeSpec, commands: Receiver<Command>) -> Result<Self, String> {
-        let started = Instant::now();
+    /// Opens this loop's logs, binds its sockets and (control) opens the
+    /// serial ports. `spec.groups` are this loop's groups; `started` is
+    /// the node's clock, shared by its loops.
+    pub(crate) fn open(
+        spec: NodeSpec,
+        started: Instant,
+        commands: Receiver<Command>,
+        mesh: Receiver<CoreMsg>,
+        wiring: Wiring,
+    ) -> Result<Self, String> {
         let id = spec.id;
+        let now = started.elapsed().as_millis() as u64;
         let udp_cfg = UdpConfig {
             groups: spec.groups.iter().map(|g| g.group).collect(),
             ..spec.udp.clone()
@@ -87,8 +140,8 @@ impl EventLoop {
                 ..spec.raft.clone()
             };
             let snapshot = report.restored.snapshot.clone();
-            let raft = Raft::restore(cfg, super::os_seed(), 0, report.restored);
-            let mut r = Replica::new(g.group, raft, wal, 0);
+            let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
+            let mut r = Replica::new(g.group, raft, wal, now);
             if let Some(s) = snapshot {
                 r.applied = s.index;
                 r.applied_hash = u64::from_le_bytes(
@@ -101,34 +154,49 @@ impl EventLoop {
             by_group.insert(g.group, replicas.len());
             replicas.push(r);
         }
-        let mut detector = Detector::new(spec.detector, 0).map_err(|e| format!("detector: {e}"))?;
-        let mut serial = Vec::new();
-        for p in &spec.peers {
-            detector.add_peer(0, p.id, p.serial_device.is_some());
-            if let Some(dev) = &p.serial_device {
-                let cfg = SerialConfig {
-                    baud: spec.serial_baud,
-                    ..SerialConfig::new(dev)
+        let (control, to_control) = match wiring {
+            Wiring::Control(workers) => {
+                let mut detector =
+                    Detector::new(spec.detector, now).map_err(|e| format!("detector: {e}"))?;
+                let mut serial = Vec::new();
+                for p in &spec.peers {
+                    detector.add_peer(now, p.id, p.serial_device.is_some());
+                    if let Some(dev) = &p.serial_device {
+                        let cfg = SerialConfig {
+                            baud: spec.serial_baud,
+                            ..SerialConfig::new(dev)
+                        };
+                        let port = SerialPort::new(cfg, spec.key.clone())
+                            .map_err(|e| format!("serial port to node {}: {e}", p.id))?;
+                        serial.push((p.id, port));
+                    }
+                }
+                let control = Control {
+                    serial,
+                    detector,
+                    epoch: super::os_seed() | 1,
+                    seq: 0,
+                    udp_guards: BTreeMap::new(),
+                    serial_guards: BTreeMap::new(),
+                    workers,
+                    remote_groups: BTreeMap::new(),
                 };
-                let port = SerialPort::new(cfg, spec.key.clone())
-                    .map_err(|e| format!("serial port to node {}: {e}", p.id))?;
-                serial.push((p.id, port));
+                (Some(control), None)
             }
-        }
+            Wiring::Worker(to_control) => (None, Some(to_control)),
+        };
         let groups = replicas.len();
         Ok(EventLoop {
             started,
             commands,
+            mesh,
             udp,
             replicas,
             by_group,
-            serial,
-            detector,
-            epoch: super::os_seed() | 1,
-            seq: 0,
-            next_heartbeat_ms: 0,
-            udp_guards: BTreeMap::new(),
-            serial_guards: BTreeMap::new(),
+            control,
+            to_control,
+            heard_forwarded: BTreeMap::new(),
+            next_heartbeat_ms: now,
             stalled_noticed: vec![false; groups],
             transitions: VecDeque::new(),
             out: Vec::new(),
@@ -159,9 +227,9 @@ impl EventLoop {
             }
             let now = self.now_ms();
             self.receive_udp(now);
+            self.serve_mesh(now);
             self.serve_serial(now);
-            for i in 0..self.replicas.len() {
-                let r = &mut self.replicas[i];
+            for r in &mut self.replicas {
                 if r.stopped.is_none() && now >= r.raft.poll_timeout() {
                     r.raft.tick(now);
                 }
@@ -171,7 +239,9 @@ impl EventLoop {
                 self.send_heartbeat(now);
                 self.next_heartbeat_ms = now + self.spec.detector.keepalive_ms;
             }
-            self.detector.tick(now);
+            if let Some(c) = self.control.as_mut() {
+                c.detector.tick(now);
+            }
             self.detector_events(now);
             self.drive_all(now);
         }
@@ -182,7 +252,11 @@ impl EventLoop {
         for r in &self.replicas {
             t = t.min(r.raft.poll_timeout());
         }
-        if let Some(d) = self.detector.poll_timeout() {
+        if let Some(d) = self
+            .control
+            .as_ref()
+            .and_then(|c| c.detector.poll_timeout())
+        {
             t = t.min(d);
         }
         t
@@ -195,7 +269,7 @@ impl EventLoop {
                 Command::Propose { group, data, reply } => match self.by_group.get(&group) {
                     Some(&i) => self.replicas[i].propose(data, reply),
                     None => {
-                        let why = format!("group {group} is not on this node");
+                        let why = format!("group {group} is not on this core");
                         let _ = reply.send(Err(super::ProposeError::Unavailable(why)));
                     }
                 },
@@ -219,6 +293,19 @@ impl EventLoop {
         }
     }
 
+    /// A peer was heard over UDP on this loop's sockets.
+    fn heard_udp(&mut self, now: u64, peer: NodeId) {
+        if let Some(c) = self.control.as_mut() {
+            c.detector.heard(now, peer, Channel::Udp);
+        } else if let Some(tx) = &self.to_control {
+            let last = self.heard_forwarded.entry(peer).or_insert(0);
+            if now >= *last + HEARD_FORWARD_MS {
+                *last = now;
+                let _ = tx.send(CoreMsg::HeardUdp { peer });
+            }
+        }
+    }
+
     fn receive_udp(&mut self, now: u64) {
         while let Some(ev) = self.udp.endpoint_mut().poll_event() {
             let Event::Delivered {
@@ -229,7 +316,7 @@ impl EventLoop {
             else {
                 continue;
             };
-            self.detector.heard(now, peer, Channel::Udp);
+            self.heard_udp(now, peer);
             match message.split_first() {
                 Some((&ENVELOPE_RAFT, body)) => match decode_message(body) {
                     Ok(msg) if msg.from == peer && msg.to == self.spec.id => {
@@ -240,12 +327,7 @@ impl EventLoop {
                     Ok(_) | Err(_) => self.note(format!("dropped a bad message from node {peer}")),
                 },
                 Some((&ENVELOPE_HEARTBEAT, body)) => match Heartbeat::decode(body) {
-                    Ok(hb) if hb.node == peer => {
-                        let guard = self.udp_guards.entry(peer).or_default();
-                        if guard.check(&hb) != Freshness::Stale {
-                            self.heartbeat_heard(now, &hb, Channel::Udp);
-                        }
-                    }
+                    Ok(hb) if hb.node == peer => self.udp_heartbeat(now, hb),
                     Ok(_) | Err(_) => {
                         self.note(format!("dropped a bad heartbeat from node {peer}"))
                     }
@@ -255,15 +337,65 @@ impl EventLoop {
         }
     }
 
+    /// A heartbeat that arrived over UDP on this loop's sockets.
+    fn udp_heartbeat(&mut self, now: u64, hb: Heartbeat) {
+        let Some(c) = self.control.as_mut() else {
+            if let Some(tx) = &self.to_control {
+                let _ = tx.send(CoreMsg::Heartbeat(Box::new(hb)));
+            }
+            return;
+        };
+        let guard = c.udp_guards.entry(hb.node).or_default();
+        if guard.check(&hb) != Freshness::Stale {
+            self.heartbeat_heard(now, &hb, Channel::Udp);
+        }
+    }
+
+    /// Messages from the node's other loops.
+    fn serve_mesh(&mut self, now: u64) {
+        while let Ok(msg) = self.mesh.try_recv() {
+            match msg {
+                CoreMsg::HeardUdp { peer } => {
+                    if let Some(c) = self.control.as_mut() {
+                        c.detector.heard(now, peer, Channel::Udp);
+                    }
+                }
+                CoreMsg::Heartbeat(hb) => self.udp_heartbeat(now, *hb),
+                CoreMsg::Groups(groups) => {
+                    if let Some(c) = self.control.as_mut() {
+                        for g in groups {
+                            c.remote_groups.insert(g.group, g);
+                        }
+                    }
+                }
+                CoreMsg::Detector(ev) => {
+                    for r in &mut self.replicas {
+                        on_event(&mut r.raft, now, r.group, &ev);
+                    }
+                }
+                CoreMsg::PeerHeartbeat(hb, ip_alive) => {
+                    for g in hb.groups() {
+                        if let Some(&i) = self.by_group.get(&g.group) {
+                            on_group_status(&mut self.replicas[i].raft, now, &hb, g, ip_alive);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn serve_serial(&mut self, now: u64) {
+        let Some(c) = self.control.as_mut() else {
+            return;
+        };
         let mut heard = Vec::new();
-        for (peer, port) in &mut self.serial {
+        for (peer, port) in &mut c.serial {
             port.poll_open(now);
             port.receive(now);
             while let Some(frame) = port.next_frame() {
                 // Frame errors are counted by the port's decoder.
                 if let Ok(hb) = frame {
-                    let guard = self.serial_guards.entry(*peer).or_default();
+                    let guard = c.serial_guards.entry(*peer).or_default();
                     if hb.node == *peer && guard.check(&hb) != Freshness::Stale {
                         heard.push(hb);
                     }
@@ -276,18 +408,24 @@ impl EventLoop {
         }
     }
 
-    /// A fresh, authentic heartbeat from a peer on `channel`.
+    /// Control: a fresh, authentic heartbeat from a peer on `channel`.
     fn heartbeat_heard(&mut self, now: u64, hb: &Heartbeat, channel: Channel) {
+        let Some(c) = self.control.as_mut() else {
+            return;
+        };
         let peer = hb.node;
-        self.detector.heard(now, peer, channel);
+        c.detector.heard(now, peer, channel);
         for g in hb.groups() {
-            self.detector
+            c.detector
                 .disk_progress(now, peer, g.group, g.last_fsync_ms, g.writes_pending);
         }
-        let ip_alive = self
+        let ip_alive = c
             .detector
             .link(peer, Channel::Udp)
             .is_some_and(|l| l.state.is_alive());
+        for w in &c.workers {
+            let _ = w.send(CoreMsg::PeerHeartbeat(Box::new(*hb), ip_alive));
+        }
         for g in hb.groups() {
             if let Some(&i) = self.by_group.get(&g.group) {
                 on_group_status(&mut self.replicas[i].raft, now, hb, g, ip_alive);
@@ -297,7 +435,10 @@ impl EventLoop {
     }
 
     fn detector_events(&mut self, now: u64) {
-        while let Some(ev) = self.detector.poll_event() {
+        loop {
+            let Some(ev) = self.control.as_mut().and_then(|c| c.detector.poll_event()) else {
+                return;
+            };
             let line = match ev {
                 LinkEvent::Link {
                     peer,
@@ -332,6 +473,11 @@ impl EventLoop {
                 ),
             };
             self.note(line);
+            if let Some(c) = &self.control {
+                for w in &c.workers {
+                    let _ = w.send(CoreMsg::Detector(ev));
+                }
+            }
             for r in &mut self.replicas {
                 on_event(&mut r.raft, now, r.group, &ev);
             }
@@ -369,11 +515,10 @@ impl EventLoop {
         }
     }
 
-    fn send_heartbeat(&mut self, now: u64) {
-        self.seq += 1;
-        let mut hb = Heartbeat::new(self.spec.id, self.epoch, self.seq);
-        for r in &self.replicas {
-            let status = GroupStatus {
+    fn group_statuses(&self) -> Vec<GroupStatus> {
+        self.replicas
+            .iter()
+            .map(|r| GroupStatus {
                 group: r.group,
                 role: r.raft.role(),
                 term: r.raft.term(),
@@ -382,13 +527,37 @@ impl EventLoop {
                 persisted: r.raft.persisted_index(),
                 last_fsync_ms: r.last_fsync_ms,
                 writes_pending: r.writes_pending(),
-            };
-            if hb.push_group(status).is_err() {
+            })
+            .collect()
+    }
+
+    /// Control: the node's heartbeat on every channel. Worker: its groups
+    /// to the control loop, which puts them in the heartbeat.
+    fn send_heartbeat(&mut self, now: u64) {
+        let mine = self.group_statuses();
+        let Some(c) = self.control.as_mut() else {
+            if let Some(tx) = &self.to_control {
+                let _ = tx.send(CoreMsg::Groups(mine));
+            }
+            return;
+        };
+        c.seq += 1;
+        let mut hb = Heartbeat::new(self.spec.id, c.epoch, c.seq);
+        let mut all: BTreeMap<GroupId, GroupStatus> = c.remote_groups.clone();
+        all.extend(mine.into_iter().map(|g| (g.group, g)));
+        for g in all.into_values() {
+            if hb.push_group(g).is_err() {
                 break; // more groups than a heartbeat holds: the first ones
             }
         }
-        for view in self.detector.views() {
+        for view in c.detector.views() {
             let _ = hb.push_peer(view);
+        }
+        let mut frame = Vec::new();
+        if encode_frame(&self.spec.key, &hb, &mut frame).is_ok() {
+            for (_, port) in &mut c.serial {
+                port.send_frame(now, &frame);
+            }
         }
         self.buf.clear();
         self.buf.push(ENVELOPE_HEARTBEAT);
@@ -399,12 +568,6 @@ impl EventLoop {
         let peers: Vec<NodeId> = self.spec.peers.iter().map(|p| p.id).collect();
         for peer in peers {
             let _ = self.udp.endpoint_mut().send(peer, group, &self.buf);
-        }
-        let mut frame = Vec::new();
-        if encode_frame(&self.spec.key, &hb, &mut frame).is_ok() {
-            for (_, port) in &mut self.serial {
-                port.send_frame(now, &frame);
-            }
         }
     }
 
@@ -433,6 +596,7 @@ impl EventLoop {
         self.udp.flush();
     }
 
+    /// This loop's part of the node's status (links and peers: control).
     fn status(&self) -> NodeStatus {
         let now = self.now_ms();
         let groups = self
@@ -453,23 +617,25 @@ impl EventLoop {
             .collect();
         let mut links = Vec::new();
         let mut peers = Vec::new();
-        for p in &self.spec.peers {
-            for ch in [Channel::Udp, Channel::Serial] {
-                if let Some(l) = self.detector.link(p.id, ch) {
-                    links.push(LinkView {
+        if let Some(c) = &self.control {
+            for p in &self.spec.peers {
+                for ch in [Channel::Udp, Channel::Serial] {
+                    if let Some(l) = c.detector.link(p.id, ch) {
+                        links.push(LinkView {
+                            peer: p.id,
+                            channel: ch.name(),
+                            state: l.state.name(),
+                            last_heard_ago_ms: l.last_heard_ms.map(|t| now.saturating_sub(t)),
+                        });
+                    }
+                }
+                if let Some(s) = c.detector.status(p.id) {
+                    peers.push(PeerView {
                         peer: p.id,
-                        channel: ch.name(),
-                        state: l.state.name(),
-                        last_heard_ago_ms: l.last_heard_ms.map(|t| now.saturating_sub(t)),
+                        status: s.name(),
+                        disk_stalled: c.detector.disk_stalled(p.id),
                     });
                 }
-            }
-            if let Some(s) = self.detector.status(p.id) {
-                peers.push(PeerView {
-                    peer: p.id,
-                    status: s.name(),
-                    disk_stalled: self.detector.disk_stalled(p.id),
-                });
             }
         }
         NodeStatus {
@@ -478,8 +644,12 @@ impl EventLoop {
             groups,
             links,
             peers,
-            alarm: self.detector.any_link_dead(),
+            alarm: self
+                .control
+                .as_ref()
+                .is_some_and(|c| c.detector.any_link_dead()),
             transitions: self.transitions.iter().cloned().collect(),
+            sends_refused: self.sends_refused,
         }
     }
 }

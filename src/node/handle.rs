@@ -2,12 +2,13 @@
 //! commands go in over a channel, answers come back over one.
 
 use super::config::NodeSpec;
-use super::event_loop::EventLoop;
+use super::event_loop::{CoreMsg, EventLoop, Wiring};
 use crate::consensus::{Index, NodeId, Role, Term};
 use crate::transport::GroupId;
-use crossbeam_channel::{bounded, unbounded, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use std::collections::BTreeMap;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Why a proposal was not confirmed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +107,8 @@ pub struct NodeStatus {
     /// Every detector transition so far, one line each, oldest first
     /// (bounded; the newest are kept).
     pub transitions: Vec<String>,
+    /// Raft messages the transport refused for a full window (Raft resends).
+    pub sends_refused: u64,
 }
 
 impl NodeStatus {
@@ -131,47 +134,105 @@ pub(crate) enum Command {
     Stop,
 }
 
-/// A running node loop.
-pub struct NodeHandle {
-    id: NodeId,
+/// One core's loop.
+struct CoreLoop {
     commands: Sender<Command>,
     thread: Option<JoinHandle<()>>,
 }
 
+/// A running node: one loop per core that owns groups.
+pub struct NodeHandle {
+    id: NodeId,
+    cores: Vec<CoreLoop>,
+    /// Which loop owns each group.
+    owner: BTreeMap<GroupId, usize>,
+}
+
 impl NodeHandle {
-    /// Opens the logs, binds the sockets and starts the loop thread.
-    /// Errors name what could not be opened.
+    /// Runs the node's groups on one loop thread, not pinned.
     pub fn spawn(spec: NodeSpec) -> Result<NodeHandle, String> {
+        Self::spawn_on(spec, &[])
+    }
+
+    /// Runs group `g` on core `cores[g % cores.len()]`, one loop thread
+    /// per core that gets a group, each pinned to its core (an empty list:
+    /// one loop, not pinned). The logs and sockets are opened on the loop
+    /// threads themselves, which own them for good (an io_uring ring is
+    /// never shared); errors name what could not be opened.
+    pub fn spawn_on(spec: NodeSpec, cores: &[usize]) -> Result<NodeHandle, String> {
         spec.validate()?;
         let id = spec.id;
-        let (tx, rx) = unbounded();
-        // The logs and sockets are opened on the loop's own thread, which
-        // owns them for good (an io_uring ring is not shared).
-        let (opened_tx, opened) = bounded(1);
-        let thread = std::thread::Builder::new()
-            .name(format!("quire-node-{id}"))
-            .spawn(move || match EventLoop::open(spec, rx) {
-                Ok(mut ev) => {
-                    let _ = opened_tx.send(Ok(()));
-                    ev.run();
-                }
-                Err(e) => {
-                    let _ = opened_tx.send(Err(e));
-                }
-            })
-            .map_err(|e| format!("starting the node thread: {e}"))?;
-        let opened = opened
-            .recv()
-            .unwrap_or_else(|_| Err("the node thread died while opening".into()));
-        if let Err(e) = opened {
-            let _ = thread.join();
-            return Err(e);
+        let started = Instant::now();
+        // Core -> its groups, in the order of the first group's core first.
+        let mut plan: Vec<(Option<usize>, Vec<super::GroupSpec>)> = Vec::new();
+        let mut groups = spec.groups.clone();
+        groups.sort_by_key(|g| g.group);
+        for g in groups {
+            let core = (!cores.is_empty()).then(|| cores[g.group as usize % cores.len()]);
+            match plan.iter_mut().find(|(c, _)| *c == core) {
+                Some((_, gs)) => gs.push(g),
+                None => plan.push((core, vec![g])),
+            }
         }
-        Ok(NodeHandle {
+        let mesh: Vec<(Sender<CoreMsg>, Receiver<CoreMsg>)> =
+            plan.iter().map(|_| unbounded()).collect();
+        let mut handle = NodeHandle {
             id,
-            commands: tx,
-            thread: Some(thread),
-        })
+            cores: Vec::new(),
+            owner: BTreeMap::new(),
+        };
+        for (i, (core, groups)) in plan.into_iter().enumerate() {
+            for g in &groups {
+                handle.owner.insert(g.group, i);
+            }
+            let wiring = if i == 0 {
+                Wiring::Control(mesh[1..].iter().map(|(tx, _)| tx.clone()).collect())
+            } else {
+                Wiring::Worker(mesh[0].0.clone())
+            };
+            let inbox = mesh[i].1.clone();
+            let core_spec = NodeSpec {
+                groups,
+                ..spec.clone()
+            };
+            let (tx, rx) = unbounded();
+            let (opened_tx, opened) = bounded(1);
+            let name = match core {
+                Some(c) => format!("quire-n{id}-core{c}"),
+                None => format!("quire-n{id}"),
+            };
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    if let Some(c) = core {
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+                            eprintln!(
+                                "node {id}: could not pin a loop to core {c}; it runs unpinned"
+                            );
+                        }
+                    }
+                    match EventLoop::open(core_spec, started, rx, inbox, wiring) {
+                        Ok(mut ev) => {
+                            let _ = opened_tx.send(Ok(()));
+                            ev.run();
+                        }
+                        Err(e) => {
+                            let _ = opened_tx.send(Err(e));
+                        }
+                    }
+                })
+                .map_err(|e| format!("starting a node thread: {e}"))?;
+            let opened = opened
+                .recv()
+                .unwrap_or_else(|_| Err("a node thread died while opening".into()));
+            handle.cores.push(CoreLoop {
+                commands: tx,
+                thread: Some(thread),
+            });
+            // On failure, dropping the handle stops the loops already started.
+            opened?;
+        }
+        Ok(handle)
     }
 
     /// This node's id.
@@ -187,8 +248,14 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
+        let Some(&core) = self.owner.get(&group) else {
+            return Err(ProposeError::Unavailable(format!(
+                "group {group} is not on this node"
+            )));
+        };
         let (reply, answer) = bounded(1);
-        self.commands
+        self.cores[core]
+            .commands
             .send(Command::Propose { group, data, reply })
             .map_err(|_| ProposeError::Unavailable("node stopped".into()))?;
         answer
@@ -196,22 +263,42 @@ impl NodeHandle {
             .unwrap_or(Err(ProposeError::Timeout))
     }
 
-    /// The node's state now; `None` if the loop has stopped.
+    /// The node's state now, gathered from every loop; `None` if a loop
+    /// has stopped.
     pub fn status(&self) -> Option<NodeStatus> {
-        let (reply, answer) = bounded(1);
-        self.commands.send(Command::Status(reply)).ok()?;
-        answer.recv_timeout(Duration::from_secs(5)).ok()
+        let mut merged: Option<NodeStatus> = None;
+        for core in &self.cores {
+            let (reply, answer) = bounded(1);
+            core.commands.send(Command::Status(reply)).ok()?;
+            let s = answer.recv_timeout(Duration::from_secs(5)).ok()?;
+            match merged.as_mut() {
+                None => merged = Some(s),
+                Some(m) => {
+                    m.groups.extend(s.groups);
+                    m.transitions.extend(s.transitions);
+                    m.sends_refused += s.sends_refused;
+                }
+            }
+        }
+        if let Some(m) = merged.as_mut() {
+            m.groups.sort_by_key(|g| g.group);
+        }
+        merged
     }
 
-    /// Stops the loop: in-flight flushes finish, then it exits.
+    /// Stops every loop: in-flight flushes finish, then they exit.
     pub fn stop(mut self) {
         self.stop_inner();
     }
 
     fn stop_inner(&mut self) {
-        let _ = self.commands.send(Command::Stop);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        for c in &self.cores {
+            let _ = c.commands.send(Command::Stop);
+        }
+        for c in &mut self.cores {
+            if let Some(t) = c.thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }

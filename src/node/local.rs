@@ -29,11 +29,15 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 impl LocalCluster {
-    /// Starts one node per entry of `log_dirs` (node `i + 1` logs group 0
-    /// in `log_dirs[i]`), with cables made under `cable_dir`, and `tune`
-    /// applied to each node's spec before it starts.
+    /// Starts one node per entry of `log_dirs` (node `i + 1` logs group `g`
+    /// of `groups` in `log_dirs[i]/g<g>`), with cables made under
+    /// `cable_dir`, each node's groups spread over `cores` as
+    /// [`NodeHandle::spawn_on`] does, and `tune` applied to each node's
+    /// spec before it starts.
     pub fn start(
         log_dirs: &[PathBuf],
+        groups: &[u32],
+        cores: &[usize],
         cable_dir: &Path,
         tune: impl Fn(&mut NodeSpec),
     ) -> Result<LocalCluster, String> {
@@ -74,10 +78,13 @@ impl LocalCluster {
                 voters: ids.clone(),
                 key: ClusterKey::derive(b"quire local cluster"),
                 peers,
-                groups: vec![GroupSpec {
-                    group: 0,
-                    dir: log_dirs[(id - 1) as usize].clone(),
-                }],
+                groups: groups
+                    .iter()
+                    .map(|&g| GroupSpec {
+                        group: g,
+                        dir: log_dirs[(id - 1) as usize].join(format!("g{g}")),
+                    })
+                    .collect(),
                 raft: RaftConfig::new(id, ids.clone()),
                 wal: WalConfig {
                     segment_bytes: 4 << 20,
@@ -95,7 +102,7 @@ impl LocalCluster {
                 serial_baud: 115_200,
             };
             tune(&mut spec);
-            nodes.insert(id, NodeHandle::spawn(spec)?);
+            nodes.insert(id, NodeHandle::spawn_on(spec, cores)?);
         }
         Ok(LocalCluster {
             nodes,
@@ -109,16 +116,21 @@ impl LocalCluster {
         self.nodes.values().filter_map(|n| n.status()).collect()
     }
 
-    /// The leader of group 0 and its term, if every running node agrees
-    /// on it and it says it leads.
+    /// The leader of the first group and its term, if every running node
+    /// agrees on it and it says it leads.
     pub fn agreed_leader(&self) -> Option<(NodeId, Term)> {
+        self.agreed_leader_of(0)
+    }
+
+    /// The same for the group at position `i` of every node's groups.
+    pub fn agreed_leader_of(&self, i: usize) -> Option<(NodeId, Term)> {
         let all = self.statuses();
-        let leader = all.iter().find(|s| s.groups[0].role == Role::Leader)?;
-        let (id, term) = (leader.id, leader.groups[0].term);
+        let leader = all.iter().find(|s| s.groups[i].role == Role::Leader)?;
+        let (id, term) = (leader.id, leader.groups[i].term);
         let agreed = all.len() == self.nodes.len()
             && all
                 .iter()
-                .all(|s| s.groups[0].leader == Some(id) && s.groups[0].term == term);
+                .all(|s| s.groups[i].leader == Some(id) && s.groups[i].term == term);
         agreed.then_some((id, term))
     }
 
