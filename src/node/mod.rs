@@ -16,6 +16,7 @@
 //! detector at their deadlines; reads and writes the serial lines; sends
 //! its heartbeat every `keepalive_ms` on both channels; serves commands.
 
+pub mod admin;
 mod config;
 mod event_loop;
 mod handle;

@@ -1,0 +1,234 @@
+//! The admin endpoint: HTTP `/metrics` in the Prometheus text format and
+//! `/status` as JSON, served by a thread of its own off the data path. It
+//! asks the node's loops for their status through the handle (channels),
+//! so it never touches their state.
+
+use super::{NodeHandle, NodeStatus};
+use crate::consensus::Role;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Labels of a per-group metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabel {
+    group: u32,
+}
+
+/// Labels of a per-link metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabel {
+    peer: u64,
+    channel: String,
+}
+
+/// Labels of a per-peer metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabel {
+    peer: u64,
+    status: String,
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::PreCandidate => "pre-candidate",
+    }
+}
+
+/// The Prometheus text exposition of `s`.
+pub fn metrics_text(s: &NodeStatus) -> String {
+    let mut reg = Registry::with_prefix("quire");
+    let gauge = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<GroupLabel, Gauge<u64, AtomicU64>>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let term = gauge(&mut reg, "raft_term", "Current Raft term");
+    let commit = gauge(&mut reg, "raft_commit_index", "Commit index");
+    let applied = gauge(&mut reg, "raft_applied_index", "Applied index");
+    let persisted = gauge(
+        &mut reg,
+        "raft_persisted_index",
+        "Index durable on this node's disk",
+    );
+    let leader = gauge(&mut reg, "raft_is_leader", "1 if this node leads the group");
+    let elections = gauge(
+        &mut reg,
+        "raft_elections_started",
+        "Elections started (after pre-vote)",
+    );
+    let fast = gauge(
+        &mut reg,
+        "raft_fast_campaigns",
+        "Campaigns started by the failure detector",
+    );
+    let stall_downs = gauge(
+        &mut reg,
+        "raft_disk_stall_step_downs",
+        "Leaderships given up for a stalled disk",
+    );
+    let disk_ok = gauge(&mut reg, "disk_healthy", "1 if the group's disk is healthy");
+    for g in &s.groups {
+        let l = GroupLabel { group: g.group };
+        term.get_or_create(&l).set(g.term);
+        commit.get_or_create(&l).set(g.commit);
+        applied.get_or_create(&l).set(g.applied);
+        persisted.get_or_create(&l).set(g.persisted);
+        leader
+            .get_or_create(&l)
+            .set(u64::from(g.role == Role::Leader));
+        elections.get_or_create(&l).set(g.stats.elections_started);
+        fast.get_or_create(&l).set(g.stats.fast_campaigns);
+        stall_downs
+            .get_or_create(&l)
+            .set(g.stats.disk_stall_step_downs);
+        disk_ok
+            .get_or_create(&l)
+            .set(u64::from(g.disk == "healthy"));
+    }
+    let link_up = Family::<LinkLabel, Gauge<u64, AtomicU64>>::default();
+    reg.register(
+        "link_up",
+        "1 if the link to the peer is up or late",
+        link_up.clone(),
+    );
+    for l in &s.links {
+        let label = LinkLabel {
+            peer: l.peer,
+            channel: l.channel.to_string(),
+        };
+        link_up
+            .get_or_create(&label)
+            .set(u64::from(l.state == "up" || l.state == "late"));
+    }
+    let peer_status = Family::<PeerLabel, Gauge<u64, AtomicU64>>::default();
+    reg.register(
+        "peer_status",
+        "1 for the peer's current classification",
+        peer_status.clone(),
+    );
+    for p in &s.peers {
+        let label = PeerLabel {
+            peer: p.peer,
+            status: p.status.to_string(),
+        };
+        peer_status.get_or_create(&label).set(1);
+    }
+    let alarm = Gauge::<u64, AtomicU64>::default();
+    reg.register("link_alarm", "1 while any link is dead", alarm.clone());
+    alarm.set(u64::from(s.alarm));
+    let refused = Gauge::<u64, AtomicU64>::default();
+    reg.register(
+        "transport_sends_refused",
+        "Raft messages refused by a full transport window",
+        refused.clone(),
+    );
+    refused.set(s.sends_refused);
+    let mut out = String::new();
+    encode(&mut out, &reg).expect("writing to a String cannot fail");
+    out
+}
+
+/// `s` as the JSON of `/status`.
+pub fn status_json(s: &NodeStatus) -> serde_json::Value {
+    serde_json::json!({
+        "node": s.id,
+        "uptime_ms": s.uptime_ms,
+        "alarm": s.alarm,
+        "groups": s.groups.iter().map(|g| serde_json::json!({
+            "group": g.group,
+            "role": role_name(g.role),
+            "term": g.term,
+            "leader": g.leader,
+            "commit": g.commit,
+            "applied": g.applied,
+            "persisted": g.persisted,
+            "disk": g.disk,
+        })).collect::<Vec<_>>(),
+        "links": s.links.iter().map(|l| serde_json::json!({
+            "peer": l.peer,
+            "channel": l.channel,
+            "state": l.state,
+            "last_heard_ago_ms": l.last_heard_ago_ms,
+        })).collect::<Vec<_>>(),
+        "peers": s.peers.iter().map(|p| serde_json::json!({
+            "peer": p.peer,
+            "status": p.status,
+            "disk_stalled": p.disk_stalled,
+        })).collect::<Vec<_>>(),
+        "transitions": s.transitions,
+    })
+}
+
+/// A running admin endpoint; stops when dropped.
+pub struct AdminServer {
+    server: Arc<tiny_http::Server>,
+    addr: SocketAddr,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AdminServer {
+    /// Serves `/metrics` and `/status` for `node` on `listen`.
+    pub fn start(listen: SocketAddr, node: Arc<NodeHandle>) -> Result<AdminServer, String> {
+        let server = tiny_http::Server::http(listen)
+            .map_err(|e| format!("admin endpoint on {listen}: {e}"))?;
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .ok_or("admin endpoint: not an IP listener")?;
+        let server = Arc::new(server);
+        let s = Arc::clone(&server);
+        let thread = std::thread::Builder::new()
+            .name("quire-admin".into())
+            .spawn(move || {
+                for req in s.incoming_requests() {
+                    let (code, ctype, body) = match (req.method(), req.url()) {
+                        (tiny_http::Method::Get, "/metrics") => match node.status() {
+                            Some(st) => (200, "text/plain; version=0.0.4", metrics_text(&st)),
+                            None => (503, "text/plain", "node stopped\n".into()),
+                        },
+                        (tiny_http::Method::Get, "/status") => match node.status() {
+                            Some(st) => (200, "application/json", status_json(&st).to_string()),
+                            None => (503, "text/plain", "node stopped\n".into()),
+                        },
+                        _ => (404, "text/plain", "try /metrics or /status\n".into()),
+                    };
+                    let header = tiny_http::Header::from_bytes("Content-Type", ctype)
+                        .expect("a valid header");
+                    let resp = tiny_http::Response::from_string(body)
+                        .with_status_code(code)
+                        .with_header(header);
+                    let _ = req.respond(resp);
+                }
+            })
+            .map_err(|e| format!("starting the admin thread: {e}"))?;
+        Ok(AdminServer {
+            server,
+            addr,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

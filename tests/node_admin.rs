@@ -1,0 +1,92 @@
+//! The admin endpoint on a running (single-node) cluster: `/status` is
+//! JSON with the node's groups, links and alarm; `/metrics` is the
+//! Prometheus text format; anything else is a 404.
+
+use quire::consensus::RaftConfig;
+use quire::heartbeat::DetectorConfig;
+use quire::net::UdpConfig;
+use quire::node::admin::AdminServer;
+use quire::node::{GroupSpec, NodeHandle, NodeSpec};
+use quire::storage::WalConfig;
+use quire::transport::{ClusterKey, TransportConfig};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+#[test]
+fn status_and_metrics_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = NodeSpec {
+        id: 1,
+        voters: vec![1],
+        key: ClusterKey::derive(b"admin test"),
+        peers: Vec::new(),
+        groups: vec![GroupSpec {
+            group: 0,
+            dir: dir.path().join("g0"),
+        }],
+        raft: RaftConfig::new(1, vec![1]),
+        wal: WalConfig {
+            segment_bytes: 4 << 20,
+            flush_bytes_max: 256 << 10,
+            ..WalConfig::default()
+        },
+        transport: TransportConfig::default(),
+        udp: UdpConfig {
+            bind_ip: "127.0.0.1".parse().unwrap(),
+            base_port: 0,
+            recv_buffer_bytes: 1 << 20,
+            ..UdpConfig::default()
+        },
+        detector: DetectorConfig::default(),
+        serial_baud: 115_200,
+    };
+    let node = Arc::new(NodeHandle::spawn(spec).unwrap());
+    // A single voter elects itself; wait for its first append to apply.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while node
+        .propose(0, b"x".to_vec(), Duration::from_secs(1))
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "no leader");
+    }
+    let admin = AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node)).unwrap();
+
+    let (code, body) = get(admin.addr(), "/status");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["node"], 1);
+    assert_eq!(v["groups"][0]["role"], "leader");
+    assert!(v["groups"][0]["commit"].as_u64().unwrap() >= 2);
+    assert_eq!(v["alarm"], false);
+
+    let (code, body) = get(admin.addr(), "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("quire_raft_is_leader{group=\"0\"} 1"),
+        "{body}"
+    );
+    assert!(body.contains("# TYPE quire_raft_term gauge"), "{body}");
+    assert!(body.contains("quire_link_alarm 0"), "{body}");
+
+    assert_eq!(get(admin.addr(), "/nope").0, 404);
+    drop(admin);
+}
