@@ -15,5 +15,6 @@ pub mod net;
 pub mod node;
 pub mod serial;
 pub mod sim;
+pub mod state;
 pub mod storage;
 pub mod transport;

@@ -143,13 +143,14 @@ impl EventLoop {
             let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
             let mut r = Replica::new(g.group, raft, wal, now);
             if let Some(s) = snapshot {
-                r.applied = s.index;
-                r.applied_hash = u64::from_le_bytes(
-                    s.data
-                        .get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .unwrap_or([0; 8]),
-                );
+                if !r.restore_state(s.index, &s.data) {
+                    return Err(format!(
+                        "group {} log at {}: the snapshot at {} does not decode",
+                        g.group,
+                        g.dir.display(),
+                        s.index
+                    ));
+                }
             }
             by_group.insert(g.group, replicas.len());
             replicas.push(r);
@@ -268,6 +269,19 @@ impl EventLoop {
             match cmd {
                 Command::Propose { group, data, reply } => match self.by_group.get(&group) {
                     Some(&i) => self.replicas[i].propose(data, reply),
+                    None => {
+                        let why = format!("group {group} is not on this core");
+                        let _ = reply.send(Err(super::ProposeError::Unavailable(why)));
+                    }
+                },
+                Command::Append {
+                    group,
+                    client_id,
+                    seq,
+                    data,
+                    reply,
+                } => match self.by_group.get(&group) {
+                    Some(&i) => self.replicas[i].propose_client(client_id, seq, &data, reply),
                     None => {
                         let why = format!("group {group} is not on this core");
                         let _ = reply.send(Err(super::ProposeError::Unavailable(why)));

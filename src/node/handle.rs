@@ -130,6 +130,13 @@ pub(crate) enum Command {
         data: Vec<u8>,
         reply: Sender<Result<Index, ProposeError>>,
     },
+    Append {
+        group: GroupId,
+        client_id: u64,
+        seq: u64,
+        data: Vec<u8>,
+        reply: Sender<Result<Index, ProposeError>>,
+    },
     Status(Sender<NodeStatus>),
     Stop,
 }
@@ -257,6 +264,40 @@ impl NodeHandle {
         self.cores[core]
             .commands
             .send(Command::Propose { group, data, reply })
+            .map_err(|_| ProposeError::Unavailable("node stopped".into()))?;
+        answer
+            .recv_timeout(timeout)
+            .unwrap_or(Err(ProposeError::Timeout))
+    }
+
+    /// Appends `data` as client `client_id`'s append number `seq` and
+    /// waits up to `timeout` for it to be applied here. A retry with the
+    /// same id and seq is applied only once and answered with the index
+    /// of the first.
+    pub fn append(
+        &self,
+        group: GroupId,
+        client_id: u64,
+        seq: u64,
+        data: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Index, ProposeError> {
+        let Some(&core) = self.owner.get(&group) else {
+            return Err(ProposeError::Unavailable(format!(
+                "group {group} is not on this node"
+            )));
+        };
+        let (reply, answer) = bounded(1);
+        let cmd = Command::Append {
+            group,
+            client_id,
+            seq,
+            data,
+            reply,
+        };
+        self.cores[core]
+            .commands
+            .send(cmd)
             .map_err(|_| ProposeError::Unavailable("node stopped".into()))?;
         answer
             .recv_timeout(timeout)

@@ -6,6 +6,7 @@
 
 use super::handle::ProposeError;
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
+use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
 use crate::transport::GroupId;
 use crossbeam_channel::Sender;
@@ -29,6 +30,8 @@ pub(crate) struct Replica {
     /// Applied state: the index and a running hash of applied data.
     pub(crate) applied: Index,
     pub(crate) applied_hash: u64,
+    /// Client appends applied, for idempotent retries.
+    dedup: DedupTable,
     waiters: BTreeMap<Index, Waiter>,
     /// When (node ms) the WAL last made progress, and since when writes
     /// have been pending without any.
@@ -50,12 +53,51 @@ impl Replica {
             reported,
             applied: 0,
             applied_hash: 0,
+            dedup: DedupTable::default(),
             waiters: BTreeMap::new(),
             last_fsync_ms: now_ms,
             pending_since_ms: None,
             last_durable_ticket: 0,
             stopped: None,
         }
+    }
+
+    /// Proposes a client append with its client id and sequence number:
+    /// applied once however often it is retried; the reply is the index
+    /// it was applied at (the original one for a retry).
+    pub(crate) fn propose_client(
+        &mut self,
+        client_id: u64,
+        seq: u64,
+        data: &[u8],
+        reply: Sender<Result<Index, ProposeError>>,
+    ) {
+        self.propose(encode_client_entry(client_id, seq, data), reply);
+    }
+
+    /// Restores the state machine from a snapshot's data: the applied
+    /// hash, then the dedup table. False if the data does not decode.
+    pub(crate) fn restore_state(&mut self, index: Index, data: &[u8]) -> bool {
+        let Some(hash) = data.get(..8) else {
+            return false;
+        };
+        let Some((table, used)) = DedupTable::decode(&data[8..]) else {
+            return false;
+        };
+        if 8 + used != data.len() {
+            return false;
+        }
+        self.applied = index;
+        self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
+        self.dedup = table;
+        true
+    }
+
+    /// The state machine as snapshot data (see `restore_state`).
+    fn state_data(&self) -> Vec<u8> {
+        let mut out = self.applied_hash.to_le_bytes().to_vec();
+        self.dedup.encode(&mut out);
+        out
     }
 
     /// Proposes client data; the reply comes once it is applied.
@@ -106,13 +148,14 @@ impl Replica {
                 }
             }
             if let Some(s) = &rd.snapshot {
-                self.applied = s.index;
-                self.applied_hash = u64::from_le_bytes(
-                    s.data
-                        .get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .unwrap_or([0; 8]),
-                );
+                if !self.restore_state(s.index, &s.data) {
+                    let why = format!(
+                        "the snapshot at {} from the leader does not decode",
+                        s.index
+                    );
+                    self.stop(why);
+                    return;
+                }
             }
             for e in rd.committed {
                 self.apply(&e);
@@ -121,7 +164,7 @@ impl Replica {
                 self.raft.applied(self.applied);
             }
             if rd.snapshot_wanted {
-                let data = self.applied_hash.to_le_bytes().to_vec();
+                let data = self.state_data();
                 if let Ok(snap) = self.raft.compact(self.applied, data) {
                     if let Err(e) = self.wal.compact(&snap) {
                         self.stop(format!("{e}"));
@@ -156,8 +199,27 @@ impl Replica {
 
     fn apply(&mut self, e: &Entry) {
         self.applied = e.index;
-        if let Payload::Normal(data) = &e.payload {
-            self.applied_hash = fnv(self.applied_hash, data);
+        let mut outcome = Ok(e.index);
+        if let Payload::Normal(payload) = &e.payload {
+            let data = match decode_client_entry(payload) {
+                Some((client, seq, data)) => match self.dedup.apply(client, seq, e.index) {
+                    Applied::New => Some(data),
+                    Applied::Duplicate(at) => {
+                        outcome = Ok(at);
+                        None
+                    }
+                    Applied::Forgotten => {
+                        outcome = Err(ProposeError::Unavailable(format!(
+                            "client {client} sequence {seq} is older than the dedup window"
+                        )));
+                        None
+                    }
+                },
+                None => Some(&payload[..]),
+            };
+            if let Some(d) = data {
+                self.applied_hash = fnv(self.applied_hash, d);
+            }
         }
         // Everything at or below the applied index is decided: a waiter
         // whose entry was replaced by another term's learns it failed.
@@ -167,7 +229,7 @@ impl Replica {
             }
             let (index, w) = entry.remove_entry();
             let result = if index == e.index && w.term == e.term {
-                Ok(index)
+                outcome.clone()
             } else {
                 Err(ProposeError::Lost)
             };
