@@ -546,7 +546,6 @@ impl Endpoint {
                 if !w.data(ch.group, seq, false, f.frag_index, f.frag_count, &f.payload) {
                     break;
                 }
-                f.last_sent_us = Some(now_us);
                 ch.tx.sent_first(cfg, now_us);
                 ch.stats.frames_sent += 1;
             }

@@ -25,8 +25,11 @@ pub(super) struct HistFrame {
     pub(super) frag_index: u16,
     /// Fragments in its message.
     pub(super) frag_count: u16,
-    /// When it was last (re)transmitted; `None` before the first time.
-    pub(super) last_sent_us: Option<u64>,
+    /// When it was last retransmitted; `None` before the first time. The
+    /// first transmission does not count: `rexmit_min_interval_ms` spaces
+    /// retransmissions, and a receiver whose reorder window (a fraction of
+    /// an RTT) has passed must get its first request answered at once.
+    pub(super) last_rexmit_us: Option<u64>,
     /// Endpoint-wide insertion order, for oldest-first eviction.
     pub(super) stamp: u64,
 }
@@ -123,7 +126,7 @@ impl TxHalf {
             payload,
             frag_index,
             frag_count,
-            last_sent_us: None,
+            last_rexmit_us: None,
             stamp,
         });
         self.next_seq += 1;
@@ -246,9 +249,11 @@ impl TxHalf {
                 let Some(frame) = self.frame_mut(seq) else {
                     break;
                 };
-                let due = frame.last_sent_us.is_none_or(|t| now_us >= t + min_gap_us);
+                let due = frame
+                    .last_rexmit_us
+                    .is_none_or(|t| now_us >= t + min_gap_us);
                 if due {
-                    frame.last_sent_us = Some(now_us);
+                    frame.last_rexmit_us = Some(now_us);
                     out.push(seq);
                     budget.rexmit_left -= 1;
                 } else {
