@@ -152,18 +152,20 @@ impl TxHalf {
         self.first_unsent.max(self.acked)
     }
 
-    /// A frame went out for the first time.
-    pub(super) fn sent_first(&mut self, cfg: &TransportConfig, now_us: u64) {
+    /// A frame went out for the first time. `probe_us`, here and below:
+    /// the probe interval for this peer (`probe_interval_ms`, or the RTO
+    /// plus the ack delay if longer).
+    pub(super) fn sent_first(&mut self, probe_us: u64, now_us: u64) {
         self.first_unsent += 1;
         self.probe_backoff = 0;
-        self.probe_due_us = Some(now_us + cfg.probe_interval_ms * 1000);
+        self.probe_due_us = Some(now_us + probe_us);
     }
 
     /// The probe timer fired: ask for an ack, and back off.
-    pub(super) fn probe_fired(&mut self, cfg: &TransportConfig, now_us: u64) {
+    pub(super) fn probe_fired(&mut self, probe_us: u64, now_us: u64) {
         self.probe_now = true;
         self.probe_backoff = (self.probe_backoff + 1).min(PROBE_BACKOFF_MAX);
-        self.probe_due_us = Some(now_us + ((cfg.probe_interval_ms * 1000) << self.probe_backoff));
+        self.probe_due_us = Some(now_us + (probe_us << self.probe_backoff));
     }
 
     /// A cumulative ack: every seq below `recv_next` arrived. Returns the
@@ -172,6 +174,7 @@ impl TxHalf {
     pub(super) fn on_ack(
         &mut self,
         cfg: &TransportConfig,
+        probe_us: u64,
         now_us: u64,
         recv_next: u64,
     ) -> (usize, usize, bool) {
@@ -202,7 +205,7 @@ impl TxHalf {
         self.probe_due_us = if self.acked == self.next_seq {
             None
         } else {
-            Some(now_us + cfg.probe_interval_ms * 1000)
+            Some(now_us + probe_us)
         };
         let reopened = self.stalled && self.window_reopened(cfg);
         if reopened {
