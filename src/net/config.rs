@@ -35,7 +35,8 @@ pub struct UdpConfig {
     /// `net.core.wmem_max`.
     pub send_buffer_bytes: usize,
     /// Datagrams queued from the endpoint before they are handed to the
-    /// kernel in one `sendmmsg` (GSO runs count each segment).
+    /// kernel in one `sendmmsg` (GSO runs count each segment); a flush
+    /// reads incoming datagrams between two such batches.
     pub send_batch_datagrams_max: usize,
     /// Messages per `recvmmsg`; each has a 64 KiB buffer (a GRO message
     /// can be that large), so this is also the receive memory / 64 KiB.
