@@ -488,11 +488,11 @@ impl UdpDriver {
 
     /// Sends everything the endpoint has to send, in batches, until it has
     /// nothing more or a socket buffer is full (then `run_once` waits for
-    /// room before taking more from the endpoint). Between batches it takes
-    /// what has arrived, without waiting: a sender with a whole window
-    /// queued would otherwise read a NACK only after sending all of it
-    /// (4 MiB, some 8 ms of MACs and syscalls), while the gap holds the
-    /// receiver's window closed.
+    /// room before taking more from the endpoint). After every
+    /// `flush_recv_every_datagrams` sent it takes what has arrived, without
+    /// waiting: a sender with a whole window queued would otherwise read a
+    /// NACK only after sending all of it (4 MiB, some 8 ms of MACs and
+    /// syscalls), while the gap holds the receiver's window closed.
     pub fn flush(&mut self) {
         if self.flushing {
             return;
@@ -508,6 +508,7 @@ impl UdpDriver {
         }
         let mut now = self.now_us();
         let mut queued = 0;
+        let mut since_recv = 0;
         while let Some(t) = self.endpoint.poll_transmit(now, &mut self.scratch) {
             debug_assert_eq!(t.size_bytes, self.scratch.len());
             let (s, dest) = self.route(&t);
@@ -527,11 +528,16 @@ impl UdpDriver {
                 .push(dest, &self.scratch, self.gso.segments_max);
             queued += 1;
             if queued >= self.cfg.send_batch_datagrams_max {
+                since_recv += queued;
                 queued = 0;
                 if self.flush_queues() == Flushed::Blocked {
                     return;
                 }
-                self.receive_between_batches();
+                let every = self.cfg.flush_recv_every_datagrams;
+                if every > 0 && since_recv >= every {
+                    since_recv = 0;
+                    self.receive_between_batches();
+                }
                 now = self.now_us();
             }
         }
@@ -671,11 +677,11 @@ mod tests {
         // Something from b waits in a's socket (loopback delivers at once).
         b.endpoint_mut().send(1, 0, b"from b").unwrap();
         b.flush();
-        // a has more than one sendmmsg batch to send.
-        let msg = vec![3u8; 600_000];
+        // a has more to send than flush_recv_every_datagrams.
+        let msg = vec![3u8; 2_000_000];
         a.endpoint_mut().send(2, 0, &msg).unwrap();
         let frags = a.endpoint().config().fragments(msg.len());
-        assert!(frags > UdpConfig::default().send_batch_datagrams_max);
+        assert!(frags > UdpConfig::default().flush_recv_every_datagrams);
         a.flush();
         assert_eq!(a.stats().datagrams_received, 1, "read during the flush");
         assert!(

@@ -19,9 +19,10 @@
 //!   back to single datagrams at run time if the kernel refuses it (EIO,
 //!   EINVAL), with the reason recorded ([`UdpDriver::gso`]) and noticed.
 //! - **Responsive while sending**: a flush of a whole window takes many
-//!   batches (milliseconds of MACs and syscalls); between batches the
-//!   driver reads what has arrived, without waiting, so a NACK is answered
-//!   within a batch and not after the window.
+//!   batches (milliseconds of MACs and syscalls); every
+//!   `flush_recv_every_datagrams` the driver reads what has arrived,
+//!   without waiting, so a NACK is answered within a few batches and not
+//!   after the window.
 //! - **Order across sockets**: a channel's frames can ride in another
 //!   group's datagrams, so with several sockets the driver reads a share
 //!   of each ready socket per round and feeds the endpoint in kernel
