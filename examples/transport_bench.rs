@@ -89,13 +89,21 @@ fn loss_on(ports: &[u16], percent: u32) -> Result<Option<NftLoss>, String> {
     NftLoss::install(ports, percent).map(Some)
 }
 
-/// One quire run: what the receiver got and what it cost.
+/// One quire run: what the receiver got and what it cost. Some fields are
+/// only shown by `--verbose`, through `Debug`.
 #[derive(Clone, Copy, Debug, Default)]
+#[allow(dead_code)]
 struct QuireRun {
     goodput_bytes_per_s: f64,
     rexmit_frames: u64,
     datagrams_sent: u64,
     rcvbuf_errors: u64,
+    /// The receiver's NACK rounds, and how many repeated a request.
+    nack_rounds: u64,
+    nack_repeat_rounds: u64,
+    /// The receiver's RTT estimate of the sender, µs: smoothed, minimum.
+    rtt_us: u64,
+    rtt_min_us: u64,
 }
 
 fn transport_config(args: &Args) -> TransportConfig {
@@ -183,7 +191,8 @@ fn quire_run(args: &Args, size: usize, loss: u32) -> Result<QuireRun, String> {
                 .run_once(Duration::from_millis(5))
                 .expect("run_once");
         }
-        (bytes as f64 / elapsed.as_secs_f64(), receiver.stats())
+        let peer = receiver.endpoint().peer_stats(1).unwrap_or_default();
+        (bytes as f64 / elapsed.as_secs_f64(), peer)
     });
 
     let (b, d) = (barrier, done);
@@ -213,7 +222,7 @@ fn quire_run(args: &Args, size: usize, loss: u32) -> Result<QuireRun, String> {
         let ch = sender.endpoint().channel_stats(2, 0).unwrap_or_default();
         (ch, sender.stats())
     });
-    let (goodput, _rx_stats) = rx.join().map_err(|_| "receiver panicked")?;
+    let (goodput, rx_peer) = rx.join().map_err(|_| "receiver panicked")?;
     let (ch, tx_stats) = tx.join().map_err(|_| "sender panicked")?;
     let rcvbuf_errors = match (snmp, UdpSnmp::read()) {
         (Some(a), Ok(b)) => b.since(&a).rcvbuf_errors,
@@ -224,6 +233,10 @@ fn quire_run(args: &Args, size: usize, loss: u32) -> Result<QuireRun, String> {
         rexmit_frames: ch.rexmit_frames,
         datagrams_sent: tx_stats.datagrams_sent,
         rcvbuf_errors,
+        nack_rounds: rx_peer.nack_rounds,
+        nack_repeat_rounds: rx_peer.nack_repeat_rounds,
+        rtt_us: rx_peer.rtt_us,
+        rtt_min_us: rx_peer.rtt_min_us,
     })
 }
 

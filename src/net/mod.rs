@@ -18,6 +18,11 @@
 //!   message, split again here. Both are probed at bind, and GSO falls
 //!   back to single datagrams at run time if the kernel refuses it (EIO,
 //!   EINVAL), with the reason recorded ([`UdpDriver::gso`]) and noticed.
+//! - **Responsive while sending**: a flush of a whole window takes many
+//!   batches (milliseconds of MACs and syscalls); every
+//!   `flush_recv_every_datagrams` the driver reads what has arrived,
+//!   without waiting, so a NACK is answered within a few batches and not
+//!   after the window.
 //! - **Order across sockets**: a channel's frames can ride in another
 //!   group's datagrams, so with several sockets the driver reads a share
 //!   of each ready socket per round and feeds the endpoint in kernel

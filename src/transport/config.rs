@@ -42,13 +42,16 @@ pub struct TransportConfig {
     /// Delivered message bytes waiting in `poll_event`; beyond it incoming
     /// data is dropped unacknowledged until the caller drains events.
     pub events_bytes_max: usize,
-    /// Shortest wait between detecting a gap and requesting it, so that a
-    /// merely reordered frame does not cause a NACK.
+    /// Floor of the reorder window (min RTT / 4) a gap waits before its
+    /// first request, so a merely reordered frame causes no NACK; also
+    /// the least time between two NACK rounds to a peer.
     pub nack_delay_min_us: u64,
-    /// Longest such wait; the actual one is uniform in [min, max].
+    /// Ceiling of that window, and the window before the first RTT sample;
+    /// up to a quarter of the window is added at random.
     pub nack_delay_max_us: u64,
-    /// At most one round of NACKs per peer per this interval; a gap not
-    /// filled is asked for again after max(this, estimated RTO).
+    /// A gap still missing is asked for again after max(this, estimated
+    /// RTO), in at most one round of repeats per peer per this interval;
+    /// first requests of new gaps do not wait for it.
     pub nack_interval_ms: u64,
     /// Ranges per NACK frame (at most 255).
     pub nack_ranges_max: usize,
@@ -61,9 +64,10 @@ pub struct TransportConfig {
     pub ack_delay_us: u64,
     /// A receiver acknowledges at once after this many new payload bytes.
     pub ack_every_bytes: usize,
-    /// With data unacknowledged and no ack for this long, the sender probes
-    /// (announces how far it has sent, revealing a lost tail). Doubles on
-    /// each unanswered probe, up to 64 times.
+    /// With data unacknowledged and no ack for this long (or for the RTO
+    /// plus `ack_delay_us`, if longer), the sender probes (announces how
+    /// far it has sent, revealing a lost tail). Doubles on each unanswered
+    /// probe, up to 64 times.
     pub probe_interval_ms: u64,
     /// Peers this endpoint talks to; datagrams from more are dropped.
     pub peers_max: usize,

@@ -250,7 +250,7 @@ impl Endpoint {
                 let Some(c) = self.channel_for_frame(peer_id, group) else {
                     return;
                 };
-                let delay_us = self.nack_delay_us();
+                let delay_us = self.nack_delay_us(p);
                 let ch = &mut self.channels[c];
                 if self.events_bytes >= self.cfg.events_bytes_max {
                     // The caller is not draining events: refuse (unacked,
@@ -282,9 +282,11 @@ impl Endpoint {
                 let Some(c) = self.channel_for_frame(peer_id, group) else {
                     return;
                 };
-                let delay_us = self.nack_delay_us();
+                let delay_us = self.nack_delay_us(p);
+                let probe_us = self.probe_after_us(p);
                 let ch = &mut self.channels[c];
-                let (frames, bytes, reopened) = ch.tx.on_ack(&self.cfg, now_us, recv_next);
+                let (frames, bytes, reopened) =
+                    ch.tx.on_ack(&self.cfg, probe_us, now_us, recv_next);
                 self.ledger.freed(frames, bytes);
                 ch.rx
                     .on_sender_state(&self.cfg, now_us, delay_us, send_next, probe);
@@ -362,12 +364,14 @@ impl Endpoint {
     /// [`Endpoint::poll_transmit`].
     pub fn handle_timeout(&mut self, now_us: u64) {
         self.now_us = self.now_us.max(now_us);
-        for ch in &mut self.channels {
+        for c in 0..self.channels.len() {
+            let probe_us = self.probe_after_us(self.channels[c].peer);
+            let ch = &mut self.channels[c];
             if ch.rx.ack_pending && ch.rx.ack_due_us.is_some_and(|d| d <= now_us) {
                 ch.rx.ack_now = true;
             }
             if ch.tx.probe_due_us.is_some_and(|d| d <= now_us) {
-                ch.tx.probe_fired(&self.cfg, now_us);
+                ch.tx.probe_fired(probe_us, now_us);
             }
         }
         for p in 0..self.peers.len() {
@@ -377,41 +381,63 @@ impl Endpoint {
         }
     }
 
-    /// When a NACK round for peer `p` is due: the earliest requestable gap,
-    /// but not before the rate limit allows.
+    /// When a NACK round for peer `p` is due: the earliest gap whose
+    /// reorder window has passed, or the earliest repeat once the per-peer
+    /// re-request limit allows it; never sooner than `nack_delay_min_us`
+    /// after the previous round.
     fn nack_due_us(&self, p: usize) -> Option<u64> {
         let peer = &self.peers[p];
-        let gap = peer
-            .channels
-            .iter()
-            .filter_map(|&c| self.channels[c].rx.nack_due_us)
-            .min()?;
-        Some(gap.max(peer.nack_allowed_us))
+        let mut first: Option<u64> = None;
+        let mut repeat: Option<u64> = None;
+        for &c in &peer.channels {
+            let rx = &self.channels[c].rx;
+            first = min_opt(first, rx.first_nack_due_us);
+            repeat = min_opt(repeat, rx.repeat_nack_due_us);
+        }
+        let repeat = repeat.map(|r| r.max(peer.rerequest_allowed_us));
+        Some(min_opt(first, repeat)?.max(peer.nack_allowed_us))
     }
 
-    /// One NACK round for a peer: a frame per channel with due gaps.
+    /// One NACK round for a peer: a frame per channel with due gaps. First
+    /// requests of new gaps go out as soon as their reorder window has
+    /// passed; requests that repeat an earlier one (the gap is still
+    /// there after an RTO) only once per `nack_interval_ms` per peer, and
+    /// ride along in the same frames.
     fn nack_round(&mut self, p: usize, now_us: u64) {
         let interval_us = self.cfg.nack_interval_ms * 1000;
         let peer = &mut self.peers[p];
         let repeat_us = peer.nack_repeat_us(interval_us);
-        // A round not yet transmitted is replaced, not stacked.
+        let repeats = now_us >= peer.rerequest_allowed_us;
+        // Rounds are at least nack_delay_min_us apart and the driver
+        // transmits after every handle_timeout, so nothing is pending
+        // here; if something were, a round replaces it rather than stack.
         peer.pending_nacks.clear();
+        let mut repeated = false;
         for &c in &peer.channels {
             let ch = &mut self.channels[c];
-            if ch.rx.nack_due_us.is_none_or(|d| d > now_us) {
+            if !ch.rx.nack_due(now_us, repeats) {
                 continue;
             }
-            let ranges =
-                ch.rx
-                    .collect_nack(now_us, repeat_us, self.cfg.nack_ranges_max, &mut ch.stats);
+            let (ranges, r) = ch.rx.collect_nack(
+                now_us,
+                repeats,
+                repeat_us,
+                self.cfg.nack_ranges_max,
+                &mut ch.stats,
+            );
+            repeated |= r;
             if !ranges.is_empty() {
                 ch.stats.nacks_sent += 1;
                 peer.pending_nacks.push_back((ch.group, ranges));
             }
         }
         if !peer.pending_nacks.is_empty() {
-            peer.nack_allowed_us = now_us + interval_us;
+            peer.nack_allowed_us = now_us + self.cfg.nack_delay_min_us;
             peer.stats.nack_rounds += 1;
+        }
+        if repeated {
+            peer.rerequest_allowed_us = now_us + interval_us;
+            peer.stats.nack_repeat_rounds += 1;
         }
     }
 
@@ -477,6 +503,7 @@ impl Endpoint {
     /// answers, NACKs, acks (due or not: they ride along for free),
     /// retransmissions, then new data from each channel in turn.
     fn build(&mut self, p: usize, now_us: u64, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let probe_us = self.probe_after_us(p);
         let cfg = &self.cfg;
         let peer = &mut self.peers[p];
         let header = Header {
@@ -546,8 +573,7 @@ impl Endpoint {
                 if !w.data(ch.group, seq, false, f.frag_index, f.frag_count, &f.payload) {
                     break;
                 }
-                f.last_sent_us = Some(now_us);
-                ch.tx.sent_first(cfg, now_us);
+                ch.tx.sent_first(probe_us, now_us);
                 ch.stats.frames_sent += 1;
             }
         }
@@ -625,9 +651,19 @@ impl Endpoint {
         self.channel_index.keys().copied()
     }
 
-    fn nack_delay_us(&mut self) -> u64 {
-        self.rng
-            .gen_range(self.cfg.nack_delay_min_us..=self.cfg.nack_delay_max_us)
+    /// The wait before a gap just found on a channel with peer `p` may be
+    /// requested: the peer's reorder window plus up to a quarter of it at
+    /// random, so that the requests of many receivers (or channels) that
+    /// saw the same loss do not all go out at the same instant.
+    fn nack_delay_us(&mut self, p: usize) -> u64 {
+        let window_us =
+            self.peers[p].reorder_window_us(self.cfg.nack_delay_min_us, self.cfg.nack_delay_max_us);
+        window_us + self.rng.gen_range(0..=window_us / 4)
+    }
+
+    /// How long after a transmission a channel with peer `p` may probe.
+    fn probe_after_us(&self, p: usize) -> u64 {
+        self.peers[p].probe_after_us(self.cfg.probe_interval_ms * 1000, self.cfg.ack_delay_us)
     }
 
     fn peer_or_create(&mut self, id: NodeId) -> Result<usize, Limit> {
@@ -702,6 +738,7 @@ impl Endpoint {
             let Some((stamp, c)) = self.ledger.pop_oldest() else {
                 break;
             };
+            let probe_us = self.probe_after_us(self.channels[c].peer);
             let tx = &mut self.channels[c].tx;
             let front = tx.history.front().map(|f| f.stamp);
             debug_assert!(front.is_none_or(|f| stamp <= f), "ledger out of order");
@@ -717,8 +754,7 @@ impl Endpoint {
                     // wait for an ack that nothing can cause.
                     tx.first_unsent = tx.hist_base;
                     tx.probe_now = true;
-                    tx.probe_due_us
-                        .get_or_insert(self.now_us + self.cfg.probe_interval_ms * 1000);
+                    tx.probe_due_us.get_or_insert(self.now_us + probe_us);
                 }
             }
         }
@@ -736,6 +772,14 @@ impl Endpoint {
                     .is_some_and(|f| stamp >= f.stamp)
             });
         }
+    }
+}
+
+/// The earlier of two optional times.
+fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the endpoint knows of one peer: its session epoch (and its earlier
-//! ones, to drop their datagrams), the round-trip estimate, the NACK rate
-//! limit, and the output waiting for it that is not owned by a channel.
+//! ones, to drop their datagrams), the round-trip estimate and the timers
+//! derived from it (reorder window, RTO), the NACK rate limits, and the
+//! output waiting for it that is not owned by a channel.
 //!
 //! Session epochs are random, so they cannot be ordered: a datagram with an
 //! epoch we have never seen is taken as a restart, and the epoch it
@@ -18,6 +19,15 @@ use std::collections::VecDeque;
 
 /// An RTT sample above this is taken as a bogus echo and ignored, in µs.
 const RTT_SAMPLE_MAX_US: u32 = 10_000_000;
+
+/// The minimum RTT is the lowest sample of this long, in µs; an older
+/// minimum is replaced by the next sample, so a route that became slower
+/// is noticed within this time (BBR's min_rtt filter, without probing).
+const RTT_MIN_WINDOW_US: u64 = 10_000_000;
+
+/// The reorder window is this fraction (1/n) of the minimum RTT, as in
+/// RACK (RFC 8985 section 6.2: `reo_wnd = min_rtt / 4`).
+const REORDER_RTT_DIVISOR: u64 = 4;
 
 /// How a datagram's sender epoch relates to what we know of the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +51,12 @@ pub(super) struct Peer {
     retired: VecDeque<u64>,
     /// Indexes of its channels in the endpoint, in creation order.
     pub(super) channels: Vec<usize>,
-    /// No NACK round before this time (the per-peer rate limit).
+    /// No NACK round that repeats a request before this time: the
+    /// per-peer rate limit of re-requests (`nack_interval_ms`).
+    pub(super) rerequest_allowed_us: u64,
+    /// No NACK round at all before this time (`nack_delay_min_us` after
+    /// the last one): first requests of gaps found close together share a
+    /// datagram.
     pub(super) nack_allowed_us: u64,
     /// NACK frames of the latest round, waiting for a datagram.
     pub(super) pending_nacks: VecDeque<(GroupId, Vec<(u64, u32)>)>,
@@ -55,6 +70,8 @@ pub(super) struct Peer {
     echo: Option<(u32, u64)>,
     /// Latest echo an RTT sample was taken from.
     last_echo_sampled: Option<u32>,
+    /// When `stats.rtt_min_us` was sampled.
+    rtt_min_at_us: u64,
     /// Round-robin position among the channels for new data.
     pub(super) data_cursor: usize,
     /// Counters.
@@ -68,7 +85,9 @@ impl Peer {
             epoch: 0,
             retired: VecDeque::new(),
             channels: Vec::new(),
+            rerequest_allowed_us: 0,
             nack_allowed_us: 0,
+            rtt_min_at_us: 0,
             pending_nacks: VecDeque::new(),
             announce: false,
             announce_allowed_us: 0,
@@ -100,6 +119,7 @@ impl Peer {
         // Timing state belonged to the old life.
         self.echo = None;
         self.last_echo_sampled = None;
+        self.rerequest_allowed_us = 0;
         self.nack_allowed_us = 0;
         self.pending_nacks.clear();
         self.rexmit.clear();
@@ -120,15 +140,22 @@ impl Peer {
                 .wrapping_sub(e.delay_us);
             if newer && sample < RTT_SAMPLE_MAX_US {
                 self.last_echo_sampled = Some(e.sent_us);
-                self.rtt_sample(sample as u64);
+                self.rtt_sample(now_us, sample as u64);
             }
         }
         self.echo = Some((sent_us, now_us));
     }
 
-    /// RFC 6298's smoothed RTT and variation.
-    fn rtt_sample(&mut self, sample_us: u64) {
+    /// RFC 6298's smoothed RTT and variation, and the windowed minimum.
+    fn rtt_sample(&mut self, now_us: u64, sample_us: u64) {
         let s = &mut self.stats;
+        if s.rtt_samples == 0
+            || sample_us <= s.rtt_min_us
+            || now_us >= self.rtt_min_at_us + RTT_MIN_WINDOW_US
+        {
+            s.rtt_min_us = sample_us;
+            self.rtt_min_at_us = now_us;
+        }
         if s.rtt_samples == 0 {
             s.rtt_us = sample_us;
             s.rtt_var_us = sample_us / 2;
@@ -147,11 +174,39 @@ impl Peer {
         })
     }
 
+    /// The retransmission timeout, srtt + 4 rttvar (RFC 6298), in µs; 0
+    /// before the first sample (callers take a configured floor with it).
+    pub(super) fn rto_us(&self) -> u64 {
+        self.stats.rtt_us + 4 * self.stats.rtt_var_us
+    }
+
     /// How long before a requested seq is requested again: the NACK
-    /// interval, or the retransmission timeout when the path is slower.
+    /// interval, or the retransmission timeout when the path is slower. A
+    /// re-request before the RTO would ask for a retransmission that may
+    /// still be on its way: the implosion the bound in `mod.rs` excludes.
     pub(super) fn nack_repeat_us(&self, nack_interval_us: u64) -> u64 {
-        let rto = self.stats.rtt_us + 4 * self.stats.rtt_var_us;
-        nack_interval_us.max(rto)
+        nack_interval_us.max(self.rto_us())
+    }
+
+    /// How long a gap waits before its first request, before jitter:
+    /// min RTT / 4 (RACK's reorder window), within
+    /// `[delay_min_us, delay_max_us]`; the maximum until the first RTT
+    /// sample, when nothing is known of the path's reordering.
+    pub(super) fn reorder_window_us(&self, delay_min_us: u64, delay_max_us: u64) -> u64 {
+        if self.stats.rtt_samples == 0 {
+            return delay_max_us;
+        }
+        (self.stats.rtt_min_us / REORDER_RTT_DIVISOR).clamp(delay_min_us, delay_max_us)
+    }
+
+    /// The earliest a tail-loss probe may follow the last transmission:
+    /// `probe_us`, or the RTO plus the receiver's ack delay if longer, so
+    /// a probe never fires while the ack it asks for could be on its way.
+    pub(super) fn probe_after_us(&self, probe_us: u64, ack_delay_us: u64) -> u64 {
+        if self.stats.rtt_samples == 0 {
+            return probe_us;
+        }
+        probe_us.max(self.rto_us() + ack_delay_us)
     }
 }
 
@@ -207,5 +262,50 @@ mod tests {
         assert_eq!(p.stats.rtt_samples, 2);
         assert_eq!(p.stats.rtt_us, (7 * 400 + 400) / 8);
         assert_eq!(p.nack_repeat_us(4_000), 4_000);
+    }
+
+    fn sample(p: &mut Peer, now_us: u64, rtt_us: u32) {
+        p.on_header(
+            now_us,
+            0,
+            Some(Echo {
+                sent_us: now_us as u32 - rtt_us,
+                delay_us: 0,
+            }),
+        );
+    }
+
+    #[test]
+    fn reorder_window_follows_the_minimum_rtt_within_bounds() {
+        let mut p = Peer::new(2);
+        // Nothing known: the most cautious wait.
+        assert_eq!(p.reorder_window_us(100, 500), 500);
+        sample(&mut p, 10_000, 1_200);
+        assert_eq!(p.reorder_window_us(100, 500), 300);
+        // A queue builds: srtt grows, the minimum (and the window) does not.
+        for i in 1..20 {
+            sample(&mut p, 10_000 + i * 1_000, 900 + 1_000 * i as u32 / 10);
+        }
+        assert_eq!(p.stats.rtt_min_us, 900 + 100);
+        assert!(p.stats.rtt_us > 1_500);
+        assert_eq!(p.reorder_window_us(100, 500), 250);
+        // Fast paths hit the floor, slow ones the ceiling.
+        sample(&mut p, 40_000, 80);
+        assert_eq!(p.reorder_window_us(100, 500), 100);
+        // An old minimum expires: the path became slower.
+        sample(&mut p, 40_000 + RTT_MIN_WINDOW_US, 8_000);
+        assert_eq!(p.stats.rtt_min_us, 8_000);
+        assert_eq!(p.reorder_window_us(100, 500), 500);
+    }
+
+    #[test]
+    fn probe_waits_for_the_rto_and_the_ack_delay() {
+        let mut p = Peer::new(2);
+        assert_eq!(p.probe_after_us(5_000, 200), 5_000);
+        sample(&mut p, 100_000, 20_000);
+        // srtt 20 ms, rttvar 10 ms: RTO 60 ms, plus the ack delay.
+        assert_eq!(p.rto_us(), 60_000);
+        assert_eq!(p.probe_after_us(5_000, 200), 60_200);
+        assert_eq!(p.nack_repeat_us(4_000), 60_000);
     }
 }

@@ -4,7 +4,12 @@
 //!
 //! `slots[i]` stands for seq `next_deliver + i`; `slots[0]` is never
 //! present (it would have been delivered). A missing slot carries the time
-//! it may next be requested. Everything is bounded: slots by
+//! it may next be requested: first after the reorder window (a frame that
+//! is merely late fills it without a request), then, while it stays
+//! missing, an RTO or `nack_interval_ms` after each request. First
+//! requests and repeats are tracked apart because the endpoint limits
+//! them apart: repeats per peer per `nack_interval_ms`, first requests
+//! only by their reorder window. Everything is bounded: slots by
 //! `holdback_frames_max`, held payload by `holdback_bytes_max`, a message
 //! being reassembled by `message_bytes_max`.
 //!
@@ -69,8 +74,12 @@ pub(super) struct RxHalf {
     /// Latest time the pending ack may wait until.
     pub(super) ack_due_us: Option<u64>,
     bytes_since_ack: usize,
-    /// Earliest `due_us` of a missing slot (may be early, never late).
-    pub(super) nack_due_us: Option<u64>,
+    /// Earliest `due_us` of a missing slot never requested (may be
+    /// early, never late).
+    pub(super) first_nack_due_us: Option<u64>,
+    /// Earliest `due_us` of a missing slot requested before (may be
+    /// early, never late).
+    pub(super) repeat_nack_due_us: Option<u64>,
 }
 
 impl RxHalf {
@@ -87,7 +96,8 @@ impl RxHalf {
             ack_now: false,
             ack_due_us: None,
             bytes_since_ack: 0,
-            nack_due_us: None,
+            first_nack_due_us: None,
+            repeat_nack_due_us: None,
         }
     }
 
@@ -122,7 +132,7 @@ impl RxHalf {
         while self.known_end() < end {
             self.slots.push_back(Slot::Missing { due_us, nacks: 0 });
         }
-        self.nack_due_us = Some(self.nack_due_us.map_or(due_us, |d| d.min(due_us)));
+        self.first_nack_due_us = Some(self.first_nack_due_us.map_or(due_us, |d| d.min(due_us)));
     }
 
     /// A DATA frame. `delay_us` is the random wait before a gap this frame
@@ -386,31 +396,45 @@ impl RxHalf {
     }
 
     fn recompute_nack_due(&mut self) {
-        self.nack_due_us = self
-            .slots
-            .iter()
-            .filter_map(|s| match s {
-                Slot::Missing { due_us, .. } => Some(*due_us),
-                Slot::Present { .. } => None,
-            })
-            .min();
+        let (mut first, mut repeat): (Option<u64>, Option<u64>) = (None, None);
+        for slot in &self.slots {
+            if let Slot::Missing { due_us, nacks } = slot {
+                let d = if *nacks == 0 { &mut first } else { &mut repeat };
+                *d = Some(d.map_or(*due_us, |x| x.min(*due_us)));
+            }
+        }
+        self.first_nack_due_us = first;
+        self.repeat_nack_due_us = repeat;
+    }
+
+    /// True if a NACK is due at `now_us`: a first request, or a repeat
+    /// when `repeats` (the peer's rate limit) allows.
+    pub(super) fn nack_due(&self, now_us: u64, repeats: bool) -> bool {
+        self.first_nack_due_us.is_some_and(|d| d <= now_us)
+            || (repeats && self.repeat_nack_due_us.is_some_and(|d| d <= now_us))
     }
 
     /// The missing seqs due for a request at `now_us`, as at most
-    /// `ranges_max` ranges; each is next due `repeat_us` later.
+    /// `ranges_max` ranges: those never requested, and with `repeats` also
+    /// those requested before. Each is next due `repeat_us` later. Returns
+    /// the ranges and whether any seq in them was a repeat.
     pub(super) fn collect_nack(
         &mut self,
         now_us: u64,
+        repeats: bool,
         repeat_us: u64,
         ranges_max: usize,
         stats: &mut ChannelStats,
-    ) -> Vec<(u64, u32)> {
+    ) -> (Vec<(u64, u32)>, bool) {
         let mut ranges: Vec<(u64, u32)> = Vec::new();
+        let mut repeated = false;
         let mut open = false;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let seq = self.next_deliver + i as u64;
             match slot {
-                Slot::Missing { due_us, nacks } if *due_us <= now_us => {
+                Slot::Missing { due_us, nacks }
+                    if *due_us <= now_us && (repeats || *nacks == 0) =>
+                {
                     let extend = open && ranges.last().is_some_and(|r| r.1 < u32::MAX);
                     if extend {
                         if let Some(r) = ranges.last_mut() {
@@ -424,6 +448,10 @@ impl RxHalf {
                     }
                     open = true;
                     *due_us = now_us + repeat_us;
+                    if *nacks > 0 {
+                        repeated = true;
+                        stats.nack_seqs_repeated += 1;
+                    }
                     *nacks = nacks.saturating_add(1);
                     stats.nack_seqs_requested += 1;
                 }
@@ -431,7 +459,7 @@ impl RxHalf {
             }
         }
         self.recompute_nack_due();
-        ranges
+        (ranges, repeated)
     }
 
     /// Forgets everything: the peer restarted.

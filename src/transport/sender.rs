@@ -25,8 +25,11 @@ pub(super) struct HistFrame {
     pub(super) frag_index: u16,
     /// Fragments in its message.
     pub(super) frag_count: u16,
-    /// When it was last (re)transmitted; `None` before the first time.
-    pub(super) last_sent_us: Option<u64>,
+    /// When it was last retransmitted; `None` before the first time. The
+    /// first transmission does not count: `rexmit_min_interval_ms` spaces
+    /// retransmissions, and a receiver whose reorder window (a fraction of
+    /// an RTT) has passed must get its first request answered at once.
+    pub(super) last_rexmit_us: Option<u64>,
     /// Endpoint-wide insertion order, for oldest-first eviction.
     pub(super) stamp: u64,
 }
@@ -123,7 +126,7 @@ impl TxHalf {
             payload,
             frag_index,
             frag_count,
-            last_sent_us: None,
+            last_rexmit_us: None,
             stamp,
         });
         self.next_seq += 1;
@@ -149,18 +152,20 @@ impl TxHalf {
         self.first_unsent.max(self.acked)
     }
 
-    /// A frame went out for the first time.
-    pub(super) fn sent_first(&mut self, cfg: &TransportConfig, now_us: u64) {
+    /// A frame went out for the first time. `probe_us`, here and below:
+    /// the probe interval for this peer (`probe_interval_ms`, or the RTO
+    /// plus the ack delay if longer).
+    pub(super) fn sent_first(&mut self, probe_us: u64, now_us: u64) {
         self.first_unsent += 1;
         self.probe_backoff = 0;
-        self.probe_due_us = Some(now_us + cfg.probe_interval_ms * 1000);
+        self.probe_due_us = Some(now_us + probe_us);
     }
 
     /// The probe timer fired: ask for an ack, and back off.
-    pub(super) fn probe_fired(&mut self, cfg: &TransportConfig, now_us: u64) {
+    pub(super) fn probe_fired(&mut self, probe_us: u64, now_us: u64) {
         self.probe_now = true;
         self.probe_backoff = (self.probe_backoff + 1).min(PROBE_BACKOFF_MAX);
-        self.probe_due_us = Some(now_us + ((cfg.probe_interval_ms * 1000) << self.probe_backoff));
+        self.probe_due_us = Some(now_us + (probe_us << self.probe_backoff));
     }
 
     /// A cumulative ack: every seq below `recv_next` arrived. Returns the
@@ -169,6 +174,7 @@ impl TxHalf {
     pub(super) fn on_ack(
         &mut self,
         cfg: &TransportConfig,
+        probe_us: u64,
         now_us: u64,
         recv_next: u64,
     ) -> (usize, usize, bool) {
@@ -199,7 +205,7 @@ impl TxHalf {
         self.probe_due_us = if self.acked == self.next_seq {
             None
         } else {
-            Some(now_us + cfg.probe_interval_ms * 1000)
+            Some(now_us + probe_us)
         };
         let reopened = self.stalled && self.window_reopened(cfg);
         if reopened {
@@ -246,9 +252,11 @@ impl TxHalf {
                 let Some(frame) = self.frame_mut(seq) else {
                     break;
                 };
-                let due = frame.last_sent_us.is_none_or(|t| now_us >= t + min_gap_us);
+                let due = frame
+                    .last_rexmit_us
+                    .is_none_or(|t| now_us >= t + min_gap_us);
                 if due {
-                    frame.last_sent_us = Some(now_us);
+                    frame.last_rexmit_us = Some(now_us);
                     out.push(seq);
                     budget.rexmit_left -= 1;
                 } else {

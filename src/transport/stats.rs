@@ -41,12 +41,19 @@ pub struct PeerStats {
     pub stale_epoch_dropped: u64,
     /// Times the peer was seen to restart (a new session epoch).
     pub restarts_seen: u64,
-    /// NACK rounds sent (at most one per `nack_interval_ms`).
+    /// NACK rounds sent: rounds of first requests (at most one per
+    /// `nack_delay_min_us`) and rounds that repeat requests.
     pub nack_rounds: u64,
+    /// NACK rounds that repeated a request (at most one per
+    /// `nack_interval_ms`).
+    pub nack_repeat_rounds: u64,
     /// Smoothed round-trip time in µs (RFC 6298); 0 before the first sample.
     pub rtt_us: u64,
     /// Round-trip time variation in µs.
     pub rtt_var_us: u64,
+    /// Lowest round-trip sample of the last 10 s in µs: the path without
+    /// queues, from which the reorder window is derived.
+    pub rtt_min_us: u64,
     /// Round-trip samples taken.
     pub rtt_samples: u64,
 }
@@ -90,6 +97,8 @@ pub struct ChannelStats {
     /// Seqs requested, summed over NACK frames (a seq asked twice counts
     /// twice): the numerator of the implosion bound.
     pub nack_seqs_requested: u64,
+    /// Of those, requests that repeated an earlier one.
+    pub nack_seqs_repeated: u64,
     /// Missing frames that arrived after being requested.
     pub gaps_filled: u64,
     /// Missing frames skipped because the sender answered "too old".
