@@ -20,11 +20,13 @@
 //! Waits poll the nodes' status with a deadline; nothing sleeps to
 //! synchronise. Scenarios run one at a time (a process-wide lock).
 
+mod common;
+
+use common::LoopFs;
 use quire::consensus::{NodeId, Role};
 use quire::net::nft::NftCut;
 use quire::node::{LocalCluster, NodeStatus};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -85,15 +87,8 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
     wait_for_value(what, || cond().then_some(())).1
 }
 
-fn wait_for_value<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return (v, started.elapsed());
-        }
-        assert!(started.elapsed() < SLOW, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
+fn wait_for_value<T>(what: &str, f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    common::wait_for(what, SLOW, f)
 }
 
 fn temp_dirs(n: usize) -> (Vec<tempfile::TempDir>, Vec<PathBuf>) {
@@ -223,82 +218,12 @@ fn cut_udp_between_leader_and_follower_is_ip_partitioned_not_an_election() {
     drop(cut);
 }
 
-/// A small ext4 on a loop device, which `fsfreeze` can stall.
-struct LoopFs {
-    mnt: PathBuf,
-    frozen: bool,
-    _dir: tempfile::TempDir,
-}
-
-fn run(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-impl LoopFs {
-    fn new() -> Result<LoopFs, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root: loop mounts and fsfreeze need root".into());
-        }
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let img = dir.path().join("fs.img");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-        std::fs::File::create(&img)
-            .and_then(|f| f.set_len(64 << 20))
-            .map_err(|e| e.to_string())?;
-        if !run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]) {
-            return Err("mkfs.ext4 failed or is missing (Debian package e2fsprogs)".into());
-        }
-        if !run(
-            "mount",
-            &["-o", "loop", img.to_str().unwrap(), mnt.to_str().unwrap()],
-        ) {
-            return Err("mount -o loop failed (no loop devices here?)".into());
-        }
-        Ok(LoopFs {
-            mnt,
-            frozen: false,
-            _dir: dir,
-        })
-    }
-
-    fn freeze(&mut self) -> Result<(), String> {
-        if !run("fsfreeze", &["-f", self.mnt.to_str().unwrap()]) {
-            return Err("fsfreeze -f failed (util-linux missing?)".into());
-        }
-        self.frozen = true;
-        Ok(())
-    }
-
-    fn thaw(&mut self) {
-        if self.frozen {
-            run("fsfreeze", &["-u", self.mnt.to_str().unwrap()]);
-            self.frozen = false;
-        }
-    }
-
-    fn path(&self) -> &Path {
-        &self.mnt
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        self.thaw();
-        run("umount", &["-l", self.mnt.to_str().unwrap()]);
-    }
-}
-
 #[test]
 fn stalled_leader_disk_moves_leadership() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut fss = Vec::new();
     for _ in 0..3 {
-        match LoopFs::new() {
+        match LoopFs::new(64) {
             Ok(fs) => fss.push(fs),
             Err(why) => {
                 println!("skipping the disk stall: {why}");

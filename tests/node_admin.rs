@@ -2,13 +2,8 @@
 //! JSON with the node's groups, links and alarm; `/metrics` is the
 //! Prometheus text format; anything else is a 404.
 
-use quire::consensus::RaftConfig;
-use quire::heartbeat::DetectorConfig;
-use quire::net::UdpConfig;
 use quire::node::admin::AdminServer;
 use quire::node::{GroupSpec, NodeHandle, NodeSpec};
-use quire::storage::WalConfig;
-use quire::transport::{ClusterKey, TransportConfig};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -34,31 +29,11 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 #[test]
 fn status_and_metrics_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = NodeSpec {
-        id: 1,
-        voters: vec![1],
-        key: ClusterKey::derive(b"admin test"),
-        peers: Vec::new(),
-        groups: vec![GroupSpec {
-            group: 0,
-            dir: dir.path().join("g0"),
-        }],
-        raft: RaftConfig::new(1, vec![1]),
-        wal: WalConfig {
-            segment_bytes: 4 << 20,
-            flush_bytes_max: 256 << 10,
-            ..WalConfig::default()
-        },
-        transport: TransportConfig::default(),
-        udp: UdpConfig {
-            bind_ip: "127.0.0.1".parse().unwrap(),
-            base_port: 0,
-            recv_buffer_bytes: 1 << 20,
-            ..UdpConfig::default()
-        },
-        detector: DetectorConfig::default(),
-        serial_baud: 115_200,
-    };
+    let groups = vec![GroupSpec {
+        group: 0,
+        dir: dir.path().join("g0"),
+    }];
+    let spec = NodeSpec::loopback(1, vec![1], groups, 0);
     let node = Arc::new(NodeHandle::spawn(spec).unwrap());
     // A single voter elects itself; wait for its first append to apply.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -4,21 +4,16 @@
 //! (the dedup table is replicated state). Snapshots are taken every few
 //! entries here, so the table also travels through compaction.
 
+mod common;
+
 use quire::consensus::Role;
 use quire::node::LocalCluster;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const SLOW: Duration = Duration::from_secs(10);
 
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(started.elapsed() < SLOW, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    common::wait_for(what, SLOW, f).0
 }
 
 #[test]

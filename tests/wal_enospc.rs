@@ -3,53 +3,17 @@
 //! durable is lost, and appends resume once space returns. Needs root and
 //! mkfs.ext4; prints why it skips otherwise.
 
+mod common;
+
+use common::LoopFs;
 use quire::consensus::{Entry, Payload};
 use quire::io::BackendChoice;
 use quire::storage::{DiskState, Wal, WalConfig, WalError};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-struct LoopMount {
-    _dir: tempfile::TempDir,
-    mnt: PathBuf,
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd)
-        .args(args)
-        .status()
-        .is_ok_and(|s| s.success())
-}
+use std::path::Path;
 
 /// A fresh 24 MiB ext4 filesystem, or why there is none.
-fn small_filesystem() -> Result<LoopMount, String> {
-    // SAFETY: plain syscall.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not root: loop mounts need root".into());
-    }
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let img = dir.path().join("disk.img");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(24 << 20))
-        .map_err(|e| e.to_string())?;
-    if !run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]) {
-        return Err("mkfs.ext4 failed or is missing (Debian package e2fsprogs)".into());
-    }
-    if !run(
-        "mount",
-        &["-o", "loop", img.to_str().unwrap(), mnt.to_str().unwrap()],
-    ) {
-        return Err("mount -o loop failed (no loop devices in this sandbox?)".into());
-    }
-    Ok(LoopMount { _dir: dir, mnt })
+fn small_filesystem() -> Result<LoopFs, String> {
+    LoopFs::new(24)
 }
 
 fn cfg(backend: BackendChoice) -> WalConfig {
@@ -120,9 +84,9 @@ fn disk_full_refuses_then_resumes(backend: BackendChoice) {
             return;
         }
     };
-    let dir = fs.mnt.join("log");
+    let dir = fs.path().join("log");
     // Leave room for a few segments only.
-    let filler = fs.mnt.join("filler");
+    let filler = fs.path().join("filler");
     std::fs::write(&filler, vec![1u8; 12 << 20]).unwrap();
 
     let (mut wal, _) = Wal::open(&dir, cfg(backend)).unwrap();

@@ -58,6 +58,39 @@ pub struct NodeSpec {
 }
 
 impl NodeSpec {
+    /// A node on 127.0.0.1 with default tunables, small log segments
+    /// (4 MiB) and no peers yet: for local clusters and tests. `base_port`
+    /// 0 lets the kernel choose each group's port.
+    pub fn loopback(
+        id: NodeId,
+        voters: Vec<NodeId>,
+        groups: Vec<GroupSpec>,
+        base_port: u16,
+    ) -> NodeSpec {
+        NodeSpec {
+            id,
+            raft: RaftConfig::new(id, voters.clone()),
+            voters,
+            key: ClusterKey::derive(b"quire local cluster"),
+            peers: Vec::new(),
+            groups,
+            wal: WalConfig {
+                segment_bytes: 4 << 20,
+                flush_bytes_max: 256 << 10,
+                ..WalConfig::default()
+            },
+            transport: TransportConfig::default(),
+            udp: UdpConfig {
+                bind_ip: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                base_port,
+                recv_buffer_bytes: 1 << 20,
+                ..UdpConfig::default()
+            },
+            detector: DetectorConfig::default(),
+            serial_baud: 115_200,
+        }
+    }
+
     /// Checks what the cores would otherwise refuse later, naming the field.
     pub fn validate(&self) -> Result<(), String> {
         if self.id == 0 {

@@ -255,19 +255,11 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        let Some(&core) = self.owner.get(&group) else {
-            return Err(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            )));
-        };
-        let (reply, answer) = bounded(1);
-        self.cores[core]
-            .commands
-            .send(Command::Propose { group, data, reply })
-            .map_err(|_| ProposeError::Unavailable("node stopped".into()))?;
-        answer
-            .recv_timeout(timeout)
-            .unwrap_or(Err(ProposeError::Timeout))
+        self.call(group, timeout, |reply| Command::Propose {
+            group,
+            data,
+            reply,
+        })
     }
 
     /// Appends `data` as client `client_id`'s append number `seq` and
@@ -282,22 +274,32 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
+        self.call(group, timeout, |reply| Command::Append {
+            group,
+            client_id,
+            seq,
+            data,
+            reply,
+        })
+    }
+
+    /// Sends the command `make` builds to the loop owning `group` and
+    /// waits up to `timeout` for its answer.
+    fn call(
+        &self,
+        group: GroupId,
+        timeout: Duration,
+        make: impl FnOnce(Sender<Result<Index, ProposeError>>) -> Command,
+    ) -> Result<Index, ProposeError> {
         let Some(&core) = self.owner.get(&group) else {
             return Err(ProposeError::Unavailable(format!(
                 "group {group} is not on this node"
             )));
         };
         let (reply, answer) = bounded(1);
-        let cmd = Command::Append {
-            group,
-            client_id,
-            seq,
-            data,
-            reply,
-        };
         self.cores[core]
             .commands
-            .send(cmd)
+            .send(make(reply))
             .map_err(|_| ProposeError::Unavailable("node stopped".into()))?;
         answer
             .recv_timeout(timeout)

@@ -3,12 +3,8 @@
 //! pair. The failover tests, the failover benchmark and `quire up` use it.
 
 use super::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
-use crate::consensus::{NodeId, RaftConfig, Role, Term};
-use crate::heartbeat::DetectorConfig;
-use crate::net::UdpConfig;
+use crate::consensus::{NodeId, Role, Term};
 use crate::serial::{End, NullModem};
-use crate::storage::WalConfig;
-use crate::transport::{ClusterKey, TransportConfig};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -73,34 +69,15 @@ impl LocalCluster {
                     }
                 })
                 .collect();
-            let mut spec = NodeSpec {
-                id,
-                voters: ids.clone(),
-                key: ClusterKey::derive(b"quire local cluster"),
-                peers,
-                groups: groups
-                    .iter()
-                    .map(|&g| GroupSpec {
-                        group: g,
-                        dir: log_dirs[(id - 1) as usize].join(format!("g{g}")),
-                    })
-                    .collect(),
-                raft: RaftConfig::new(id, ids.clone()),
-                wal: WalConfig {
-                    segment_bytes: 4 << 20,
-                    flush_bytes_max: 256 << 10,
-                    ..WalConfig::default()
-                },
-                transport: TransportConfig::default(),
-                udp: UdpConfig {
-                    bind_ip: "127.0.0.1".parse().expect("an address"),
-                    base_port: ports[&id],
-                    recv_buffer_bytes: 1 << 20,
-                    ..UdpConfig::default()
-                },
-                detector: DetectorConfig::default(),
-                serial_baud: 115_200,
-            };
+            let groups = groups
+                .iter()
+                .map(|&g| GroupSpec {
+                    group: g,
+                    dir: log_dirs[(id - 1) as usize].join(format!("g{g}")),
+                })
+                .collect();
+            let mut spec = NodeSpec::loopback(id, ids.clone(), groups, ports[&id]);
+            spec.peers = peers;
             tune(&mut spec);
             nodes.insert(id, NodeHandle::spawn_on(spec, cores)?);
         }

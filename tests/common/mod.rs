@@ -1,0 +1,97 @@
+//! Helpers shared by the integration tests: waiting on observable state
+//! with a deadline (never a sleep), and small loop-mounted filesystems.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Polls `f` until it returns a value or `limit` passes (then panics,
+/// naming `what`); returns the value and how long it took.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return (v, started.elapsed());
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Runs a command; true if it ran and succeeded.
+pub fn run(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A fresh ext4 filesystem of `mib` MiB on a loop device, unmounted (and
+/// thawed, if frozen) on drop.
+pub struct LoopFs {
+    mnt: PathBuf,
+    frozen: bool,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopFs {
+    /// Makes and mounts it, or says why it cannot (not root, no mkfs, no
+    /// loop devices).
+    pub fn new(mib: u64) -> Result<LoopFs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root: loop mounts need root".into());
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let img = dir.path().join("fs.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(mib << 20))
+            .map_err(|e| e.to_string())?;
+        if !run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]) {
+            return Err("mkfs.ext4 failed or is missing (Debian package e2fsprogs)".into());
+        }
+        if !run(
+            "mount",
+            &["-o", "loop", img.to_str().unwrap(), mnt.to_str().unwrap()],
+        ) {
+            return Err("mount -o loop failed (no loop devices here?)".into());
+        }
+        Ok(LoopFs {
+            mnt,
+            frozen: false,
+            _dir: dir,
+        })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// Stalls every write to it (`fsfreeze -f`) until `thaw`.
+    pub fn freeze(&mut self) -> Result<(), String> {
+        if !run("fsfreeze", &["-f", self.mnt.to_str().unwrap()]) {
+            return Err("fsfreeze -f failed (util-linux missing?)".into());
+        }
+        self.frozen = true;
+        Ok(())
+    }
+
+    /// Lets writes through again.
+    pub fn thaw(&mut self) {
+        if self.frozen {
+            run("fsfreeze", &["-u", self.mnt.to_str().unwrap()]);
+            self.frozen = false;
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        self.thaw();
+        run("umount", &["-l", self.mnt.to_str().unwrap()]);
+    }
+}
