@@ -17,6 +17,7 @@
 //! its heartbeat every `keepalive_ms` on both channels; serves commands.
 
 mod config;
+pub mod config_file;
 mod event_loop;
 mod handle;
 mod local;
