@@ -325,10 +325,10 @@ fn deadtime_not_above_warntime() {
     let (e, msg) = d.error(&minimal_with(
         "[timers]\nwarntime_ms = 150\ndeadtime_ms = 150\n",
     ));
-    assert_eq!(e.key, "timers");
+    assert_eq!(e.key, "timers.deadtime_ms");
     assert_eq!(
         msg,
-        "timers: deadtime_ms 150 must exceed warntime_ms 150: a link is late before it is dead"
+        "timers.deadtime_ms: 150 must exceed warntime_ms 150: a link is late before it is dead"
     );
     let (_, msg) = d.error(&minimal_with(
         "[timers]\nelection_timeout_ms = 30\nheartbeat_interval_ms = 30\n",
@@ -362,7 +362,7 @@ fn cores() {
 fn embedded_configs_are_checked_with_their_section() {
     let d = Dir::new();
     let (_, msg) = d.error(&minimal_with("[transport]\nmtu_bytes = 100\n"));
-    assert_eq!(msg, "transport: mtu_bytes 100 not in 576..=65535");
+    assert_eq!(msg, "transport.mtu_bytes: 100 not in 576..=65535");
     let (_, msg) = d.error(&minimal_with("[storage]\nbackend = \"fast\"\n"));
     assert_eq!(
         msg,
@@ -376,10 +376,15 @@ fn embedded_configs_are_checked_with_their_section() {
     let (_, msg) = d.error(&minimal_with("[serial]\nbaud = 115000\n"));
     assert_eq!(
         msg,
-        "serial: baud 115000 is not a standard rate (1200..=4000000)"
+        "serial.baud: 115000 is not a standard rate (1200..=4000000)"
+    );
+    let (_, msg) = d.error(&minimal_with("[transport]\nholdback_frames_max = 10\n"));
+    assert!(
+        msg.starts_with("transport: the hold-back buffer (10 frames"),
+        "{msg}"
     );
     let (_, msg) = d.error(&minimal_with("[udp]\ngso_segments_max = 65\n"));
-    assert_eq!(msg, "udp: gso_segments_max must be in 1..=64");
+    assert_eq!(msg, "udp.gso_segments_max: must be in 1..=64");
 }
 
 #[test]

@@ -32,6 +32,22 @@ macro_rules! set_present {
     };
 }
 
+/// A message from an embedded config's own `validate()`, under its
+/// section. Those messages start with the field at fault ("deadtime_ms 150
+/// must exceed ..."), which is also the key: when they do, the key names
+/// it (`timers.deadtime_ms: 150 must exceed ...`); otherwise the section.
+fn in_section(section: &str, message: String) -> Bad {
+    if let Some((first, rest)) = message.split_once(' ') {
+        let keyish = (first.contains('_') || first == "baud")
+            && first.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        // "a and b must ..." concerns two keys: keep the sentence whole.
+        if keyish && !rest.starts_with("and ") {
+            return bad(format!("{section}.{first}"), rest);
+        }
+    }
+    bad(section, message)
+}
+
 /// `[[peers]]`: ids non-zero, distinct and not this node's; reachable
 /// addresses; one cable per serial device.
 pub(super) fn peers(id: NodeId, raw: &[RawPeer], dir: &Path) -> Result<Vec<PeerSpec>, Bad> {
@@ -229,7 +245,7 @@ pub(super) fn udp(raw: RawUdp, groups: &[GroupSpec]) -> Result<UdpConfig, Bad> {
             "0 lets the kernel pick ports, which peers cannot know; give a fixed port",
         ));
     }
-    udp.validate().map_err(|e| bad("udp", e))?;
+    udp.validate().map_err(|e| in_section("udp", e))?;
     Ok(udp)
 }
 
@@ -306,7 +322,7 @@ pub(super) fn timers(
     let mut detector = DetectorConfig::default();
     set_present!(detector, t; keepalive_ms, warntime_ms, deadtime_ms, initdead_ms,
         disk_stall_ms);
-    detector.validate().map_err(|e| bad("timers", e.0))?;
+    detector.validate().map_err(|e| in_section("timers", e.0))?;
     let mut raft = RaftConfig::new(id, voters);
     set_present!(raft, t; election_timeout_ms, heartbeat_interval_ms, fast_campaign_jitter_ms);
     // RaftConfig's own check asserts (a programming error there); here the
@@ -380,7 +396,9 @@ pub(super) fn transport(raw: RawTransport, peers: usize) -> Result<TransportConf
         nack_delay_min_us, nack_delay_max_us, nack_interval_ms, nack_ranges_max,
         rexmit_batch_max, rexmit_min_interval_ms, ack_delay_us, ack_every_bytes,
         probe_interval_ms, peers_max, channels_max, retired_epochs_max);
-    transport.validate().map_err(|e| bad("transport", e.0))?;
+    transport
+        .validate()
+        .map_err(|e| in_section("transport", e.0))?;
     if peers > transport.peers_max {
         return Err(bad(
             "transport.peers_max",
@@ -404,7 +422,7 @@ pub(super) fn serial(
         ..SerialConfig::new("")
     }
     .validate()
-    .map_err(|e| bad("serial", e))?;
+    .map_err(|e| in_section("serial", e))?;
     if peers.iter().any(|p| p.serial_device.is_some()) {
         // A heartbeat on the line: 30 header + 46 a group + 10 a peer,
         // plus about 23 of MAC, envelope and framing (142 -> 165 bytes).
@@ -568,6 +586,30 @@ fn collide(a: &PortUse, b: &PortUse) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validate_messages_name_their_key() {
+        let b = in_section(
+            "timers",
+            "deadtime_ms 150 must exceed warntime_ms 150".into(),
+        );
+        assert_eq!(
+            (b.key.as_str(), b.message.as_str()),
+            ("timers.deadtime_ms", "150 must exceed warntime_ms 150")
+        );
+        let b = in_section(
+            "udp",
+            "recv_buffer_bytes and send_buffer_bytes must be positive".into(),
+        );
+        assert_eq!(b.key, "udp");
+        let b = in_section(
+            "transport",
+            "the hold-back buffer (..) must hold a whole window".into(),
+        );
+        assert_eq!(b.key, "transport");
+        let b = in_section("serial", "baud 115000 is not a standard rate".into());
+        assert_eq!(b.key, "serial.baud");
+    }
 
     #[test]
     fn core_ranges_compress() {
