@@ -448,3 +448,15 @@ fn every_key_is_in_the_readme_table() {
     }
     assert!(keys > 50, "{keys}");
 }
+
+#[test]
+fn a_peer_by_host_name_is_resolved_at_load() {
+    let d = Dir::new();
+    let c = d
+        .load(&MINIMAL.replace("10.0.0.3:7400", "localhost:7500"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.node.peers[1].udp_base.ip().is_loopback());
+    assert_eq!(c.node.peers[1].udp_base.port(), 7500);
+    // (A name that does not resolve is not tested: on a host whose DNS
+    // server is unreachable the lookup takes seconds.)
+}
