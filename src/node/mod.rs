@@ -18,6 +18,7 @@
 
 pub mod admin;
 mod config;
+pub mod config_file;
 mod event_loop;
 mod handle;
 mod local;

@@ -1,0 +1,239 @@
+//! The daemon's config file: one TOML file per node, parsed into a
+//! [`DaemonConfig`] (a [`NodeSpec`] plus what only the daemon needs) and
+//! checked whole before anything starts, so that a bad file stops `quired`
+//! with one message that names the key and says what is wrong, and exit
+//! code 2.
+//!
+//! This module reads the config file, the cluster key file and the token
+//! file, resolves peer host names, and asks the kernel which cores this
+//! process may run on. It binds nothing and opens no log: those errors
+//! belong to the runtime. The key table is in the README ("Node config
+//! file"); `tuning/quired-ts60.toml` is a commented example.
+//!
+//! `raw` holds the sections as serde sees them (unknown keys denied, every
+//! tunable optional so that an absent key takes the default of the config
+//! it feeds instead of a second copy of it here) and rewords serde's
+//! errors; `check` holds the checks of each section; `build` below runs
+//! them in file order and assembles the result.
+
+mod check;
+mod raw;
+
+use super::config::NodeSpec;
+use crate::consensus::NodeId;
+use crate::transport::GroupId;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The exit code of `quired` for a config file it refuses.
+pub const EXIT_CODE_BAD_CONFIG: i32 = 2;
+
+/// Bytes a cluster key file must hold at least (after trailing whitespace).
+pub const CLUSTER_KEY_BYTES_MIN: usize = 16;
+
+/// Default `node.client_listen`: every address, port 7100.
+pub const CLIENT_LISTEN_DEFAULT: &str = "0.0.0.0:7100";
+
+/// Default `node.admin_listen`: loopback only, port 7200 (metrics and
+/// status are not for the open network unless the operator says so).
+pub const ADMIN_LISTEN_DEFAULT: &str = "127.0.0.1:7200";
+
+/// Default `serial.baud`.
+pub const SERIAL_BAUD_DEFAULT: u32 = 115_200;
+
+/// Everything `quired` runs with, from one config file.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// The node: id, voters (this node and its peers), key, peers, groups
+    /// (one per disk) and every tunable.
+    pub node: NodeSpec,
+    /// The cores the event-loop threads are pinned to, one thread each;
+    /// group `g` runs on `cores[g % cores.len()]`.
+    pub cores: Vec<usize>,
+    /// Where clients connect (TCP).
+    pub client_listen: SocketAddr,
+    /// The admin endpoint: `/metrics` and `/status` (HTTP).
+    pub admin_listen: SocketAddr,
+    /// The file holding the clients' auth token (checked readable and not
+    /// empty; the server reads it).
+    pub token_file: PathBuf,
+    /// Legal but suspicious settings, one line each, for the daemon to log.
+    pub warnings: Vec<String>,
+}
+
+impl DaemonConfig {
+    /// The core that runs group `group`: `cores[group % cores.len()]`.
+    pub fn core_of(&self, group: GroupId) -> usize {
+        self.cores[group as usize % self.cores.len()]
+    }
+}
+
+/// A config file `quired` refuses: which file, which key, what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The config file.
+    pub file: PathBuf,
+    /// The key at fault as a path (`peers[1].udp`); empty when the fault
+    /// is the file itself (unreadable, not TOML).
+    pub key: String,
+    /// What is wrong, for the operator.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// The process exit code for this error: always 2.
+    pub fn exit_code(&self) -> i32 {
+        EXIT_CODE_BAD_CONFIG
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.file.display(), self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file.display(), self.key, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads and checks the config file at `path` against the cores this
+/// process may run on ([`host_cores`]).
+pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
+    load_with_cores(path, &host_cores())
+}
+
+/// [`load`] with the cores that exist given by the caller (tests, or a
+/// file checked on another host than the one it is for).
+pub fn load_with_cores(
+    path: &Path,
+    available_cores: &[usize],
+) -> Result<DaemonConfig, ConfigError> {
+    let fail = |b: Bad| ConfigError {
+        file: path.to_path_buf(),
+        key: b.key,
+        message: b.message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        fail(Bad {
+            key: String::new(),
+            message: format!("cannot read it: {e}"),
+        })
+    })?;
+    // Relative paths in the file are relative to the file, not to the
+    // daemon's working directory (`/` under systemd).
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let raw = raw::parse(&text).map_err(fail)?;
+    build(raw, dir, available_cores).map_err(fail)
+}
+
+/// The cores this process may be pinned to: its affinity mask (the host's
+/// cores, less any `taskset` or systemd `CPUAffinity=` limit).
+pub fn host_cores() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain bytes; sched_getaffinity fills at most
+    // the size it is given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            let cores: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
+            if !cores.is_empty() {
+                return cores;
+            }
+        }
+    }
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (0..n).collect()
+}
+
+/// A fault found while checking: the key and what is wrong with it.
+struct Bad {
+    key: String,
+    message: String,
+}
+
+fn bad(key: impl Into<String>, message: impl Into<String>) -> Bad {
+    Bad {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Checks the sections in the order of the file and assembles the node.
+fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<DaemonConfig, Bad> {
+    let mut warnings = Vec::new();
+    let id = raw.node.id;
+    if id == 0 {
+        return Err(bad("node.id", "node id 0 is reserved"));
+    }
+    let peers = check::peers(id, &raw.peers, dir)?;
+    let groups = check::disks(&raw.disks, dir)?;
+    let (cores, groups_per_core_max) = check::cores(
+        raw.node.cores.clone(),
+        available_cores,
+        groups.len(),
+        &mut warnings,
+    )?;
+    let (client_listen, admin_listen) = check::listen(&raw.node)?;
+    let udp = check::udp(raw.udp, &groups)?;
+    let listen = [
+        ("node.client_listen", client_listen),
+        ("node.admin_listen", admin_listen),
+    ];
+    check::ports(&udp, &groups, listen, &peers)?;
+    let mut voters: Vec<NodeId> = peers.iter().map(|p| p.id).chain([id]).collect();
+    voters.sort_unstable();
+    let (detector, raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
+    let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
+    let transport = check::transport(raw.transport, peers.len())?;
+    let serial_baud = check::serial(
+        raw.serial,
+        &peers,
+        groups_per_core_max,
+        detector.keepalive_ms,
+        &mut warnings,
+    )?;
+    // Secrets last: the rest of the file is worth checking without them.
+    let key = check::cluster_key(&raw.node, dir, &mut warnings)?;
+    let token_file = check::resolve(dir, &raw.node.auth_token_file);
+    check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
+
+    let node = NodeSpec {
+        id,
+        voters,
+        key,
+        peers,
+        groups,
+        raft,
+        wal,
+        transport,
+        udp,
+        detector,
+        serial_baud,
+    };
+    // Everything above covers what this checks; a message from here is a
+    // gap in this module, still better than a refusal at spawn.
+    node.validate().map_err(|e| bad("node", e))?;
+    Ok(DaemonConfig {
+        node,
+        cores,
+        client_listen,
+        admin_listen,
+        token_file,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_cores_are_not_empty() {
+        assert!(!host_cores().is_empty());
+    }
+}
