@@ -67,3 +67,23 @@ fn groups_on_two_cores_elect_confirm_and_fail_over() {
         .propose(0, b"group 0 still".to_vec(), SLOW)
         .expect("group 0 confirms");
 }
+
+/// More groups than a heartbeat holds (8): twelve groups on two cores per
+/// node. Successive heartbeats take turns over the groups (each built in
+/// increasing group order, as the format demands, or the control loop
+/// would stop), and every group elects and confirms.
+#[test]
+fn twelve_groups_take_turns_in_the_heartbeat() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs: Vec<_> = (1..=3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let groups: Vec<u32> = (0..12).collect();
+    let c =
+        LocalCluster::start(&logs, &groups, &[0, 1], dir.path(), |_| {}).expect("cluster starts");
+    wait_for("every link up", || c.all_links_up().then_some(()));
+    for i in 0..groups.len() {
+        let (leader, _) = wait_for("a leader", || c.agreed_leader_of(i));
+        c.nodes[&leader]
+            .propose(i as u32, b"x".to_vec(), SLOW)
+            .expect("confirmed");
+    }
+}

@@ -14,6 +14,7 @@ use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
 use super::replica::Replica;
 use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
+use crate::heartbeat::message::MAX_GROUPS;
 use crate::heartbeat::{
     encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
     ReplayGuard,
@@ -72,6 +73,9 @@ struct Control {
     workers: Vec<Sender<CoreMsg>>,
     /// The latest status of the workers' groups.
     remote_groups: BTreeMap<GroupId, GroupStatus>,
+    /// Where the next heartbeat's groups start, for nodes with more groups
+    /// than a heartbeat holds.
+    rotation: usize,
 }
 
 pub(crate) struct EventLoop {
@@ -181,6 +185,7 @@ impl EventLoop {
                     serial_guards: BTreeMap::new(),
                     workers,
                     remote_groups: BTreeMap::new(),
+                    rotation: 0,
                 };
                 (Some(control), None)
             }
@@ -559,10 +564,23 @@ impl EventLoop {
         let mut hb = Heartbeat::new(self.spec.id, c.epoch, c.seq);
         let mut all: BTreeMap<GroupId, GroupStatus> = c.remote_groups.clone();
         all.extend(mine.into_iter().map(|g| (g.group, g)));
-        for g in all.into_values() {
-            if hb.push_group(g).is_err() {
-                break; // more groups than a heartbeat holds: the first ones
-            }
+        // A heartbeat holds MAX_GROUPS groups (its serial airtime must fit
+        // the keepalive); with more, successive heartbeats take turns, so
+        // each group is reported every ceil(groups / MAX_GROUPS) keepalives.
+        let all: Vec<GroupStatus> = all.into_values().collect();
+        let take = all.len().min(MAX_GROUPS);
+        let start = if all.len() > MAX_GROUPS {
+            c.rotation % all.len()
+        } else {
+            0
+        };
+        c.rotation = c.rotation.wrapping_add(take);
+        let mut chosen: Vec<GroupStatus> =
+            (0..take).map(|i| all[(start + i) % all.len()]).collect();
+        chosen.sort_by_key(|g| g.group); // the format wants increasing ids
+        for g in chosen {
+            hb.push_group(g)
+                .expect("at most MAX_GROUPS, in increasing order");
         }
         for view in c.detector.views() {
             let _ = hb.push_peer(view);
