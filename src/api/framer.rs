@@ -1,5 +1,5 @@
 //! Cuts a byte stream into whole frames, in one buffer that never holds
-//! more than `frame_bytes_max` bytes.
+//! more than `buffer_bytes_max` bytes (at most `frame_bytes_max`).
 //!
 //! Shared by both ends of a connection. The buffer grows with the bytes
 //! actually received, never with what a length prefix announces, and a
@@ -16,16 +16,34 @@ pub(crate) struct Framer {
     /// Received bytes; `buf[start..]` is not yet handed out as frames.
     buf: Vec<u8>,
     start: usize,
+    /// Largest frame a length prefix may announce.
     frame_bytes_max: usize,
+    /// Most bytes held; a frame above it can never complete, so the owner
+    /// must reject such frames from their header (see `ServerSession`).
+    buffer_bytes_max: usize,
 }
 
 impl Framer {
-    pub(crate) fn new(frame_bytes_max: usize) -> Framer {
+    pub(crate) fn new(frame_bytes_max: usize, buffer_bytes_max: usize) -> Framer {
+        debug_assert!(buffer_bytes_max <= frame_bytes_max);
         Framer {
             buf: Vec::new(),
             start: 0,
             frame_bytes_max,
+            buffer_bytes_max,
         }
+    }
+
+    /// Raises the buffer bound (never above `frame_bytes_max`).
+    pub(crate) fn set_buffer_bytes_max(&mut self, buffer_bytes_max: usize) {
+        debug_assert!(buffer_bytes_max <= self.frame_bytes_max);
+        debug_assert!(buffer_bytes_max >= self.buffer_bytes_max);
+        self.buffer_bytes_max = buffer_bytes_max;
+    }
+
+    /// The bytes received and not yet handed out, starting with the next frame.
+    pub(crate) fn head(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 
     /// Bytes received and not yet handed out.
@@ -33,7 +51,7 @@ impl Framer {
         self.buf.len() - self.start
     }
 
-    /// Bytes the buffer has allocated; never above `frame_bytes_max`.
+    /// Bytes the buffer has allocated; never above `buffer_bytes_max`.
     pub(crate) fn capacity(&self) -> usize {
         self.buf.capacity()
     }
@@ -47,7 +65,7 @@ impl Framer {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        let take = bytes.len().min(self.frame_bytes_max - self.buf.len());
+        let take = bytes.len().min(self.buffer_bytes_max - self.buf.len());
         let need = self.buf.len() + take;
         if need > self.buf.capacity() {
             // Grow geometrically for throughput, but clamp to the bound, so
@@ -55,11 +73,11 @@ impl Framer {
             let cap = need
                 .max(self.buf.capacity() * 2)
                 .max(4096)
-                .min(self.frame_bytes_max);
+                .min(self.buffer_bytes_max);
             self.buf.reserve_exact(cap - self.buf.len());
         }
         self.buf.extend_from_slice(&bytes[..take]);
-        debug_assert!(self.buf.len() <= self.frame_bytes_max);
+        debug_assert!(self.buf.len() <= self.buffer_bytes_max);
         take
     }
 

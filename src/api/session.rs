@@ -22,7 +22,8 @@ use std::sync::Arc;
 use super::framer::Framer;
 use super::wire::{
     decode_response, encode_request, encode_response, DecodeError, EncodeError, ErrorCode,
-    FrameHeader, Request, Response, FRAME_BYTES_LIMIT, FRAME_BYTES_MAX, TOKEN_BYTES_MAX, VERSION,
+    FrameHeader, Request, Response, FRAME_BYTES_LIMIT, FRAME_BYTES_MAX, FRAME_BYTES_MIN,
+    HELLO_FRAME_BYTES_MAX, LEN_BYTES, OP_HELLO, TOKEN_BYTES_MAX, VERSION,
 };
 use crate::consensus::NodeId;
 
@@ -298,8 +299,11 @@ impl ServerSession {
             config.requests_in_flight_max > 0,
             "requests_in_flight_max is 0"
         );
+        // Until the Hello succeeds, hold no more than a Hello: an
+        // unauthenticated peer costs at most HELLO_FRAME_BYTES_MAX.
+        let pre_auth_bytes_max = config.frame_bytes_max.min(HELLO_FRAME_BYTES_MAX);
         ServerSession {
-            framer: Framer::new(config.frame_bytes_max),
+            framer: Framer::new(config.frame_bytes_max, pre_auth_bytes_max),
             config,
             authenticated: false,
             in_flight: 0,
@@ -318,12 +322,43 @@ impl ServerSession {
         }
         let n = self.framer.push(bytes);
         self.stats.bytes_received += n as u64;
-        // Check the next length prefix now, not when the frame is complete:
+        // Check the next frame's header now, not when the frame is complete:
         // a bad one closes the connection before we buffer any more of it.
-        if let Err(e) = self.framer.check_head() {
-            self.fail(0, ProtocolError::Decode(e));
+        if let Err((id, e)) = self.check_head() {
+            self.fail(id, e);
         }
         n
+    }
+
+    /// Judges the next frame from its first bytes: its length, and before
+    /// authentication that it is a Hello small enough to be one (so that
+    /// a frame the pre-auth buffer cannot hold never waits to complete).
+    fn check_head(&self) -> Result<(), (u64, ProtocolError)> {
+        self.framer.check_head().map_err(|e| (0, e.into()))?;
+        if self.authenticated {
+            return Ok(());
+        }
+        let Some(h) = self.framer.head().get(..FRAME_BYTES_MIN) else {
+            return Ok(());
+        };
+        let le = |b: &[u8]| b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x));
+        let frame_bytes = LEN_BYTES as u64 + le(&h[..LEN_BYTES]);
+        let (version, opcode, id) = (h[4], h[5], le(&h[6..14]));
+        if version != VERSION {
+            return Err((id, DecodeError::UnsupportedVersion(version).into()));
+        }
+        if opcode != OP_HELLO {
+            return Err((id, ProtocolError::HelloRequired { opcode }));
+        }
+        let frame_bytes_max = self.config.frame_bytes_max.min(HELLO_FRAME_BYTES_MAX);
+        if frame_bytes > frame_bytes_max as u64 {
+            let e = DecodeError::Oversize {
+                frame_bytes,
+                frame_bytes_max,
+            };
+            return Err((id, e.into()));
+        }
+        Ok(())
     }
 
     /// The next request, `Ok(None)` if none is complete (or too many are
@@ -335,6 +370,9 @@ impl ServerSession {
         }
         if self.in_flight >= self.config.requests_in_flight_max {
             return Ok(None);
+        }
+        if let Err((id, e)) = self.check_head() {
+            return Err(self.fail(id, e));
         }
         let frame = match self.framer.next_frame() {
             Ok(Some(frame)) => frame,
@@ -363,6 +401,8 @@ impl ServerSession {
                     return Err(self.fail(id, ProtocolError::BadToken));
                 }
                 self.authenticated = true;
+                self.framer
+                    .set_buffer_bytes_max(self.config.frame_bytes_max);
                 let reply = self.encode(
                     id,
                     &Response::HelloOk {
@@ -425,7 +465,8 @@ impl ServerSession {
         self.framer.buffered()
     }
 
-    /// Bytes allocated for the receive buffer; never above `frame_bytes_max`.
+    /// Bytes allocated for the receive buffer: never above `frame_bytes_max`,
+    /// nor above [`HELLO_FRAME_BYTES_MAX`] before the Hello succeeds.
     pub fn buffer_capacity(&self) -> usize {
         self.framer.capacity()
     }
@@ -565,7 +606,7 @@ impl ClientSession {
             "token longer than TOKEN_BYTES_MAX"
         );
         ClientSession {
-            framer: Framer::new(config.frame_bytes_max),
+            framer: Framer::new(config.frame_bytes_max, config.frame_bytes_max),
             config,
             next_id: 1,
             in_flight: BTreeMap::new(),

@@ -818,3 +818,49 @@ fn random_and_mutated_bytes_never_panic_or_overgrow() {
         }
     }
 }
+
+#[test]
+fn before_hello_the_server_holds_no_more_than_a_hello() {
+    let big = Request::Append {
+        group: 0,
+        client_id: 1,
+        seq: 1,
+        data: vec![7; 1 << 20],
+    };
+    // A large request before Hello: refused from its header.
+    let mut s = server();
+    let frame = req_frame(3, &big);
+    let n = s.push(&frame);
+    assert!(n <= HELLO_FRAME_BYTES_MAX);
+    assert!(s.buffer_capacity() <= HELLO_FRAME_BYTES_MAX);
+    assert_eq!(
+        s.poll(),
+        Err(ProtocolError::HelloRequired { opcode: OP_APPEND })
+    );
+    assert_eq!(close_of(&mut s).0, 3);
+
+    // A "Hello" larger than any Hello: refused from its header too.
+    let mut s = server();
+    let mut fake = raw_frame(VERSION, OP_HELLO, 4, &[]);
+    fake[..4].copy_from_slice(&(1u32 << 20).to_le_bytes());
+    let (_, err) = feed(&mut s, &fake);
+    assert_eq!(
+        err,
+        Some(ProtocolError::Decode(DecodeError::Oversize {
+            frame_bytes: (1 << 20) + 4,
+            frame_bytes_max: HELLO_FRAME_BYTES_MAX,
+        }))
+    );
+    assert_eq!(close_of(&mut s).1, ErrorCode::TooLarge);
+
+    // The largest token fits; after the Hello the full bound applies, even
+    // to a large request pipelined right behind it.
+    let mut s = ServerSession::new(Arc::new(ServerConfig::new(NODE, &[0; TOKEN_BYTES_MAX])));
+    let mut wire = req_frame(1, &hello(&[0; TOKEN_BYTES_MAX]));
+    assert_eq!(wire.len(), HELLO_FRAME_BYTES_MAX);
+    wire.extend_from_slice(&req_frame(2, &big));
+    let (items, err) = feed(&mut s, &wire);
+    assert_eq!(err, None);
+    assert!(matches!(items[0], Incoming::Handshake { id: 1, .. }));
+    assert_eq!(items[1], Incoming::Request { id: 2, req: big });
+}

@@ -56,6 +56,8 @@ pub const FRAME_BYTES_LIMIT: usize = LEN_BYTES + u32::MAX as usize;
 pub const ITEMS_MAX: usize = 1 << 16;
 /// Largest auth token in a Hello.
 pub const TOKEN_BYTES_MAX: usize = 4096;
+/// Largest Hello frame: until a Hello succeeds, a server buffers no more.
+pub const HELLO_FRAME_BYTES_MAX: usize = FRAME_BYTES_MIN + 1 + 4 + TOKEN_BYTES_MAX;
 
 /// Opcode of [`Request::Hello`].
 pub const OP_HELLO: u8 = 0x01;
