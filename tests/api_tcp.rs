@@ -22,7 +22,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Appends get consecutive indexes; a fatal error gets its close frame,
 /// then a half-close, then the rest of the peer's bytes are read and
 /// thrown away so the kernel sends FIN, not RST (which could destroy the
-/// error frame before the client reads it).
+/// error frame before the client reads it). A daemon must also bound that
+/// drain (bytes and time): a hostile peer could keep sending forever.
 fn serve(mut stream: TcpStream, config: Arc<ServerConfig>) -> SessionStats {
     let mut s = ServerSession::new(config);
     let mut buf = [0u8; 4096];

@@ -864,3 +864,40 @@ fn before_hello_the_server_holds_no_more_than_a_hello() {
     assert!(matches!(items[0], Incoming::Handshake { id: 1, .. }));
     assert_eq!(items[1], Incoming::Request { id: 2, req: big });
 }
+
+#[test]
+fn every_flipped_bit_is_rejected_or_canonical() {
+    for frame in seeds() {
+        for bit in 0..frame.len() * 8 {
+            let mut b = frame.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            if let Ok((id, req)) = decode_request(&b, FRAME_BYTES_MAX) {
+                assert_eq!(req_frame(id, &req), b);
+            }
+            if let Ok((id, resp)) = decode_response(&b, FRAME_BYTES_MAX) {
+                assert_eq!(resp_frame(id, &resp), b);
+            }
+            let mut s = authed_server();
+            if feed(&mut s, &b).1.is_some() {
+                let close = s.close_frame().unwrap();
+                assert!(decode_response(&close, FRAME_BYTES_MAX).is_ok());
+            }
+        }
+    }
+}
+
+#[test]
+fn client_rejects_an_oversized_answer_from_its_prefix() {
+    let mut cfg = ClientConfig::new(TOKEN);
+    cfg.frame_bytes_max = SESSION_FRAME_BYTES_MIN;
+    let mut c = ClientSession::new(cfg);
+    c.hello().unwrap();
+    assert_eq!(c.push(&u32::MAX.to_le_bytes()), 4);
+    assert!(matches!(
+        c.poll(),
+        Err(ProtocolError::Decode(DecodeError::Oversize { .. }))
+    ));
+    assert!(c.is_closed());
+    assert_eq!(c.stats().errors_oversize, 1);
+    assert_eq!(c.buffered_bytes(), 0);
+}
