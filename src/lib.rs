@@ -8,6 +8,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod api;
 pub mod consensus;
 pub mod heartbeat;
 pub mod io;
