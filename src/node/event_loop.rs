@@ -276,7 +276,7 @@ impl EventLoop {
                     Some(&i) => self.replicas[i].propose(data, reply),
                     None => {
                         let why = format!("group {group} is not on this core");
-                        let _ = reply.send(Err(super::ProposeError::Unavailable(why)));
+                        reply(Err(super::ProposeError::Unavailable(why)));
                     }
                 },
                 Command::Append {
@@ -289,7 +289,20 @@ impl EventLoop {
                     Some(&i) => self.replicas[i].propose_client(client_id, seq, &data, reply),
                     None => {
                         let why = format!("group {group} is not on this core");
-                        let _ = reply.send(Err(super::ProposeError::Unavailable(why)));
+                        reply(Err(super::ProposeError::Unavailable(why)));
+                    }
+                },
+                Command::Read {
+                    group,
+                    from,
+                    max_entries,
+                    max_bytes,
+                    reply,
+                } => match self.by_group.get(&group) {
+                    Some(&i) => reply(self.replicas[i].read(from, max_entries, max_bytes)),
+                    None => {
+                        let why = format!("group {group} is not on this core");
+                        reply(Err(super::ProposeError::Unavailable(why)));
                     }
                 },
                 Command::Status(reply) => {

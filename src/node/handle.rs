@@ -123,19 +123,32 @@ impl NodeStatus {
     }
 }
 
+/// Where a proposal's outcome goes: called once, on the loop's thread.
+pub type Reply = Box<dyn FnOnce(Result<Index, ProposeError>) + Send>;
+
+/// Where a read's entries go: called once, on the loop's thread.
+pub type ReadReply = Box<dyn FnOnce(Result<Vec<(Index, Term, Vec<u8>)>, ProposeError>) + Send>;
+
 /// A command to the loop.
 pub(crate) enum Command {
     Propose {
         group: GroupId,
         data: Vec<u8>,
-        reply: Sender<Result<Index, ProposeError>>,
+        reply: Reply,
     },
     Append {
         group: GroupId,
         client_id: u64,
         seq: u64,
         data: Vec<u8>,
-        reply: Sender<Result<Index, ProposeError>>,
+        reply: Reply,
+    },
+    Read {
+        group: GroupId,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        reply: ReadReply,
     },
     Status(Sender<NodeStatus>),
     Stop,
@@ -289,21 +302,123 @@ impl NodeHandle {
         &self,
         group: GroupId,
         timeout: Duration,
-        make: impl FnOnce(Sender<Result<Index, ProposeError>>) -> Command,
+        make: impl FnOnce(Reply) -> Command,
     ) -> Result<Index, ProposeError> {
+        let (tx, answer) = bounded(1);
+        let reply: Reply = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        self.submit(group, make(reply))?;
+        answer
+            .recv_timeout(timeout)
+            .unwrap_or(Err(ProposeError::Timeout))
+    }
+
+    /// Hands a command to the loop owning `group` without waiting: its
+    /// reply callback runs on that loop when the outcome is known.
+    fn submit(&self, group: GroupId, cmd: Command) -> Result<(), ProposeError> {
         let Some(&core) = self.owner.get(&group) else {
             return Err(ProposeError::Unavailable(format!(
                 "group {group} is not on this node"
             )));
         };
-        let (reply, answer) = bounded(1);
         self.cores[core]
             .commands
-            .send(make(reply))
-            .map_err(|_| ProposeError::Unavailable("node stopped".into()))?;
+            .send(cmd)
+            .map_err(|_| ProposeError::Unavailable("node stopped".into()))
+    }
+
+    /// `append` without waiting: `reply` is called on the group's loop
+    /// once the outcome is known (for pipelining servers). If the command
+    /// cannot even be handed over, `reply` is called here at once.
+    pub fn append_with(
+        &self,
+        group: GroupId,
+        client_id: u64,
+        seq: u64,
+        data: Vec<u8>,
+        reply: Reply,
+    ) {
+        let owner = self.owner.get(&group).copied();
+        match owner {
+            Some(core) => {
+                let cmd = Command::Append {
+                    group,
+                    client_id,
+                    seq,
+                    data,
+                    reply,
+                };
+                if let Err(e) = self.cores[core].commands.send(cmd) {
+                    if let Command::Append { reply, .. } = e.0 {
+                        reply(Err(ProposeError::Unavailable("node stopped".into())));
+                    }
+                }
+            }
+            None => reply(Err(ProposeError::Unavailable(format!(
+                "group {group} is not on this node"
+            )))),
+        }
+    }
+
+    /// Committed entries of `group` from `from` on (at most `max_entries`,
+    /// about `max_bytes`), without waiting: `reply` gets them.
+    pub fn read_with(
+        &self,
+        group: GroupId,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        reply: ReadReply,
+    ) {
+        let owner = self.owner.get(&group).copied();
+        match owner {
+            Some(core) => {
+                let cmd = Command::Read {
+                    group,
+                    from,
+                    max_entries,
+                    max_bytes,
+                    reply,
+                };
+                if let Err(e) = self.cores[core].commands.send(cmd) {
+                    if let Command::Read { reply, .. } = e.0 {
+                        reply(Err(ProposeError::Unavailable("node stopped".into())));
+                    }
+                }
+            }
+            None => reply(Err(ProposeError::Unavailable(format!(
+                "group {group} is not on this node"
+            )))),
+        }
+    }
+
+    /// Committed entries of `group` from `from` on, waiting up to `timeout`.
+    pub fn read(
+        &self,
+        group: GroupId,
+        from: Index,
+        max_entries: usize,
+        timeout: Duration,
+    ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
+        let (tx, answer) = bounded(1);
+        self.read_with(
+            group,
+            from,
+            max_entries,
+            usize::MAX,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
         answer
             .recv_timeout(timeout)
             .unwrap_or(Err(ProposeError::Timeout))
+    }
+
+    /// The groups this node runs.
+    pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.owner.keys().copied()
     }
 
     /// The node's state now, gathered from every loop; `None` if a loop

@@ -17,15 +17,20 @@
 //! its heartbeat every `keepalive_ms` on both channels; serves commands.
 
 pub mod admin;
+pub mod client_server;
 mod config;
 pub mod config_file;
+pub mod daemon;
 mod event_loop;
 mod handle;
 mod local;
+pub mod processes;
 mod replica;
 
 pub use config::{GroupSpec, NodeSpec, PeerSpec};
-pub use handle::{GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError};
+pub use handle::{
+    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, ReadReply, Reply,
+};
 pub use local::LocalCluster;
 
 /// A seed from the OS for what must differ at every start (session

@@ -5,17 +5,17 @@
 //! with `persisted`, apply what is committed.
 
 use super::handle::ProposeError;
+use super::handle::Reply;
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
 use crate::transport::GroupId;
-use crossbeam_channel::Sender;
 use std::collections::{BTreeMap, VecDeque};
 
 /// A client waiting for its entry to be applied.
 pub(crate) struct Waiter {
     term: Term,
-    reply: Sender<Result<Index, ProposeError>>,
+    reply: Reply,
 }
 
 /// One group on this node.
@@ -65,13 +65,7 @@ impl Replica {
     /// Proposes a client append with its client id and sequence number:
     /// applied once however often it is retried; the reply is the index
     /// it was applied at (the original one for a retry).
-    pub(crate) fn propose_client(
-        &mut self,
-        client_id: u64,
-        seq: u64,
-        data: &[u8],
-        reply: Sender<Result<Index, ProposeError>>,
-    ) {
+    pub(crate) fn propose_client(&mut self, client_id: u64, seq: u64, data: &[u8], reply: Reply) {
         self.propose(encode_client_entry(client_id, seq, data), reply);
     }
 
@@ -101,13 +95,13 @@ impl Replica {
     }
 
     /// Proposes client data; the reply comes once it is applied.
-    pub(crate) fn propose(&mut self, data: Vec<u8>, reply: Sender<Result<Index, ProposeError>>) {
+    pub(crate) fn propose(&mut self, data: Vec<u8>, reply: Reply) {
         if let Some(why) = &self.stopped {
-            let _ = reply.send(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::Unavailable(why.clone())));
             return;
         }
         if let Err(WalError::DiskFull) = self.wal.admit() {
-            let _ = reply.send(Err(ProposeError::DiskFull));
+            reply(Err(ProposeError::DiskFull));
             return;
         }
         match self.raft.propose(data) {
@@ -115,10 +109,10 @@ impl Replica {
                 self.waiters.insert(index, Waiter { term, reply });
             }
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                let _ = reply.send(Err(ProposeError::NotLeader(leader)));
+                reply(Err(ProposeError::NotLeader(leader)));
             }
             Err(e) => {
-                let _ = reply.send(Err(ProposeError::Unavailable(e.to_string())));
+                reply(Err(ProposeError::Unavailable(e.to_string())));
             }
         }
     }
@@ -233,7 +227,7 @@ impl Replica {
             } else {
                 Err(ProposeError::Lost)
             };
-            let _ = w.reply.send(result);
+            (w.reply)(result);
         }
     }
 
@@ -289,10 +283,60 @@ impl Replica {
             self.raft.step_down();
         }
         for (_, w) in std::mem::take(&mut self.waiters) {
-            let _ = w.reply.send(Err(ProposeError::Unavailable(why.clone())));
+            (w.reply)(Err(ProposeError::Unavailable(why.clone())));
         }
         self.held.clear();
         self.stopped = Some(why);
+    }
+
+    /// Committed entries from `from` on, at most `max_entries` and about
+    /// `max_bytes` (at least one), as (index, term, data): the data of
+    /// client appends without their header; no-ops and membership changes
+    /// are skipped. Only what is committed is served.
+    pub(crate) fn read(
+        &mut self,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
+        if let Some(why) = &self.stopped {
+            return Err(ProposeError::Unavailable(why.clone()));
+        }
+        let commit = self.raft.commit_index();
+        let first = self.raft.first_index().max(1);
+        if from < first {
+            return Err(ProposeError::Unavailable(format!(
+                "entries below {first} were compacted into a snapshot"
+            )));
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut at = from;
+        while at <= commit && out.len() < max_entries && (out.is_empty() || bytes < max_bytes) {
+            let hi = commit.min(at + max_entries as u64 - 1);
+            let entries = self
+                .wal
+                .read(at, hi)
+                .map_err(|e| ProposeError::Unavailable(format!("reading the log: {e}")))?;
+            if entries.is_empty() {
+                break;
+            }
+            for e in entries {
+                at = e.index + 1;
+                if let Payload::Normal(p) = e.payload {
+                    let data = match decode_client_entry(&p) {
+                        Some((_, _, d)) => d.to_vec(),
+                        None => p,
+                    };
+                    bytes += data.len();
+                    out.push((e.index, e.term, data));
+                    if out.len() >= max_entries || bytes >= max_bytes {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The disk state to report.

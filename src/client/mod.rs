@@ -1,0 +1,307 @@
+//! The Rust client library: connects to any node of a cluster, learns
+//! which node leads each group, follows NotLeader redirects, reconnects
+//! after a failover, and retries appends safely: every append carries this
+//! client's id and a sequence number, so a retry is applied once and
+//! answered with the original index.
+//!
+//! Blocking, one request at a time per call. Pipelining many appends is
+//! the protocol's and the server's (`ClientSession` keeps up to 256 in
+//! flight); this first library does not use it yet.
+
+use crate::api::{ClientConfig, ClientSession, ErrorCode, LeaderInfo, Received, Request, Response};
+use crate::consensus::NodeId;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// An entry read back: index, term and the appended bytes.
+pub use crate::api::Entry;
+
+/// Why a client call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientError {
+    /// No node answered within the deadline; for an append, the outcome is
+    /// unknown (retrying with the same sequence number is safe).
+    Unavailable(String),
+    /// The cluster refused the request for good (bad request, too large,
+    /// unknown group, wrong token...).
+    Refused(ErrorCode, String),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Unavailable(why) => write!(f, "cluster unavailable: {why}"),
+            ClientError::Refused(code, why) => write!(f, "refused ({code}): {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+struct Conn {
+    stream: TcpStream,
+    session: ClientSession,
+    node: NodeId,
+}
+
+/// A client of a quire cluster.
+pub struct Client {
+    addrs: Vec<SocketAddr>,
+    token: Vec<u8>,
+    conns: BTreeMap<usize, Conn>,
+    /// Node id of each address, once known.
+    nodes: BTreeMap<usize, NodeId>,
+    leaders: BTreeMap<u32, NodeId>,
+    client_id: u64,
+    next_seq: u64,
+    /// How long one call keeps retrying before it gives up.
+    pub deadline: Duration,
+}
+
+impl Client {
+    /// A client of the cluster whose nodes listen on `addrs`, presenting
+    /// `token`. Connects lazily; `client_id` should be unique per client
+    /// (a random one is fine).
+    pub fn new(addrs: Vec<SocketAddr>, token: &[u8], client_id: u64) -> Client {
+        Client {
+            addrs,
+            token: token.to_vec(),
+            conns: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            leaders: BTreeMap::new(),
+            client_id,
+            next_seq: 1,
+            deadline: Duration::from_secs(10),
+        }
+    }
+
+    fn connect(&mut self, i: usize) -> Result<(), String> {
+        if self.conns.contains_key(&i) {
+            return Ok(());
+        }
+        let addr = self.addrs[i];
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        let mut conn = Conn {
+            stream,
+            session: ClientSession::new(ClientConfig::new(&self.token)),
+            node: 0,
+        };
+        let (_, frame) = conn.session.hello().map_err(|e| format!("{e:?}"))?;
+        conn.stream.write_all(&frame).map_err(|e| e.to_string())?;
+        match read_answer(&mut conn)? {
+            Response::HelloOk { node } => conn.node = node,
+            Response::Error { code, message, .. } => return Err(format!("{code}: {message}")),
+            other => return Err(format!("unexpected answer to Hello: {other:?}")),
+        }
+        self.nodes.insert(i, conn.node);
+        self.conns.insert(i, conn);
+        Ok(())
+    }
+
+    /// Sends `req` to address `i` and waits for its answer; a broken
+    /// connection is dropped (and reopened on the next call).
+    fn call(&mut self, i: usize, req: &Request) -> Result<Response, String> {
+        self.connect(i)?;
+        let conn = self.conns.get_mut(&i).expect("just connected");
+        let r = (|| {
+            let (_, frame) = conn.session.request(req).map_err(|e| format!("{e:?}"))?;
+            conn.stream.write_all(&frame).map_err(|e| e.to_string())?;
+            read_answer(conn)
+        })();
+        if r.is_err() {
+            self.conns.remove(&i);
+        }
+        r
+    }
+
+    /// Where to send a request for `group` first: its known leader, else
+    /// each address in turn.
+    fn order(&self, group: u32, attempt: usize) -> usize {
+        let leader = self
+            .leaders
+            .get(&group)
+            .and_then(|l| self.nodes.iter().find(|(_, n)| *n == l).map(|(i, _)| *i));
+        match leader {
+            Some(i) if attempt % 2 == 0 => i,
+            _ => attempt % self.addrs.len(),
+        }
+    }
+
+    /// Runs `req` against `group`'s leader, following redirects and
+    /// retrying other nodes until `deadline`.
+    fn with_leader(&mut self, group: u32, req: &Request) -> Result<Response, ClientError> {
+        let started = Instant::now();
+        let mut last = String::from("no node tried");
+        let mut attempt = 0usize;
+        while started.elapsed() < self.deadline {
+            let i = self.order(group, attempt);
+            attempt += 1;
+            match self.call(i, req) {
+                Ok(Response::Error {
+                    code: ErrorCode::NotLeader,
+                    leader,
+                    message,
+                }) => {
+                    last = message;
+                    match leader {
+                        Some((l, _)) => {
+                            self.leaders.insert(group, l);
+                        }
+                        None => {
+                            self.leaders.remove(&group);
+                            std::thread::sleep(Duration::from_millis(20)); // an election is on
+                        }
+                    }
+                }
+                Ok(Response::Error { code, message, .. })
+                    if matches!(
+                        code,
+                        ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::DiskFull
+                    ) =>
+                {
+                    last = format!("{code}: {message}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(Response::Error { code, message, .. }) => {
+                    return Err(ClientError::Refused(code, message))
+                }
+                Ok(resp) => {
+                    if let Some(&n) = self.nodes.get(&i) {
+                        self.leaders.insert(group, n);
+                    }
+                    return Ok(resp);
+                }
+                Err(e) => {
+                    last = e;
+                    self.leaders.remove(&group);
+                }
+            }
+        }
+        Err(ClientError::Unavailable(last))
+    }
+
+    /// Appends `data` to `group`'s log; returns its index once it is
+    /// durable on a majority and applied. Retries (other nodes, after a
+    /// failover) reuse the same sequence number, so it is applied once.
+    pub fn append(&mut self, group: u32, data: &[u8]) -> Result<u64, ClientError> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let req = Request::Append {
+            group,
+            client_id: self.client_id,
+            seq,
+            data: data.to_vec(),
+        };
+        match self.with_leader(group, &req)? {
+            Response::Appended { index } => Ok(index),
+            other => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Committed entries of `group` from index `from`, at most
+    /// `max_entries`, read from the group's leader.
+    pub fn read(
+        &mut self,
+        group: u32,
+        from: u64,
+        max_entries: u32,
+    ) -> Result<Vec<Entry>, ClientError> {
+        let req = Request::Read {
+            group,
+            from,
+            max_entries,
+            max_bytes: 16 << 20,
+        };
+        match self.with_leader(group, &req)? {
+            Response::Entries { entries } => Ok(entries),
+            other => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Committed entries of `group` from `from` as node `addrs[i]` has
+    /// them (any node, not only the leader).
+    pub fn read_from(
+        &mut self,
+        i: usize,
+        group: u32,
+        from: u64,
+        max_entries: u32,
+    ) -> Result<Vec<Entry>, ClientError> {
+        let req = Request::Read {
+            group,
+            from,
+            max_entries,
+            max_bytes: 16 << 20,
+        };
+        match self.call(i, &req) {
+            Ok(Response::Entries { entries }) => Ok(entries),
+            Ok(Response::Error { code, message, .. }) => Err(ClientError::Refused(code, message)),
+            Ok(other) => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+            Err(e) => Err(ClientError::Unavailable(e)),
+        }
+    }
+
+    /// Which node leads each group, as node `addrs[i]` sees it.
+    pub fn leaders(&mut self, i: usize) -> Result<Vec<LeaderInfo>, ClientError> {
+        match self.call(i, &Request::Leaders) {
+            Ok(Response::LeaderMap { groups }) => Ok(groups),
+            Ok(other) => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+            Err(e) => Err(ClientError::Unavailable(e)),
+        }
+    }
+
+    /// Node `addrs[i]`'s status as JSON.
+    pub fn status(&mut self, i: usize) -> Result<String, ClientError> {
+        match self.call(i, &Request::Status) {
+            Ok(Response::StatusJson { json }) => Ok(json),
+            Ok(other) => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+            Err(e) => Err(ClientError::Unavailable(e)),
+        }
+    }
+}
+
+/// Reads from the connection until the session yields an answer.
+fn read_answer(conn: &mut Conn) -> Result<Response, String> {
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        match conn.session.poll() {
+            Ok(Some(Received::Response { resp, .. })) => return Ok(resp),
+            Ok(Some(Received::ConnectionError { code, message })) => {
+                return Err(format!("connection refused ({code}): {message}"))
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("protocol error: {e:?}")),
+        }
+        let n = conn.stream.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed".into());
+        }
+        let mut at = 0;
+        while at < n {
+            at += conn.session.push(&buf[at..n]);
+            if at < n {
+                // The session's buffer is full: take an answer out first.
+                if let Ok(Some(Received::Response { resp, .. })) = conn.session.poll() {
+                    return Ok(resp);
+                }
+            }
+        }
+    }
+}

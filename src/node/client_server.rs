@@ -1,0 +1,387 @@
+//! The client-facing TCP server: it moves bytes between client sockets and
+//! the sans-IO protocol sessions of `crate::api`, and hands requests to the
+//! node's loops through the handle. Appends are pipelined: a request is
+//! submitted without waiting and its answer written when the loop calls
+//! back, in completion order.
+//!
+//! Each connection has a reader thread (socket to session to node) and a
+//! writer thread (answers to socket); the session, shared by the two, sits
+//! behind a mutex of its own, which the node's loops never take: their
+//! callbacks only queue the answer for the writer. A malformed frame gets
+//! one Error frame, then that connection closes; others carry on.
+
+use super::admin::status_json;
+use super::{NodeHandle, ProposeError};
+use crate::api::{ErrorCode, Incoming, LeaderInfo, Request, Response, ServerConfig, ServerSession};
+use crate::consensus::NodeId;
+use crossbeam_channel::{unbounded, Sender};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest a Tail request waits for entries.
+const TAIL_WAIT_MAX: Duration = Duration::from_secs(30);
+/// How often a waiting Tail looks again.
+const TAIL_POLL: Duration = Duration::from_millis(5);
+/// Entries in one Read answer at most.
+const READ_ENTRIES_MAX: usize = 4096;
+
+/// What the writer thread writes.
+enum Out {
+    /// Bytes already encoded (HelloOk, a closing Error).
+    Frame(Vec<u8>),
+    /// An answer to encode with the session.
+    Answer(u64, Response),
+    /// Stop after what is queued.
+    Close,
+}
+
+/// The running server; stops accepting when dropped.
+pub struct ClientServer {
+    addr: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ClientServer {
+    /// Listens on `listen` for clients of `node`, which present `token`;
+    /// `client_addrs` maps node ids to their client addresses, for
+    /// NotLeader redirects.
+    pub fn start(
+        listen: SocketAddr,
+        node: Arc<NodeHandle>,
+        token: &[u8],
+        client_addrs: BTreeMap<NodeId, String>,
+    ) -> Result<ClientServer, String> {
+        let listener =
+            TcpListener::bind(listen).map_err(|e| format!("client listener on {listen}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let cfg = Arc::new(ServerConfig::new(node.id(), token));
+        let addrs = Arc::new(client_addrs);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("quire-clients".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(stream) = conn else { continue };
+                    let _ = stream.set_nodelay(true);
+                    let (cfg, node, addrs) =
+                        (Arc::clone(&cfg), Arc::clone(&node), Arc::clone(&addrs));
+                    let _ = std::thread::Builder::new()
+                        .name("quire-client".into())
+                        .spawn(move || serve(stream, cfg, node, addrs));
+                }
+            })
+            .map_err(|e| format!("starting the client server: {e}"))?;
+        Ok(ClientServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for ClientServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One connection: this thread reads; a second one writes.
+fn serve(
+    stream: TcpStream,
+    cfg: Arc<ServerConfig>,
+    node: Arc<NodeHandle>,
+    addrs: Arc<BTreeMap<NodeId, String>>,
+) {
+    let Ok(mut writer_stream) = stream.try_clone() else {
+        return;
+    };
+    let session = Arc::new(Mutex::new(ServerSession::new(cfg)));
+    let (out, outbox) = unbounded::<Out>();
+    let s2 = Arc::clone(&session);
+    let writer = std::thread::spawn(move || {
+        for o in outbox {
+            let bytes = match o {
+                Out::Frame(b) => b,
+                Out::Answer(id, resp) => match s2.lock() {
+                    Ok(mut s) => s.respond(id, &resp),
+                    Err(_) => return,
+                },
+                Out::Close => break,
+            };
+            if writer_stream.write_all(&bytes).is_err() {
+                return;
+            }
+        }
+        let _ = writer_stream.shutdown(Shutdown::Write);
+    });
+    let mut reader = stream;
+    let mut buf = vec![0u8; 64 << 10];
+    'conn: loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut at = 0;
+        while at < n {
+            let mut requests = Vec::new();
+            let failed = {
+                let Ok(mut s) = session.lock() else {
+                    break 'conn;
+                };
+                at += s.push(&buf[at..n]);
+                loop {
+                    match s.poll() {
+                        Ok(Some(Incoming::Handshake { reply, .. })) => {
+                            let _ = out.send(Out::Frame(reply));
+                        }
+                        Ok(Some(Incoming::Request { id, req })) => requests.push((id, req)),
+                        Ok(None) => break false,
+                        Err(_) => {
+                            if let Some(frame) = s.close_frame() {
+                                let _ = out.send(Out::Frame(frame));
+                            }
+                            break true;
+                        }
+                    }
+                }
+            };
+            for (id, req) in requests {
+                dispatch(id, req, &node, &addrs, &out);
+            }
+            if failed {
+                break 'conn;
+            }
+        }
+    }
+    let _ = out.send(Out::Close);
+    let _ = writer.join();
+    // Drain what the client still sends (bounded), so the kernel ends the
+    // connection with FIN rather than RST and the Error frame is read.
+    let _ = reader.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut left = 1 << 20;
+    while left > 0 {
+        match reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left -= n.min(left),
+        }
+    }
+}
+
+/// The protocol's answer for a node error.
+fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response {
+    let (code, leader) = match &e {
+        ProposeError::NotLeader(l) => (
+            ErrorCode::NotLeader,
+            l.map(|l| (l, addrs.get(&l).cloned().unwrap_or_default())),
+        ),
+        ProposeError::DiskFull => (ErrorCode::DiskFull, None),
+        ProposeError::Timeout => (ErrorCode::Timeout, None),
+        ProposeError::Lost | ProposeError::Unavailable(_) => (ErrorCode::Unavailable, None),
+    };
+    Response::Error {
+        code,
+        message: e.to_string(),
+        leader,
+    }
+}
+
+fn dispatch(
+    id: u64,
+    req: Request,
+    node: &Arc<NodeHandle>,
+    addrs: &Arc<BTreeMap<NodeId, String>>,
+    out: &Sender<Out>,
+) {
+    let answer = |out: &Sender<Out>, resp: Response| {
+        let _ = out.send(Out::Answer(id, resp));
+    };
+    if let Some(group) = request_group(&req) {
+        if !node.groups().any(|g| g == group) {
+            let resp = Response::Error {
+                code: ErrorCode::UnknownGroup,
+                message: format!("group {group} is not on this node"),
+                leader: None,
+            };
+            return answer(out, resp);
+        }
+    }
+    match req {
+        Request::Append {
+            group,
+            client_id,
+            seq,
+            data,
+        } => {
+            let (out, addrs) = (out.clone(), Arc::clone(addrs));
+            node.append_with(
+                group,
+                client_id,
+                seq,
+                data,
+                Box::new(move |r| {
+                    let resp = match r {
+                        Ok(index) => Response::Appended { index },
+                        Err(e) => error_response(e, &addrs),
+                    };
+                    let _ = out.send(Out::Answer(id, resp));
+                }),
+            );
+        }
+        Request::AppendBatch {
+            group,
+            client_id,
+            first_seq,
+            items,
+        } => {
+            if items.is_empty() {
+                let resp = Response::Error {
+                    code: ErrorCode::BadRequest,
+                    message: "an empty batch".into(),
+                    leader: None,
+                };
+                return answer(out, resp);
+            }
+            // Every item's outcome lands in `acc`; the last one answers.
+            let count = items.len();
+            let acc = Arc::new(Mutex::new((Vec::with_capacity(count), count)));
+            for (i, data) in items.into_iter().enumerate() {
+                let (out, addrs, acc) = (out.clone(), Arc::clone(addrs), Arc::clone(&acc));
+                node.append_with(
+                    group,
+                    client_id,
+                    first_seq + i as u64,
+                    data,
+                    Box::new(move |r| {
+                        let Ok(mut a) = acc.lock() else { return };
+                        a.0.push(r);
+                        a.1 -= 1;
+                        if a.1 > 0 {
+                            return;
+                        }
+                        let results = std::mem::take(&mut a.0);
+                        let resp = match results.into_iter().collect::<Result<Vec<_>, _>>() {
+                            Ok(indexes) => Response::AppendedBatch {
+                                first_index: indexes.iter().copied().min().unwrap_or(0),
+                                count: indexes.len() as u32,
+                            },
+                            Err(e) => error_response(e, &addrs),
+                        };
+                        let _ = out.send(Out::Answer(id, resp));
+                    }),
+                );
+            }
+        }
+        Request::Read {
+            group,
+            from,
+            max_entries,
+            max_bytes,
+        } => {
+            let (out, addrs) = (out.clone(), Arc::clone(addrs));
+            let max_entries = (max_entries as usize).clamp(1, READ_ENTRIES_MAX);
+            node.read_with(
+                group,
+                from,
+                max_entries,
+                max_bytes as usize,
+                Box::new(move |r| {
+                    let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
+                }),
+            );
+        }
+        Request::Tail {
+            group,
+            from,
+            wait_ms,
+        } => {
+            // A long poll: look again until entries arrive or the wait ends
+            // (on a thread of its own, so the connection keeps serving).
+            let (out, addrs, node) = (out.clone(), Arc::clone(addrs), Arc::clone(node));
+            let deadline =
+                Instant::now() + Duration::from_millis(wait_ms as u64).min(TAIL_WAIT_MAX);
+            std::thread::spawn(move || loop {
+                let r = node.read(group, from, READ_ENTRIES_MAX, Duration::from_secs(5));
+                let empty = matches!(&r, Ok(v) if v.is_empty());
+                if !empty || Instant::now() >= deadline {
+                    let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
+                    return;
+                }
+                std::thread::sleep(TAIL_POLL);
+            });
+        }
+        Request::Leaders => {
+            let resp = match node.status() {
+                Some(s) => Response::LeaderMap {
+                    groups: s
+                        .groups
+                        .iter()
+                        .map(|g| LeaderInfo {
+                            group: g.group,
+                            leader: g.leader.unwrap_or(0),
+                            addr: g
+                                .leader
+                                .and_then(|l| addrs.get(&l).cloned())
+                                .unwrap_or_default(),
+                        })
+                        .collect(),
+                },
+                None => error_response(ProposeError::Unavailable("node stopping".into()), addrs),
+            };
+            answer(out, resp);
+        }
+        Request::Status => {
+            let resp = match node.status() {
+                Some(s) => Response::StatusJson {
+                    json: status_json(&s).to_string(),
+                },
+                None => error_response(ProposeError::Unavailable("node stopping".into()), addrs),
+            };
+            answer(out, resp);
+        }
+        Request::Hello { .. } => {} // handled by the session
+    }
+}
+
+fn request_group(req: &Request) -> Option<u32> {
+    match req {
+        Request::Append { group, .. }
+        | Request::AppendBatch { group, .. }
+        | Request::Read { group, .. }
+        | Request::Tail { group, .. } => Some(*group),
+        _ => None,
+    }
+}
+
+fn entries_response(
+    r: Result<Vec<(u64, u64, Vec<u8>)>, ProposeError>,
+    addrs: &BTreeMap<NodeId, String>,
+) -> Response {
+    match r {
+        Ok(v) => Response::Entries {
+            entries: v
+                .into_iter()
+                .map(|(index, term, data)| crate::api::Entry { index, term, data })
+                .collect(),
+        },
+        Err(e) => error_response(e, addrs),
+    }
+}

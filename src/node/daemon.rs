@@ -1,0 +1,108 @@
+//! The daemon (`quired`, or `quire daemon`): loads and checks the config
+//! (exit code 2 and one message naming the key if anything is wrong),
+//! starts one pinned event loop per configured core, the client server and
+//! the admin endpoint; on SIGTERM or SIGINT stops taking work, lets
+//! in-flight flushes finish and exits 0. A restart recovers every group
+//! from its log.
+
+use super::admin::AdminServer;
+use super::client_server::ClientServer;
+use super::config_file;
+use super::NodeHandle;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Blocks SIGTERM and SIGINT in this thread and every thread started from
+/// it later, so that `wait_for_signal` receives them synchronously.
+pub fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; the calls only read and write it and
+    // this thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Waits for SIGTERM or SIGINT; returns its name.
+pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is an initialised signal set; sigwait writes `sig`.
+    while unsafe { libc::sigwait(set, &mut sig) } != 0 {}
+    if sig == libc::SIGINT {
+        "SIGINT"
+    } else {
+        "SIGTERM"
+    }
+}
+
+/// Runs the daemon with the config at `config` until a stop signal.
+pub fn run(config: &Path) -> ExitCode {
+    let cfg = match config_file::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quired: {e}");
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
+    for w in &cfg.warnings {
+        eprintln!("quired: warning: {w}");
+    }
+    let id = cfg.node.id;
+    let token = match std::fs::read(&cfg.token_file) {
+        Ok(t) => t.trim_ascii_end().to_vec(),
+        Err(e) => {
+            eprintln!("quired: {}: {e}", cfg.token_file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let signals = block_stop_signals();
+    let groups = cfg.node.groups.len();
+    let node = match NodeHandle::spawn_on(cfg.node, &cfg.cores) {
+        Ok(n) => Arc::new(n),
+        Err(e) => {
+            eprintln!("quired: node {id}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let admin = match AdminServer::start(cfg.admin_listen, Arc::clone(&node)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("quired: node {id}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let clients = match ClientServer::start(
+        cfg.client_listen,
+        Arc::clone(&node),
+        &token,
+        BTreeMap::new(),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quired: node {id}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    eprintln!(
+        "quired: node {id} up: {groups} groups on cores {:?}; clients on {}; admin on http://{}/status",
+        cfg.cores,
+        clients.addr(),
+        admin.addr()
+    );
+    let sig = wait_for_signal(&signals);
+    eprintln!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
+    drop(clients);
+    drop(admin);
+    match Arc::try_unwrap(node) {
+        Ok(n) => n.stop(),
+        Err(n) => drop(n), // a client thread still holds it; it stops with the last
+    }
+    eprintln!("quired: node {id} stopped cleanly");
+    ExitCode::SUCCESS
+}

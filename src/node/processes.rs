@@ -1,0 +1,232 @@
+//! A local cluster of real daemon processes on 127.0.0.1, for `quire up`
+//! and the end-to-end tests: it writes a cluster key, a client token and a
+//! config file per node into a directory, runs a PTY null-modem cable
+//! between every pair of nodes (in this process), and starts
+//! `<exe> daemon --config nodeN/node.toml` for each node with its log in
+//! `nodeN/quired.log`.
+
+use crate::consensus::NodeId;
+use crate::serial::{End, NullModem};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// One node of the cluster.
+pub struct NodeProcess {
+    /// Its id.
+    pub id: NodeId,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Where clients connect.
+    pub client: SocketAddr,
+    /// Its admin endpoint.
+    pub admin: SocketAddr,
+    /// Its UDP port (group g at this + g).
+    pub udp: u16,
+    /// The running process, if started.
+    pub child: Option<Child>,
+}
+
+/// The cluster: its directory, nodes and cables.
+pub struct LocalProcesses {
+    /// The directory holding everything.
+    pub dir: PathBuf,
+    /// The daemon executable (run as `<exe> daemon --config F`, or as
+    /// `<exe> --config F` if it is `quired`).
+    pub exe: PathBuf,
+    /// The nodes by id.
+    pub nodes: BTreeMap<NodeId, NodeProcess>,
+    /// The client token.
+    pub token: Vec<u8>,
+    _cables: Vec<NullModem>,
+}
+
+fn free_tcp() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A free base port for `groups` consecutive UDP ports.
+fn free_udp_base(groups: u32) -> std::io::Result<u16> {
+    'search: for _ in 0..100 {
+        let base = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+        if base as u32 + groups > 65_535 {
+            continue;
+        }
+        for g in 1..groups {
+            if UdpSocket::bind(("127.0.0.1", base + g as u16)).is_err() {
+                continue 'search;
+            }
+        }
+        return Ok(base);
+    }
+    Err(std::io::Error::other("no run of free UDP ports"))
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut s = String::new();
+    for _ in 0..bytes.div_ceil(8) {
+        let _ = write!(s, "{:016x}", super::os_seed());
+    }
+    s.truncate(bytes * 2);
+    s
+}
+
+impl LocalProcesses {
+    /// Writes the key, token, configs and cables for `n` nodes of `groups`
+    /// groups each under `dir` (created if missing); starts nothing yet.
+    pub fn prepare(dir: &Path, n: u64, groups: u32, exe: &Path) -> Result<LocalProcesses, String> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |e: std::io::Error| format!("{what}: {e}")
+        };
+        std::fs::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
+        let token = random_hex(24);
+        std::fs::write(dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
+        std::fs::write(dir.join("client.token"), &token).map_err(io("client.token"))?;
+        let ids: Vec<NodeId> = (1..=n).collect();
+        let mut cables = Vec::new();
+        let mut ends: BTreeMap<(NodeId, NodeId), PathBuf> = BTreeMap::new();
+        for &a in &ids {
+            for &b in ids.iter().filter(|&&b| b > a) {
+                let cdir = dir.join("cables").join(format!("{a}-{b}"));
+                std::fs::create_dir_all(&cdir).map_err(io("creating a cable directory"))?;
+                let cable = NullModem::new(&cdir).map_err(io("a PTY null-modem cable"))?;
+                ends.insert((a, b), cable.path(End::A).to_path_buf());
+                ends.insert((b, a), cable.path(End::B).to_path_buf());
+                cables.push(cable);
+            }
+        }
+        let mut nodes = BTreeMap::new();
+        for &id in &ids {
+            let udp = free_udp_base(groups).map_err(io("finding UDP ports"))?;
+            let client =
+                SocketAddr::from(([127, 0, 0, 1], free_tcp().map_err(io("a client port"))?));
+            let admin =
+                SocketAddr::from(([127, 0, 0, 1], free_tcp().map_err(io("an admin port"))?));
+            nodes.insert(
+                id,
+                NodeProcess {
+                    id,
+                    config: dir.join(format!("node{id}")).join("node.toml"),
+                    client,
+                    admin,
+                    udp,
+                    child: None,
+                },
+            );
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for (&id, node) in &nodes {
+            let mut t = String::new();
+            let _ = writeln!(t, "# Written by `quire up`: node {id} of a local cluster.");
+            let _ = writeln!(t, "[node]\nid = {id}");
+            let _ = writeln!(t, "cluster_key_file = \"../cluster.key\"");
+            let _ = writeln!(t, "auth_token_file = \"../client.token\"");
+            let _ = writeln!(t, "cores = [{}]", (id as usize - 1) % cores);
+            let _ = writeln!(t, "client_listen = \"{}\"", node.client);
+            let _ = writeln!(t, "admin_listen = \"{}\"", node.admin);
+            let _ = writeln!(t, "\n[udp]\nbind = \"127.0.0.1\"\nbase_port = {}", node.udp);
+            let _ = writeln!(t, "recv_buffer_bytes = 1048576");
+            let _ = writeln!(t, "\n[storage]\nsegment_bytes = 8388608");
+            for (&p, peer) in nodes.iter().filter(|(&p, _)| p != id) {
+                let _ = writeln!(t, "\n[[peers]]\nid = {p}\nudp = \"127.0.0.1:{}\"", peer.udp);
+                let _ = writeln!(t, "serial = \"{}\"", ends[&(id, p)].display());
+            }
+            for g in 0..groups {
+                let _ = writeln!(t, "\n[[disks]]\npath = \"log{g}\"\ngroup = {g}");
+            }
+            let cfg_dir = node.config.parent().expect("nodeN/node.toml");
+            std::fs::create_dir_all(cfg_dir).map_err(io("creating a node directory"))?;
+            std::fs::write(&node.config, t).map_err(io("writing a node config"))?;
+        }
+        Ok(LocalProcesses {
+            dir: dir.to_path_buf(),
+            exe: exe.to_path_buf(),
+            nodes,
+            token: token.into_bytes(),
+            _cables: cables,
+        })
+    }
+
+    /// Starts node `id`'s daemon (its output goes to `nodeN/quired.log`).
+    pub fn start(&mut self, id: NodeId) -> Result<(), String> {
+        let node = self.nodes.get_mut(&id).ok_or("no such node")?;
+        let log_path = node.config.with_file_name("quired.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let mut cmd = Command::new(&self.exe);
+        let is_quired = self.exe.file_name().is_some_and(|n| n == "quired");
+        if !is_quired {
+            cmd.arg("daemon");
+        }
+        let child = cmd
+            .arg("--config")
+            .arg(&node.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", self.exe.display()))?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// Starts every node.
+    pub fn start_all(&mut self) -> Result<(), String> {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.start(id)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` to node `id` (SIGTERM: a clean stop; SIGKILL: a crash).
+    pub fn signal(&mut self, id: NodeId, signal: libc::c_int) {
+        if let Some(c) = self.nodes.get(&id).and_then(|n| n.child.as_ref()) {
+            // SAFETY: kill(2) on a child we started and have not reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+        }
+    }
+
+    /// Waits for node `id` to exit; returns its exit code.
+    pub fn wait(&mut self, id: NodeId) -> Option<i32> {
+        let c = self.nodes.get_mut(&id)?.child.take()?;
+        let mut c = c;
+        c.wait().ok().and_then(|s| s.code())
+    }
+
+    /// Stops every running node cleanly (SIGTERM) and waits for them.
+    pub fn stop_all(&mut self) -> Vec<(NodeId, Option<i32>)> {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for &id in &ids {
+            self.signal(id, libc::SIGTERM);
+        }
+        let running: Vec<NodeId> = ids
+            .into_iter()
+            .filter(|id| self.nodes[id].child.is_some())
+            .collect();
+        running.into_iter().map(|id| (id, self.wait(id))).collect()
+    }
+
+    /// Every node's client address, in id order.
+    pub fn client_addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.values().map(|n| n.client).collect()
+    }
+}
+
+impl Drop for LocalProcesses {
+    fn drop(&mut self) {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in ids {
+            if self.nodes[&id].child.is_some() {
+                self.signal(id, libc::SIGKILL);
+                self.wait(id);
+            }
+        }
+    }
+}
