@@ -1,0 +1,124 @@
+//! Malformed client frames against the daemon's real client server
+//! (`node::client_server` on a running node): each bad connection gets one
+//! Error frame and is closed, and the node keeps serving a well-behaved
+//! client throughout. Hand-written cases and seeded random bytes.
+
+mod common;
+
+use quire::api::wire::{decode_response, encode_request, FRAME_BYTES_MAX, VERSION};
+use quire::api::{ErrorCode, Request, Response};
+use quire::client::Client;
+use quire::node::client_server::ClientServer;
+use quire::node::{GroupSpec, NodeHandle, NodeSpec};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+const TOKEN: &[u8] = b"client server test token";
+
+/// Sends `bytes` on a fresh connection, then reads until the server
+/// closes; returns the error code of the server's Error frame, if any.
+fn send_raw(addr: SocketAddr, bytes: &[u8]) -> Option<ErrorCode> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    // The last frame the server wrote (frames: u32 length, then that
+    // many bytes), decoded: the Error that closed the connection.
+    let mut code = None;
+    let mut at = 0;
+    while at + 4 <= got.len() {
+        let len = u32::from_le_bytes(got[at..at + 4].try_into().unwrap()) as usize;
+        let Some(frame) = got.get(at..at + 4 + len) else {
+            break;
+        };
+        if let Ok((_, Response::Error { code: c, .. })) = decode_response(frame, FRAME_BYTES_MAX) {
+            code = Some(c);
+        }
+        at += 4 + len;
+    }
+    code
+}
+
+fn hello() -> Vec<u8> {
+    let mut out = Vec::new();
+    let req = Request::Hello {
+        version: VERSION,
+        token: TOKEN.to_vec(),
+    };
+    encode_request(1, &req, FRAME_BYTES_MAX, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn malformed_frames_close_their_connection_and_the_node_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let groups = vec![GroupSpec {
+        group: 0,
+        dir: dir.path().join("g0"),
+    }];
+    let node = Arc::new(NodeHandle::spawn(NodeSpec::loopback(1, vec![1], groups, 0)).unwrap());
+    let server = ClientServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::clone(&node),
+        TOKEN,
+        BTreeMap::new(),
+    )
+    .unwrap();
+    let mut good = Client::new(vec![server.addr()], TOKEN, 1);
+    let first = good.append(0, b"before").expect("served");
+
+    // An oversized length: refused before anything is buffered.
+    let mut big = hello();
+    big.extend_from_slice(&(1u32 << 30).to_le_bytes());
+    big.extend_from_slice(&[VERSION, 0x02, 0, 0, 0, 0, 0, 0, 0, 2]);
+    assert_eq!(send_raw(server.addr(), &big), Some(ErrorCode::TooLarge));
+    // An unknown opcode after a good Hello.
+    let mut unknown = hello();
+    unknown.extend_from_slice(&10u32.to_le_bytes());
+    unknown.extend_from_slice(&[VERSION, 0x6e, 2, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        send_raw(server.addr(), &unknown),
+        Some(ErrorCode::BadRequest)
+    );
+    // A request before the Hello.
+    let mut early = Vec::new();
+    encode_request(1, &Request::Status, FRAME_BYTES_MAX, &mut early).unwrap();
+    assert_eq!(send_raw(server.addr(), &early), Some(ErrorCode::Unauthorized));
+    // A wrong token.
+    let mut wrong = Vec::new();
+    let req = Request::Hello {
+        version: VERSION,
+        token: b"not the token".to_vec(),
+    };
+    encode_request(1, &req, FRAME_BYTES_MAX, &mut wrong).unwrap();
+    assert_eq!(
+        send_raw(server.addr(), &wrong),
+        Some(ErrorCode::Unauthorized)
+    );
+    // A frame cut short: the server waits for the rest, sees EOF, closes.
+    let mut cut = hello();
+    cut.extend_from_slice(&30u32.to_le_bytes());
+    cut.extend_from_slice(&[VERSION, 0x02, 2]);
+    let _ = send_raw(server.addr(), &cut);
+    // Seeded random bytes, with and without a good Hello in front.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for i in 0..40 {
+        let mut bytes = if i % 2 == 0 { hello() } else { Vec::new() };
+        let n = rng.gen_range(1..300);
+        bytes.extend((0..n).map(|_| rng.gen::<u8>()));
+        let _ = send_raw(server.addr(), &bytes);
+    }
+    // The node and the good connection were never disturbed.
+    let after = good.append(0, b"after").expect("still served");
+    assert!(after > first);
+    let entries = good.read(0, first, 10).unwrap();
+    let data: Vec<&[u8]> = entries.iter().map(|e| &e.data[..]).collect();
+    assert_eq!(data, vec![&b"before"[..], &b"after"[..]]);
+    drop(server);
+}
