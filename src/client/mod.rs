@@ -4,9 +4,11 @@
 //! client's id and a sequence number, so a retry is applied once and
 //! answered with the original index.
 //!
-//! Blocking, one request at a time per call. Pipelining many appends is
-//! the protocol's and the server's (`ClientSession` keeps up to 256 in
-//! flight); this first library does not use it yet.
+//! Blocking calls. `append` sends one append and waits; `append_all`
+//! pipelines many on the leader's connection, up to `in_flight` at once,
+//! packing small ones into batch requests (`AppendBatch`), and falls back
+//! to one-by-one retries (same sequence numbers) for whatever a failover
+//! interrupts.
 
 use crate::api::{ClientConfig, ClientSession, ErrorCode, LeaderInfo, Received, Request, Response};
 use crate::consensus::NodeId;
@@ -207,6 +209,121 @@ impl Client {
         }
     }
 
+    /// Appends every record of `records` to `group` and returns their
+    /// indexes, in order. Up to `in_flight` requests are outstanding on the
+    /// leader's connection at once, each carrying up to `batch_max` records
+    /// (one `AppendBatch`); a request that fails (a failover, a lost
+    /// connection) is retried record by record with the same sequence
+    /// numbers, so nothing is applied twice.
+    pub fn append_all(
+        &mut self,
+        group: u32,
+        records: &[Vec<u8>],
+        in_flight: usize,
+        batch_max: usize,
+    ) -> Result<Vec<u64>, ClientError> {
+        let first_seq = self.next_seq;
+        self.next_seq += records.len() as u64;
+        let mut indexes = vec![0u64; records.len()];
+        let batch_max = batch_max.max(1);
+        let chunks: Vec<(usize, &[Vec<u8>])> = records
+            .chunks(batch_max)
+            .enumerate()
+            .map(|(k, c)| (k * batch_max, c))
+            .collect();
+        // The pipelined pass, on the leader's connection.
+        let leader = self.order(group, 0);
+        let mut failed: Vec<usize> = Vec::new();
+        if self.connect(leader).is_ok() {
+            let conn = self.conns.get_mut(&leader).expect("connected");
+            let mut pending: BTreeMap<u64, usize> = BTreeMap::new();
+            let mut next = 0;
+            let mut broken = false;
+            while (next < chunks.len() || !pending.is_empty()) && !broken {
+                while next < chunks.len() && pending.len() < in_flight.max(1) {
+                    let (at, items) = chunks[next];
+                    let req = Request::AppendBatch {
+                        group,
+                        client_id: self.client_id,
+                        first_seq: first_seq + at as u64,
+                        items: items.to_vec(),
+                    };
+                    let sent = conn
+                        .session
+                        .request(&req)
+                        .map_err(|e| format!("{e:?}"))
+                        .and_then(|(id, frame)| {
+                            conn.stream.write_all(&frame).map_err(|e| e.to_string())?;
+                            Ok(id)
+                        });
+                    match sent {
+                        Ok(id) => {
+                            pending.insert(id, next);
+                        }
+                        Err(_) => {
+                            broken = true;
+                            break;
+                        }
+                    }
+                    next += 1;
+                }
+                if broken || pending.is_empty() {
+                    continue;
+                }
+                match read_reply(conn) {
+                    Ok((id, Response::AppendedBatch { first_index, count })) => {
+                        if let Some(k) = pending.remove(&id) {
+                            let (at, items) = chunks[k];
+                            if count as usize == items.len() {
+                                for (j, ix) in indexes[at..at + items.len()].iter_mut().enumerate()
+                                {
+                                    *ix = first_index + j as u64;
+                                }
+                            } else {
+                                failed.push(k);
+                            }
+                        }
+                    }
+                    Ok((id, _)) => {
+                        if let Some(k) = pending.remove(&id) {
+                            failed.push(k);
+                        }
+                    }
+                    Err(_) => broken = true,
+                }
+            }
+            if broken {
+                failed.extend(pending.into_values());
+                failed.extend(next..chunks.len());
+                self.conns.remove(&leader);
+            }
+        } else {
+            failed.extend(0..chunks.len());
+        }
+        // Whatever did not come back, one record at a time, same seqs.
+        failed.sort_unstable();
+        for k in failed {
+            let (at, items) = chunks[k];
+            for (j, data) in items.iter().enumerate() {
+                let req = Request::Append {
+                    group,
+                    client_id: self.client_id,
+                    seq: first_seq + (at + j) as u64,
+                    data: data.clone(),
+                };
+                match self.with_leader(group, &req)? {
+                    Response::Appended { index } => indexes[at + j] = index,
+                    other => {
+                        return Err(ClientError::Unavailable(format!(
+                            "unexpected answer {other:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(indexes)
+    }
+
     /// Committed entries of `group` from index `from`, at most
     /// `max_entries`, read from the group's leader.
     pub fn read(
@@ -273,6 +390,34 @@ impl Client {
                 "unexpected answer {other:?}"
             ))),
             Err(e) => Err(ClientError::Unavailable(e)),
+        }
+    }
+}
+
+/// Reads from the connection until the session yields an answer, with its
+/// request id.
+fn read_reply(conn: &mut Conn) -> Result<(u64, Response), String> {
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        match conn.session.poll() {
+            Ok(Some(Received::Response { id, resp })) => return Ok((id, resp)),
+            Ok(Some(Received::ConnectionError { code, message })) => {
+                return Err(format!("connection refused ({code}): {message}"))
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("protocol error: {e:?}")),
+        }
+        let n = conn.stream.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed".into());
+        }
+        let mut at = 0;
+        while at < n {
+            let took = conn.session.push(&buf[at..n]);
+            at += took;
+            if took == 0 {
+                return Err("the answer does not fit the session's buffer".into());
+            }
         }
     }
 }

@@ -206,6 +206,9 @@ pub trait IoBackend {
     fn reap(&mut self, wait: bool, out: &mut Vec<IoCompletion>) -> io::Result<()>;
     /// Requests submitted and not yet reaped.
     fn in_flight(&self) -> usize;
+    /// From now on, every completion also signals the eventfd `fd`, so an
+    /// event loop waiting in poll(2) wakes for it.
+    fn notify_completions(&mut self, fd: std::os::fd::RawFd) -> io::Result<()>;
 }
 
 /// Which backend to use.

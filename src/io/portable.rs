@@ -11,6 +11,8 @@ use std::time::Instant;
 
 /// pwrite + fdatasync on one helper thread.
 pub struct PortableBackend {
+    /// The eventfd the helper signals after each completion (-1: none).
+    notify: std::sync::Arc<std::sync::atomic::AtomicI32>,
     to_worker: Option<Sender<(IoRequest, Instant)>>,
     from_worker: Receiver<IoCompletion>,
     worker: Option<JoinHandle<()>>,
@@ -67,6 +69,8 @@ impl PortableBackend {
     pub fn new() -> io::Result<Self> {
         let (to_worker, requests) = unbounded::<(IoRequest, Instant)>();
         let (done, from_worker) = unbounded();
+        let notify = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(-1));
+        let notify_fd = std::sync::Arc::clone(&notify);
         let worker = std::thread::Builder::new()
             .name("quire-io".into())
             .spawn(move || {
@@ -89,9 +93,17 @@ impl PortableBackend {
                     if done.send(c).is_err() {
                         return;
                     }
+                    let fd = notify_fd.load(std::sync::atomic::Ordering::Acquire);
+                    if fd >= 0 {
+                        let one = 1u64.to_ne_bytes();
+                        // SAFETY: writes 8 bytes from a live buffer to an
+                        // eventfd the owner keeps open while we run.
+                        unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
+                    }
                 }
             })?;
         Ok(PortableBackend {
+            notify,
             to_worker: Some(to_worker),
             from_worker,
             worker: Some(worker),
@@ -103,6 +115,11 @@ impl PortableBackend {
 impl IoBackend for PortableBackend {
     fn name(&self) -> &'static str {
         "portable"
+    }
+
+    fn notify_completions(&mut self, fd: std::os::fd::RawFd) -> io::Result<()> {
+        self.notify.store(fd, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     fn submit(&mut self, req: IoRequest) -> io::Result<()> {

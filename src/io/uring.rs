@@ -100,6 +100,10 @@ impl UringBackend {
 }
 
 impl IoBackend for UringBackend {
+    fn notify_completions(&mut self, fd: std::os::fd::RawFd) -> io::Result<()> {
+        self.ring.submitter().register_eventfd(fd)
+    }
+
     fn name(&self) -> &'static str {
         "io_uring"
     }

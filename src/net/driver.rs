@@ -122,6 +122,9 @@ pub struct UdpDriver {
     notices_dropped: u64,
     unroutable_noticed: BTreeSet<(NodeId, Option<GroupId>)>,
     pollfds: Vec<libc::pollfd>,
+    /// Other descriptors whose readability ends a wait (the caller's
+    /// wake-up eventfd, serial ports); the caller reads them.
+    wake_fds: Vec<std::os::fd::RawFd>,
     /// Scratch: sockets with datagrams waiting.
     ready: Vec<usize>,
     /// Scratch: (receive time, slot) of the messages of a round.
@@ -220,6 +223,7 @@ impl UdpDriver {
             notices_dropped: 0,
             unroutable_noticed: BTreeSet::new(),
             pollfds: Vec::new(),
+            wake_fds: Vec::new(),
             ready: Vec::new(),
             order: Vec::new(),
             flushing: false,
@@ -328,6 +332,13 @@ impl UdpDriver {
     /// Blocks in ppoll (µs precision; poll's ms would make 200 µs ack
     /// delays 1 ms) until a socket is readable, a blocked one writable,
     /// or `wait_us` passed.
+    /// Descriptors that also end `run_once`'s wait when readable (after the
+    /// sockets in the poll set; the caller reads or drains them).
+    pub fn set_wake_fds(&mut self, fds: &[std::os::fd::RawFd]) {
+        self.wake_fds.clear();
+        self.wake_fds.extend_from_slice(fds);
+    }
+
     fn wait(&mut self, wait_us: u64) -> io::Result<()> {
         self.pollfds.clear();
         for s in &self.sockets {
@@ -338,6 +349,13 @@ impl UdpDriver {
             self.pollfds.push(libc::pollfd {
                 fd: s.fd(),
                 events,
+                revents: 0,
+            });
+        }
+        for &fd in &self.wake_fds {
+            self.pollfds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
                 revents: 0,
             });
         }

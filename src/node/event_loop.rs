@@ -12,6 +12,7 @@
 use super::config::NodeSpec;
 use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
 use super::replica::Replica;
+use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
 use crate::heartbeat::message::MAX_GROUPS;
@@ -33,9 +34,11 @@ const ENVELOPE_RAFT: u8 = 0;
 const ENVELOPE_HEARTBEAT: u8 = 1;
 /// Transitions kept for `NodeStatus::transitions`.
 const TRANSITIONS_KEPT: usize = 256;
-/// Longest wait in the UDP driver per turn: the serial ports, the WAL's
-/// completions and the other cores' messages are not in its poll set.
-const TURN_MAX: Duration = Duration::from_millis(1);
+/// Longest wait in poll(2) per turn. Work from other threads, WAL
+/// completions, datagrams and serial bytes wake the loop at once (its
+/// eventfd and the descriptors are in the poll set); this bounds only what
+/// has no descriptor (a serial port being reopened, a line busy sending).
+const TURN_MAX: Duration = Duration::from_millis(10);
 /// A worker reports a peer heard at most this often.
 const HEARD_FORWARD_MS: u64 = 10;
 
@@ -54,12 +57,27 @@ pub(crate) enum CoreMsg {
     PeerHeartbeat(Box<Heartbeat>, bool),
 }
 
+/// A sender to another loop, with that loop's wake-up.
+#[derive(Clone)]
+pub(crate) struct Peer {
+    pub(crate) tx: Sender<CoreMsg>,
+    pub(crate) waker: Waker,
+}
+
+impl Peer {
+    fn send(&self, msg: CoreMsg) {
+        if self.tx.send(msg).is_ok() {
+            self.waker.wake();
+        }
+    }
+}
+
 /// How a loop is wired to the node's other loops.
 pub(crate) enum Wiring {
     /// The control loop, with a sender to every worker.
-    Control(Vec<Sender<CoreMsg>>),
+    Control(Vec<Peer>),
     /// A worker, with a sender to the control loop.
-    Worker(Sender<CoreMsg>),
+    Worker(Peer),
 }
 
 /// The parts only the control loop has.
@@ -70,7 +88,7 @@ struct Control {
     seq: u64,
     udp_guards: BTreeMap<NodeId, ReplayGuard>,
     serial_guards: BTreeMap<NodeId, ReplayGuard>,
-    workers: Vec<Sender<CoreMsg>>,
+    workers: Vec<Peer>,
     /// The latest status of the workers' groups.
     remote_groups: BTreeMap<GroupId, GroupStatus>,
     /// Where the next heartbeat's groups start, for nodes with more groups
@@ -87,7 +105,10 @@ pub(crate) struct EventLoop {
     replicas: Vec<Replica>,
     by_group: BTreeMap<GroupId, usize>,
     control: Option<Control>,
-    to_control: Option<Sender<CoreMsg>>,
+    to_control: Option<Peer>,
+    waker: Waker,
+    /// Scratch: the descriptors besides the sockets that end a wait.
+    wake_fds: Vec<std::os::fd::RawFd>,
     /// When each peer was last reported heard to the control loop.
     heard_forwarded: BTreeMap<NodeId, u64>,
     next_heartbeat_ms: u64,
@@ -109,6 +130,7 @@ impl EventLoop {
         commands: Receiver<Command>,
         mesh: Receiver<CoreMsg>,
         wiring: Wiring,
+        waker: Waker,
     ) -> Result<Self, String> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
@@ -135,8 +157,10 @@ impl EventLoop {
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();
         for g in &spec.groups {
-            let (wal, report) = Wal::open(&g.dir, spec.wal.clone())
+            let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone())
                 .map_err(|e| format!("group {} log at {}: {e}", g.group, g.dir.display()))?;
+            wal.notify_completions(waker.fd())
+                .map_err(|e| format!("group {} log: {e}", g.group))?;
             eprintln!("node {id} group {}: {report}", g.group);
             let cfg = RaftConfig {
                 id,
@@ -201,6 +225,8 @@ impl EventLoop {
             by_group,
             control,
             to_control,
+            waker,
+            wake_fds: Vec::new(),
             heard_forwarded: BTreeMap::new(),
             next_heartbeat_ms: now,
             stalled_noticed: vec![false; groups],
@@ -225,9 +251,17 @@ impl EventLoop {
             }
             let wait = self.next_deadline_ms().saturating_sub(self.now_ms());
             let wait = Duration::from_millis(wait).min(TURN_MAX);
+            self.wake_fds.clear();
+            self.wake_fds.push(self.waker.fd());
+            if let Some(c) = &self.control {
+                self.wake_fds
+                    .extend(c.serial.iter().filter_map(|(_, p)| p.raw_fd()));
+            }
+            self.udp.set_wake_fds(&self.wake_fds);
             if let Err(e) = self.udp.run_once(wait) {
                 eprintln!("node {}: waiting on the sockets failed: {e}", self.spec.id);
             }
+            self.waker.drain();
             for n in self.udp.take_notices() {
                 eprintln!("node {}: udp: {n}", self.spec.id);
             }
@@ -333,7 +367,7 @@ impl EventLoop {
             let last = self.heard_forwarded.entry(peer).or_insert(0);
             if now >= *last + HEARD_FORWARD_MS {
                 *last = now;
-                let _ = tx.send(CoreMsg::HeardUdp { peer });
+                tx.send(CoreMsg::HeardUdp { peer });
             }
         }
     }
@@ -373,7 +407,7 @@ impl EventLoop {
     fn udp_heartbeat(&mut self, now: u64, hb: Heartbeat) {
         let Some(c) = self.control.as_mut() else {
             if let Some(tx) = &self.to_control {
-                let _ = tx.send(CoreMsg::Heartbeat(Box::new(hb)));
+                tx.send(CoreMsg::Heartbeat(Box::new(hb)));
             }
             return;
         };
@@ -456,7 +490,7 @@ impl EventLoop {
             .link(peer, Channel::Udp)
             .is_some_and(|l| l.state.is_alive());
         for w in &c.workers {
-            let _ = w.send(CoreMsg::PeerHeartbeat(Box::new(*hb), ip_alive));
+            w.send(CoreMsg::PeerHeartbeat(Box::new(*hb), ip_alive));
         }
         for g in hb.groups() {
             if let Some(&i) = self.by_group.get(&g.group) {
@@ -507,7 +541,7 @@ impl EventLoop {
             self.note(line);
             if let Some(c) = &self.control {
                 for w in &c.workers {
-                    let _ = w.send(CoreMsg::Detector(ev));
+                    w.send(CoreMsg::Detector(ev));
                 }
             }
             for r in &mut self.replicas {
@@ -569,7 +603,7 @@ impl EventLoop {
         let mine = self.group_statuses();
         let Some(c) = self.control.as_mut() else {
             if let Some(tx) = &self.to_control {
-                let _ = tx.send(CoreMsg::Groups(mine));
+                tx.send(CoreMsg::Groups(mine));
             }
             return;
         };

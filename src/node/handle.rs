@@ -2,7 +2,8 @@
 //! commands go in over a channel, answers come back over one.
 
 use super::config::NodeSpec;
-use super::event_loop::{CoreMsg, EventLoop, Wiring};
+use super::event_loop::{CoreMsg, EventLoop, Peer, Wiring};
+use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Role, Term};
 use crate::transport::GroupId;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -157,7 +158,18 @@ pub(crate) enum Command {
 /// One core's loop.
 struct CoreLoop {
     commands: Sender<Command>,
+    waker: Waker,
     thread: Option<JoinHandle<()>>,
+}
+
+impl CoreLoop {
+    /// Hands the loop a command and wakes it; gives the command back if
+    /// the loop has stopped.
+    fn send(&self, cmd: Command) -> Result<(), Command> {
+        self.commands.send(cmd).map_err(|e| e.0)?;
+        self.waker.wake();
+        Ok(())
+    }
 }
 
 /// A running node: one loop per core that owns groups.
@@ -196,6 +208,15 @@ impl NodeHandle {
         }
         let mesh: Vec<(Sender<CoreMsg>, Receiver<CoreMsg>)> =
             plan.iter().map(|_| unbounded()).collect();
+        let wakers = plan
+            .iter()
+            .map(|_| Waker::new())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| format!("creating a loop's eventfd: {e}"))?;
+        let peer = |i: usize| Peer {
+            tx: mesh[i].0.clone(),
+            waker: wakers[i].clone(),
+        };
         let mut handle = NodeHandle {
             id,
             cores: Vec::new(),
@@ -206,10 +227,11 @@ impl NodeHandle {
                 handle.owner.insert(g.group, i);
             }
             let wiring = if i == 0 {
-                Wiring::Control(mesh[1..].iter().map(|(tx, _)| tx.clone()).collect())
+                Wiring::Control((1..mesh.len()).map(peer).collect())
             } else {
-                Wiring::Worker(mesh[0].0.clone())
+                Wiring::Worker(peer(0))
             };
+            let waker = wakers[i].clone();
             let inbox = mesh[i].1.clone();
             let core_spec = NodeSpec {
                 groups,
@@ -231,7 +253,7 @@ impl NodeHandle {
                             );
                         }
                     }
-                    match EventLoop::open(core_spec, started, rx, inbox, wiring) {
+                    match EventLoop::open(core_spec, started, rx, inbox, wiring, waker) {
                         Ok(mut ev) => {
                             let _ = opened_tx.send(Ok(()));
                             ev.run();
@@ -247,6 +269,7 @@ impl NodeHandle {
                 .unwrap_or_else(|_| Err("a node thread died while opening".into()));
             handle.cores.push(CoreLoop {
                 commands: tx,
+                waker: wakers[i].clone(),
                 thread: Some(thread),
             });
             // On failure, dropping the handle stops the loops already started.
@@ -323,7 +346,6 @@ impl NodeHandle {
             )));
         };
         self.cores[core]
-            .commands
             .send(cmd)
             .map_err(|_| ProposeError::Unavailable("node stopped".into()))
     }
@@ -349,10 +371,8 @@ impl NodeHandle {
                     data,
                     reply,
                 };
-                if let Err(e) = self.cores[core].commands.send(cmd) {
-                    if let Command::Append { reply, .. } = e.0 {
-                        reply(Err(ProposeError::Unavailable("node stopped".into())));
-                    }
+                if let Err(Command::Append { reply, .. }) = self.cores[core].send(cmd) {
+                    reply(Err(ProposeError::Unavailable("node stopped".into())));
                 }
             }
             None => reply(Err(ProposeError::Unavailable(format!(
@@ -381,10 +401,8 @@ impl NodeHandle {
                     max_bytes,
                     reply,
                 };
-                if let Err(e) = self.cores[core].commands.send(cmd) {
-                    if let Command::Read { reply, .. } = e.0 {
-                        reply(Err(ProposeError::Unavailable("node stopped".into())));
-                    }
+                if let Err(Command::Read { reply, .. }) = self.cores[core].send(cmd) {
+                    reply(Err(ProposeError::Unavailable("node stopped".into())));
                 }
             }
             None => reply(Err(ProposeError::Unavailable(format!(
@@ -427,7 +445,7 @@ impl NodeHandle {
         let mut merged: Option<NodeStatus> = None;
         for core in &self.cores {
             let (reply, answer) = bounded(1);
-            core.commands.send(Command::Status(reply)).ok()?;
+            core.send(Command::Status(reply)).ok()?;
             let s = answer.recv_timeout(Duration::from_secs(5)).ok()?;
             match merged.as_mut() {
                 None => merged = Some(s),
@@ -451,7 +469,7 @@ impl NodeHandle {
 
     fn stop_inner(&mut self) {
         for c in &self.cores {
-            let _ = c.commands.send(Command::Stop);
+            let _ = c.send(Command::Stop);
         }
         for c in &mut self.cores {
             if let Some(t) = c.thread.take() {

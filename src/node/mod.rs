@@ -26,6 +26,7 @@ mod handle;
 mod local;
 pub mod processes;
 mod replica;
+mod waker;
 
 pub use config::{GroupSpec, NodeSpec, PeerSpec};
 pub use handle::{

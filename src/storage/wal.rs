@@ -1079,6 +1079,14 @@ impl Wal {
         self.backend.name()
     }
 
+    /// From now on, every completed flush also signals the eventfd `fd`
+    /// (the node's loop waits on it).
+    pub fn notify_completions(&mut self, fd: std::os::fd::RawFd) -> Result<(), WalError> {
+        self.backend
+            .notify_completions(fd)
+            .map_err(io_err("registering the completion eventfd"))
+    }
+
     /// Whether O_DIRECT is in use.
     pub fn direct_io(&self) -> bool {
         self.direct
