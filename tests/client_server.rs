@@ -89,7 +89,10 @@ fn malformed_frames_close_their_connection_and_the_node_serves_on() {
     // A request before the Hello.
     let mut early = Vec::new();
     encode_request(1, &Request::Status, FRAME_BYTES_MAX, &mut early).unwrap();
-    assert_eq!(send_raw(server.addr(), &early), Some(ErrorCode::Unauthorized));
+    assert_eq!(
+        send_raw(server.addr(), &early),
+        Some(ErrorCode::Unauthorized)
+    );
     // A wrong token.
     let mut wrong = Vec::new();
     let req = Request::Hello {

@@ -52,6 +52,9 @@ fn status_and_metrics_over_http() {
     assert_eq!(v["groups"][0]["role"], "leader");
     assert!(v["groups"][0]["commit"].as_u64().unwrap() >= 2);
     assert_eq!(v["alarm"], false);
+    let backend = v["groups"][0]["backend"].as_str().unwrap();
+    assert!(backend == "io_uring" || backend == "portable", "{backend}");
+    assert_eq!(v["groups"][0]["follower_lag"], serde_json::json!([]));
 
     let (code, body) = get(admin.addr(), "/metrics");
     assert_eq!(code, 200);

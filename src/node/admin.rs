@@ -21,6 +21,13 @@ struct GroupLabel {
     group: u32,
 }
 
+/// Labels of a per-follower metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LagLabel {
+    group: u32,
+    peer: u64,
+}
+
 /// Labels of a per-link metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LinkLabel {
@@ -77,6 +84,12 @@ pub fn metrics_text(s: &NodeStatus) -> String {
         "Leaderships given up for a stalled disk",
     );
     let disk_ok = gauge(&mut reg, "disk_healthy", "1 if the group's disk is healthy");
+    let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
+    reg.register(
+        "raft_follower_lag_entries",
+        "On the leader: entries a follower's durable log is behind",
+        lag.clone(),
+    );
     for g in &s.groups {
         let l = GroupLabel { group: g.group };
         term.get_or_create(&l).set(g.term);
@@ -94,6 +107,13 @@ pub fn metrics_text(s: &NodeStatus) -> String {
         disk_ok
             .get_or_create(&l)
             .set(u64::from(g.disk == "healthy"));
+        for &(peer, n) in &g.follower_lag {
+            let label = LagLabel {
+                group: g.group,
+                peer,
+            };
+            lag.get_or_create(&label).set(n);
+        }
     }
     let link_up = Family::<LinkLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
@@ -153,6 +173,11 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "applied": g.applied,
             "persisted": g.persisted,
             "disk": g.disk,
+            "backend": g.backend,
+            "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
+                "peer": p,
+                "entries": lag,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "links": s.links.iter().map(|l| serde_json::json!({
             "peer": l.peer,

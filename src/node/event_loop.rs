@@ -691,6 +691,20 @@ impl EventLoop {
                 persisted: r.raft.persisted_index(),
                 applied_hash: r.applied_hash,
                 disk: r.disk_state(),
+                backend: r.wal.backend_name(),
+                follower_lag: if r.raft.role() == Role::Leader {
+                    r.raft
+                        .membership()
+                        .members()
+                        .filter(|&p| p != self.spec.id)
+                        .filter_map(|p| {
+                            let m = r.raft.progress(p)?.match_index;
+                            Some((p, r.raft.last_index().saturating_sub(m)))
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                },
                 stats: r.raft.stats(),
             })
             .collect();

@@ -62,6 +62,11 @@ pub struct GroupView {
     pub applied_hash: u64,
     /// healthy, degraded, full or failed (with why).
     pub disk: String,
+    /// The log's I/O backend: io_uring or portable.
+    pub backend: &'static str,
+    /// On the leader: each follower's replication lag in entries (the
+    /// leader's last index minus the follower's durable match index).
+    pub follower_lag: Vec<(NodeId, u64)>,
     /// The Raft counters.
     pub stats: crate::consensus::RaftStats,
 }
