@@ -424,29 +424,5 @@ fn read_reply(conn: &mut Conn) -> Result<(u64, Response), String> {
 
 /// Reads from the connection until the session yields an answer.
 fn read_answer(conn: &mut Conn) -> Result<Response, String> {
-    let mut buf = [0u8; 64 << 10];
-    loop {
-        match conn.session.poll() {
-            Ok(Some(Received::Response { resp, .. })) => return Ok(resp),
-            Ok(Some(Received::ConnectionError { code, message })) => {
-                return Err(format!("connection refused ({code}): {message}"))
-            }
-            Ok(None) => {}
-            Err(e) => return Err(format!("protocol error: {e:?}")),
-        }
-        let n = conn.stream.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("connection closed".into());
-        }
-        let mut at = 0;
-        while at < n {
-            at += conn.session.push(&buf[at..n]);
-            if at < n {
-                // The session's buffer is full: take an answer out first.
-                if let Ok(Some(Received::Response { resp, .. })) = conn.session.poll() {
-                    return Ok(resp);
-                }
-            }
-        }
-    }
+    read_reply(conn).map(|(_, resp)| resp)
 }
