@@ -20,3 +20,4 @@ pub mod sim;
 pub mod state;
 pub mod storage;
 pub mod transport;
+pub mod tune;

@@ -96,12 +96,109 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         from: u64,
     },
+    /// Check and tune the host (see tuning/README.md).
+    Tune {
+        #[command(subcommand)]
+        what: TuneCmd,
+    },
     /// Run the daemon (as `quired` does).
     Daemon {
         /// The node's config file.
         #[arg(long)]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum TuneCmd {
+    /// Print a checklist (OK / WARN / FAIL) with the command that fixes
+    /// each item; exit code 1 if anything fails.
+    Check {
+        /// The node's config file, for its buffers, disks, cores and
+        /// serial devices.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Read /proc and /sys under this directory (tests).
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
+    /// Apply the settings that are safe to change at run time.
+    Apply {
+        /// The node's config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Only print what would change.
+        #[arg(long, conflicts_with = "yes", required_unless_present = "yes")]
+        dry_run: bool,
+        /// Change them.
+        #[arg(long)]
+        yes: bool,
+        /// Write under this directory (tests).
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
+    /// Probe a disk: fdatasync latency and throughput per write size, a
+    /// recommended storage.flush_bytes_max and the commit latency to expect.
+    Disk {
+        /// A directory on the disk to probe (a 64 MiB file is written there).
+        dir: PathBuf,
+        /// Seconds per write size.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+    },
+}
+
+fn load_config(
+    path: &Option<PathBuf>,
+) -> Result<Option<quire::node::config_file::DaemonConfig>, String> {
+    match path {
+        None => Ok(None),
+        Some(p) => quire::node::config_file::load(p)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn tune(what: TuneCmd) -> Result<bool, String> {
+    use quire::tune::{self, Host, Status};
+    match what {
+        TuneCmd::Check { config, json, root } => {
+            let cfg = load_config(&config)?;
+            let checks = Host::new(root).check(cfg.as_ref());
+            if json {
+                println!("{}", tune::to_json(&checks));
+            } else {
+                print!("{}", tune::render(&checks));
+            }
+            Ok(checks.iter().all(|c| c.status != Status::Fail))
+        }
+        TuneCmd::Apply {
+            config,
+            dry_run,
+            yes,
+            root,
+        } => {
+            let cfg = load_config(&config)?;
+            let checks = Host::new(&root).check(cfg.as_ref());
+            let lines = tune::apply(&root, &checks, dry_run || !yes);
+            if lines.is_empty() {
+                println!("nothing to change at run time");
+            }
+            for l in &lines {
+                println!("{l}");
+            }
+            Ok(!lines.iter().any(|l| l.starts_with("could not")))
+        }
+        TuneCmd::Disk { dir, seconds } => {
+            let p = tune::disk::probe(&dir, Duration::from_secs_f64(seconds.max(0.05)))
+                .map_err(|e| format!("probing {}: {e}", dir.display()))?;
+            print!("{}", tune::disk::render(&p));
+            Ok(true)
+        }
+    }
 }
 
 fn client(t: &Target) -> Result<Client, String> {
@@ -116,6 +213,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Daemon { config } => return daemon::run(&config),
+        Cmd::Tune { what } => match tune(what) {
+            Ok(true) => return ExitCode::SUCCESS,
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
         Cmd::Up {
             nodes,
             groups,
