@@ -18,6 +18,7 @@ use crossbeam_channel::{unbounded, Sender};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,6 +29,33 @@ const TAIL_WAIT_MAX: Duration = Duration::from_secs(30);
 const TAIL_POLL: Duration = Duration::from_millis(5);
 /// Entries in one Read answer at most.
 const READ_ENTRIES_MAX: usize = 4096;
+/// Client connections served at once; beyond, new ones are closed at
+/// once (each costs two threads).
+pub const CONNECTIONS_MAX: usize = 1024;
+/// Tail requests waiting at once, over all connections (each waits on a
+/// thread); beyond, a Tail is answered Unavailable.
+pub const TAILS_MAX: usize = 256;
+
+/// Counts a resource while held.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// Takes one of `max`, if any is free.
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
+        let prev = count.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Slot(Arc::clone(count)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// What the writer thread writes.
 enum Out {
@@ -63,6 +91,8 @@ impl ClientServer {
         let addrs = Arc::new(client_addrs);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
+        let connections = Arc::new(AtomicUsize::new(0));
+        let tails = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("quire-clients".into())
             .spawn(move || {
@@ -71,12 +101,19 @@ impl ClientServer {
                         return;
                     }
                     let Ok(stream) = conn else { continue };
+                    let Some(slot) = Slot::take(&connections, CONNECTIONS_MAX) else {
+                        continue; // too many clients: this one is closed
+                    };
                     let _ = stream.set_nodelay(true);
                     let (cfg, node, addrs) =
                         (Arc::clone(&cfg), Arc::clone(&node), Arc::clone(&addrs));
+                    let tails = Arc::clone(&tails);
                     let _ = std::thread::Builder::new()
                         .name("quire-client".into())
-                        .spawn(move || serve(stream, cfg, node, addrs));
+                        .spawn(move || {
+                            serve(stream, cfg, node, addrs, tails);
+                            drop(slot);
+                        });
                 }
             })
             .map_err(|e| format!("starting the client server: {e}"))?;
@@ -110,6 +147,7 @@ fn serve(
     cfg: Arc<ServerConfig>,
     node: Arc<NodeHandle>,
     addrs: Arc<BTreeMap<NodeId, String>>,
+    tails: Arc<AtomicUsize>,
 ) {
     let Ok(mut writer_stream) = stream.try_clone() else {
         return;
@@ -165,7 +203,7 @@ fn serve(
                 }
             };
             for (id, req) in requests {
-                dispatch(id, req, &node, &addrs, &out);
+                dispatch(id, req, &node, &addrs, &out, &tails);
             }
             if failed {
                 break 'conn;
@@ -210,6 +248,7 @@ fn dispatch(
     node: &Arc<NodeHandle>,
     addrs: &Arc<BTreeMap<NodeId, String>>,
     out: &Sender<Out>,
+    tails: &Arc<AtomicUsize>,
 ) {
     let answer = |out: &Sender<Out>, resp: Response| {
         let _ = out.send(Out::Answer(id, resp));
@@ -315,10 +354,18 @@ fn dispatch(
         } => {
             // A long poll: look again until entries arrive or the wait ends
             // (on a thread of its own, so the connection keeps serving).
+            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
+                let resp = error_response(
+                    ProposeError::Unavailable("too many Tail requests waiting; retry".into()),
+                    addrs,
+                );
+                return answer(out, resp);
+            };
             let (out, addrs, node) = (out.clone(), Arc::clone(addrs), Arc::clone(node));
             let deadline =
                 Instant::now() + Duration::from_millis(wait_ms as u64).min(TAIL_WAIT_MAX);
             std::thread::spawn(move || loop {
+                let _held = &slot;
                 let r = node.read(group, from, READ_ENTRIES_MAX, Duration::from_secs(5));
                 let empty = matches!(&r, Ok(v) if v.is_empty());
                 if !empty || Instant::now() >= deadline {
