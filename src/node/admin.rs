@@ -21,6 +21,11 @@ struct GroupLabel {
     group: u32,
 }
 
+/// A gauge per group.
+type GroupGauge = Family<GroupLabel, Gauge<u64, AtomicU64>>;
+/// A per-group log gauge and the counter it shows.
+type WalGauge = (GroupGauge, fn(&super::WalView) -> u64);
+
 /// Labels of a per-follower metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LagLabel {
@@ -84,6 +89,76 @@ pub fn metrics_text(s: &NodeStatus) -> String {
         "Leaderships given up for a stalled disk",
     );
     let disk_ok = gauge(&mut reg, "disk_healthy", "1 if the group's disk is healthy");
+    let wal_gauges: Vec<WalGauge> = vec![
+        (
+            gauge(
+                &mut reg,
+                "wal_flushes",
+                "Flushes (write + fdatasync) completed",
+            ),
+            |w| w.flushes,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_flush_latency_p50_us",
+                "Flush latency, median, microseconds",
+            ),
+            |w| w.flush_p50_us,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_flush_latency_p99_us",
+                "Flush latency, 99th percentile, microseconds",
+            ),
+            |w| w.flush_p99_us,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_records_per_flush_p50",
+                "Records per flush, median",
+            ),
+            |w| w.records_per_flush_p50,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_bytes",
+                "Bytes written to the log, padding included",
+            ),
+            |w| w.bytes,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_segments_recycled",
+                "Trimmed segments kept for reuse",
+            ),
+            |w| w.segments_recycled,
+        ),
+        (
+            gauge(&mut reg, "wal_segments_zero_filled", "Segments zero-filled"),
+            |w| w.segments_zero_filled,
+        ),
+        (
+            gauge(&mut reg, "wal_stalls", "Flushes slower than disk_stall_ms"),
+            |w| w.stalls,
+        ),
+        (
+            gauge(&mut reg, "wal_io_errors", "Write or fdatasync errors"),
+            |w| w.io_errors,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_disk_full_refusals",
+                "Appends refused for a full disk",
+            ),
+            |w| w.disk_full_refusals,
+        ),
+    ];
     let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
         "raft_follower_lag_entries",
@@ -107,6 +182,9 @@ pub fn metrics_text(s: &NodeStatus) -> String {
         disk_ok
             .get_or_create(&l)
             .set(u64::from(g.disk == "healthy"));
+        for (family, value) in &wal_gauges {
+            family.get_or_create(&l).set(value(&g.wal));
+        }
         for &(peer, n) in &g.follower_lag {
             let label = LagLabel {
                 group: g.group,

@@ -692,6 +692,21 @@ impl EventLoop {
                 applied_hash: r.applied_hash,
                 disk: r.disk_state(),
                 backend: r.wal.backend_name(),
+                wal: {
+                    let m = r.wal.metrics();
+                    super::handle::WalView {
+                        flushes: m.flushes,
+                        flush_p50_us: m.flush_latency_us.value_at_quantile(0.5),
+                        flush_p99_us: m.flush_latency_us.value_at_quantile(0.99),
+                        records_per_flush_p50: m.records_per_flush.value_at_quantile(0.5),
+                        bytes: m.bytes,
+                        segments_recycled: m.segments_recycled,
+                        segments_zero_filled: m.segments_zero_filled,
+                        stalls: m.stalls,
+                        io_errors: m.io_errors,
+                        disk_full_refusals: m.disk_full_refusals,
+                    }
+                },
                 follower_lag: if r.raft.role() == Role::Leader {
                     r.raft
                         .membership()

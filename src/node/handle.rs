@@ -67,8 +67,35 @@ pub struct GroupView {
     /// On the leader: each follower's replication lag in entries (the
     /// leader's last index minus the follower's durable match index).
     pub follower_lag: Vec<(NodeId, u64)>,
+    /// The log's counters.
+    pub wal: WalView,
     /// The Raft counters.
     pub stats: crate::consensus::RaftStats,
+}
+
+/// A group log's counters (from `storage::WalMetrics`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WalView {
+    /// Flushes (write + fdatasync) completed.
+    pub flushes: u64,
+    /// Flush latency, µs: median and 99th percentile.
+    pub flush_p50_us: u64,
+    /// 99th percentile.
+    pub flush_p99_us: u64,
+    /// Records per flush, median.
+    pub records_per_flush_p50: u64,
+    /// Bytes written, padding included.
+    pub bytes: u64,
+    /// Trimmed segments kept for reuse.
+    pub segments_recycled: u64,
+    /// Segments zero-filled.
+    pub segments_zero_filled: u64,
+    /// Flushes slower than `disk_stall_ms`.
+    pub stalls: u64,
+    /// Write or sync errors.
+    pub io_errors: u64,
+    /// Appends refused for a full disk.
+    pub disk_full_refusals: u64,
 }
 
 /// One link (peer × channel) as this node's detector sees it.

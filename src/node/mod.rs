@@ -30,7 +30,7 @@ mod waker;
 
 pub use config::{GroupSpec, NodeSpec, PeerSpec};
 pub use handle::{
-    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, ReadReply, Reply,
+    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, ReadReply, Reply, WalView,
 };
 pub use local::LocalCluster;
 
