@@ -321,16 +321,19 @@ fn status(t: &Target) -> Result<(), String> {
                 g["disk"].as_str().unwrap_or("?")
             );
         }
-        println!("  peer  channel  state  last heard");
+        println!("  peer  channel  state  last heard    rtt");
         for l in v["links"].as_array().into_iter().flatten() {
             println!(
-                "  {:<4}  {:<7}  {:<5}  {}",
+                "  {:<4}  {:<7}  {:<5}  {:<12}  {}",
                 l["peer"].as_u64().map_or("?".into(), |p| p.to_string()),
                 l["channel"].as_str().unwrap_or("?"),
                 l["state"].as_str().unwrap_or("?"),
                 l["last_heard_ago_ms"]
                     .as_u64()
-                    .map_or("never".into(), |t| format!("{t} ms ago"))
+                    .map_or("never".into(), |t| format!("{t} ms ago")),
+                l["rtt_us"]
+                    .as_u64()
+                    .map_or(String::new(), |r| format!("{r} us"))
             );
         }
     }

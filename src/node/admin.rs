@@ -33,6 +33,12 @@ struct LagLabel {
     peer: u64,
 }
 
+/// Labels of a per-peer transport metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerOnly {
+    peer: u64,
+}
+
 /// Labels of a per-link metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LinkLabel {
@@ -224,6 +230,52 @@ pub fn metrics_text(s: &NodeStatus) -> String {
     let alarm = Gauge::<u64, AtomicU64>::default();
     reg.register("link_alarm", "1 while any link is dead", alarm.clone());
     alarm.set(u64::from(s.alarm));
+    let peer_gauge = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<PeerOnly, Gauge<u64, AtomicU64>>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let rtt = peer_gauge(
+        &mut reg,
+        "transport_rtt_us",
+        "Smoothed UDP round-trip time to the peer, microseconds",
+    );
+    let sent = peer_gauge(
+        &mut reg,
+        "transport_datagrams_sent",
+        "Datagrams sent to the peer",
+    );
+    let received = peer_gauge(
+        &mut reg,
+        "transport_datagrams_received",
+        "Authenticated datagrams received from the peer",
+    );
+    let nacks = peer_gauge(
+        &mut reg,
+        "transport_nack_rounds",
+        "NACK rounds sent to the peer (gaps in its traffic)",
+    );
+    for t in &s.transport {
+        let l = PeerOnly { peer: t.peer };
+        rtt.get_or_create(&l).set(t.rtt_us);
+        sent.get_or_create(&l).set(t.datagrams_sent);
+        received.get_or_create(&l).set(t.datagrams_received);
+        nacks.get_or_create(&l).set(t.nack_rounds);
+    }
+    let mac = Gauge::<u64, AtomicU64>::default();
+    reg.register(
+        "transport_mac_failures",
+        "Datagrams dropped for a bad MAC",
+        mac.clone(),
+    );
+    mac.set(s.mac_failures);
+    let malformed = Gauge::<u64, AtomicU64>::default();
+    reg.register(
+        "transport_malformed_dropped",
+        "Datagrams dropped as malformed",
+        malformed.clone(),
+    );
+    malformed.set(s.malformed_dropped);
     let refused = Gauge::<u64, AtomicU64>::default();
     reg.register(
         "transport_sends_refused",
@@ -262,6 +314,9 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "channel": l.channel,
             "state": l.state,
             "last_heard_ago_ms": l.last_heard_ago_ms,
+            "rtt_us": (l.channel == "udp")
+                .then(|| s.transport.iter().find(|t| t.peer == l.peer).map(|t| t.rtt_us))
+                .flatten(),
         })).collect::<Vec<_>>(),
         "peers": s.peers.iter().map(|p| serde_json::json!({
             "peer": p.peer,

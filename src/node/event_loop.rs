@@ -758,6 +758,23 @@ impl EventLoop {
                 .is_some_and(|c| c.detector.any_link_dead()),
             transitions: self.transitions.iter().cloned().collect(),
             sends_refused: self.sends_refused,
+            mac_failures: self.udp.endpoint().stats().mac_failures,
+            malformed_dropped: self.udp.endpoint().stats().malformed_dropped,
+            transport: self
+                .spec
+                .peers
+                .iter()
+                .filter_map(|p| {
+                    let t = self.udp.endpoint().peer_stats(p.id)?;
+                    Some(super::TransportView {
+                        peer: p.id,
+                        datagrams_sent: t.datagrams_sent,
+                        datagrams_received: t.datagrams_received,
+                        nack_rounds: t.nack_rounds,
+                        rtt_us: t.rtt_us,
+                    })
+                })
+                .collect(),
         }
     }
 }

@@ -142,6 +142,27 @@ pub struct NodeStatus {
     pub transitions: Vec<String>,
     /// Raft messages the transport refused for a full window (Raft resends).
     pub sends_refused: u64,
+    /// Datagrams dropped for a bad MAC (forged, or another cluster's key).
+    pub mac_failures: u64,
+    /// Datagrams dropped as malformed.
+    pub malformed_dropped: u64,
+    /// The replication transport per peer.
+    pub transport: Vec<TransportView>,
+}
+
+/// The replication transport to one peer, summed over the node's cores.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransportView {
+    /// The peer.
+    pub peer: NodeId,
+    /// Datagrams sent to it.
+    pub datagrams_sent: u64,
+    /// Authenticated datagrams received from it.
+    pub datagrams_received: u64,
+    /// NACK rounds sent to it (gaps it left).
+    pub nack_rounds: u64,
+    /// Smoothed round-trip time, µs (0 before the first sample).
+    pub rtt_us: u64,
 }
 
 impl NodeStatus {
@@ -485,6 +506,21 @@ impl NodeHandle {
                     m.groups.extend(s.groups);
                     m.transitions.extend(s.transitions);
                     m.sends_refused += s.sends_refused;
+                    m.mac_failures += s.mac_failures;
+                    m.malformed_dropped += s.malformed_dropped;
+                    for t in s.transport {
+                        match m.transport.iter_mut().find(|x| x.peer == t.peer) {
+                            Some(x) => {
+                                x.datagrams_sent += t.datagrams_sent;
+                                x.datagrams_received += t.datagrams_received;
+                                x.nack_rounds += t.nack_rounds;
+                                if x.rtt_us == 0 {
+                                    x.rtt_us = t.rtt_us;
+                                }
+                            }
+                            None => m.transport.push(t),
+                        }
+                    }
                 }
             }
         }

@@ -30,7 +30,8 @@ mod waker;
 
 pub use config::{GroupSpec, NodeSpec, PeerSpec};
 pub use handle::{
-    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, ReadReply, Reply, WalView,
+    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, ReadReply, Reply,
+    TransportView, WalView,
 };
 pub use local::LocalCluster;
 
