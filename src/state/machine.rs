@@ -396,8 +396,8 @@ impl StateMachine {
     }
 
     /// Applies the committed entry at `index` (call in log order, once
-    /// per entry); a refused command leaves the state as it was, but the
-    /// index counts as applied.
+    /// per entry); a refused command changes no ledger or queue, but its
+    /// index (and `now_ms`) count as applied.
     pub fn apply(&mut self, index: Index, cmd: &Command) -> Result<Outcome, Error> {
         if index <= self.applied {
             return Err(Error::AlreadyApplied);
