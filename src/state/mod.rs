@@ -2,3 +2,9 @@
 //! applied from committed entries on every replica alike.
 
 pub mod dedup;
+pub mod ledger;
+pub mod machine;
+pub mod queue;
+mod wire;
+
+pub use machine::{BadSnapshot, Command, Error, Outcome, StateMachine};

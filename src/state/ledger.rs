@@ -1,0 +1,401 @@
+//! Ledgers with BookKeeper's semantics, as replicated state: one writer per
+//! ledger (whoever holds its writer token), entries with dense ids from 0,
+//! a last-add-confirmed (LAC) that bounds what readers see, close, and
+//! open-with-recovery, which fences a writer that may still be alive.
+//! No I/O and no clock here: creation time comes in with the command.
+//!
+//! The LAC: an entry applied here is committed (durable on a majority), so
+//! adding entry `n` confirms every entry before it, as BookKeeper's writer
+//! piggybacks its LAC on the next add; `SetLac` advances it without a new
+//! write (explicit LAC); close and recovery move it to the sealed entry.
+//! It never decreases. The entries' bytes live in this state for now (see
+//! the README: moving them to the log's segments is not wired yet).
+
+use super::machine::Error;
+use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
+use std::collections::BTreeMap;
+
+/// Ledgers a group holds at once.
+pub const LEDGERS_MAX: usize = 65_536;
+/// Bytes of one entry.
+pub const ENTRY_BYTES_MAX: usize = 1 << 20;
+/// Entries of one ledger.
+pub const LEDGER_ENTRIES_MAX: u64 = 1 << 20;
+/// Bytes of one ledger's entries together.
+pub const LEDGER_BYTES_MAX: u64 = 1 << 30;
+/// Entries one `read` returns at most.
+pub const READ_ENTRIES_MAX: usize = 1024;
+
+/// A ledger's state as `list` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LedgerState {
+    /// Its writer may add entries.
+    Open,
+    /// Sealed by close or recovery: no more entries.
+    Closed,
+}
+
+/// A ledger's metadata, as `list` returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerInfo {
+    /// The ledger's id.
+    pub id: u64,
+    /// Open or closed.
+    pub state: LedgerState,
+    /// True if recovery closed it (its writer was fenced).
+    pub fenced: bool,
+    /// Entries added.
+    pub length: u64,
+    /// Bytes of its entries together.
+    pub bytes: u64,
+    /// Last-add-confirmed: the last entry readers see, if any.
+    pub lac: Option<u64>,
+    /// The leader's clock when it was created, in ms.
+    pub created_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Ledger {
+    writer_token: u64,
+    closed: bool,
+    fenced: bool,
+    created_ms: u64,
+    /// Entries readers may see: the LAC plus one.
+    confirmed: u64,
+    bytes: u64,
+    entries: Vec<Vec<u8>>,
+}
+
+impl Ledger {
+    /// The last entry's id, if any (what close and recovery seal).
+    fn last(&self) -> Option<u64> {
+        (self.entries.len() as u64).checked_sub(1)
+    }
+
+    /// Checks that `token` is the writer's and that it may still write.
+    fn writable(&self, token: u64) -> Result<(), Error> {
+        if token != self.writer_token {
+            Err(Error::NotWriter)
+        } else if self.fenced {
+            Err(Error::Fenced)
+        } else if self.closed {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Seals it at its last entry: nothing more is added, all is readable.
+    fn seal(&mut self) -> Option<u64> {
+        self.closed = true;
+        self.confirmed = self.entries.len() as u64;
+        self.last()
+    }
+}
+
+/// Every ledger of a group, by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledgers {
+    ledgers: BTreeMap<u64, Ledger>,
+    /// The next id `create` gives; ids are never reused.
+    next_id: u64,
+}
+
+impl Ledgers {
+    /// Creates a ledger whose writer holds `writer_token`; returns its id.
+    pub(crate) fn create(&mut self, writer_token: u64, now_ms: u64) -> Result<u64, Error> {
+        if self.ledgers.len() >= LEDGERS_MAX {
+            return Err(Error::Limit("ledgers"));
+        }
+        let id = self.next_id;
+        self.next_id = id.checked_add(1).ok_or(Error::Limit("ledger ids"))?;
+        let ledger = Ledger {
+            writer_token,
+            closed: false,
+            fenced: false,
+            created_ms: now_ms,
+            confirmed: 0,
+            bytes: 0,
+            entries: Vec::new(),
+        };
+        self.ledgers.insert(id, ledger);
+        Ok(id)
+    }
+
+    /// Adds an entry by the writer; returns its id (dense from 0).
+    pub(crate) fn add(&mut self, id: u64, token: u64, data: &[u8]) -> Result<u64, Error> {
+        let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
+        l.writable(token)?;
+        if data.len() > ENTRY_BYTES_MAX {
+            return Err(Error::Limit("entry bytes"));
+        }
+        if l.entries.len() as u64 >= LEDGER_ENTRIES_MAX {
+            return Err(Error::Limit("ledger entries"));
+        }
+        if l.bytes + data.len() as u64 > LEDGER_BYTES_MAX {
+            return Err(Error::Limit("ledger bytes"));
+        }
+        let entry = l.entries.len() as u64;
+        // Entries before this one are committed: they are confirmed.
+        l.confirmed = l.confirmed.max(entry);
+        l.entries.push(data.to_vec());
+        l.bytes += data.len() as u64;
+        Ok(entry)
+    }
+
+    /// Advances the LAC to `lac` (never back); returns the LAC after it.
+    pub(crate) fn set_lac(&mut self, id: u64, token: u64, lac: u64) -> Result<u64, Error> {
+        let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
+        l.writable(token)?;
+        if lac >= l.entries.len() as u64 {
+            return Err(Error::LacBeyondEnd);
+        }
+        l.confirmed = l.confirmed.max(lac + 1);
+        Ok(l.confirmed - 1)
+    }
+
+    /// Closes the ledger by its writer; returns the sealed last entry id.
+    /// A retried close is answered with the same id.
+    pub(crate) fn close(&mut self, id: u64, token: u64) -> Result<Option<u64>, Error> {
+        let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
+        match l.writable(token) {
+            Ok(()) => Ok(l.seal()),
+            Err(Error::Closed) => Ok(l.last()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens with recovery: fences the writer if the ledger is open, and
+    /// returns the sealed last entry id.
+    pub(crate) fn recover(&mut self, id: u64) -> Result<Option<u64>, Error> {
+        let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
+        if !l.closed {
+            l.fenced = true;
+        }
+        Ok(l.seal())
+    }
+
+    /// Deletes the ledger; its id is not given again.
+    pub(crate) fn delete(&mut self, id: u64) -> Result<(), Error> {
+        self.ledgers
+            .remove(&id)
+            .map(|_| ())
+            .ok_or(Error::NoSuchLedger)
+    }
+
+    /// The ledger's last-add-confirmed, `None` before any is confirmed.
+    pub fn lac(&self, id: u64) -> Result<Option<u64>, Error> {
+        let l = self.ledgers.get(&id).ok_or(Error::NoSuchLedger)?;
+        Ok(l.confirmed.checked_sub(1))
+    }
+
+    /// Entries `from..=to` as (id, data), cut at the LAC and at
+    /// `READ_ENTRIES_MAX` entries; empty if `from` is past the LAC.
+    pub fn read(&self, id: u64, from: u64, to: u64) -> Result<Vec<(u64, &[u8])>, Error> {
+        let l = self.ledgers.get(&id).ok_or(Error::NoSuchLedger)?;
+        let end = to.saturating_add(1).min(l.confirmed);
+        let end = end.min(from.saturating_add(READ_ENTRIES_MAX as u64));
+        Ok((from..end.max(from))
+            .map(|e| (e, l.entries[e as usize].as_slice()))
+            .collect())
+    }
+
+    /// Every ledger's metadata, by id.
+    pub fn list(&self) -> Vec<LedgerInfo> {
+        let info = |(&id, l): (&u64, &Ledger)| LedgerInfo {
+            id,
+            state: if l.closed {
+                LedgerState::Closed
+            } else {
+                LedgerState::Open
+            },
+            fenced: l.fenced,
+            length: l.entries.len() as u64,
+            bytes: l.bytes,
+            lac: l.confirmed.checked_sub(1),
+            created_ms: l.created_ms,
+        };
+        self.ledgers.iter().map(info).collect()
+    }
+
+    /// Appends the ledgers' encoding (for snapshots) to `out`.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.next_id);
+        put_u32(out, self.ledgers.len() as u32);
+        for (&id, l) in &self.ledgers {
+            put_u64(out, id);
+            put_u64(out, l.writer_token);
+            put_u8(out, u8::from(l.closed) | u8::from(l.fenced) << 1);
+            put_u64(out, l.created_ms);
+            put_u64(out, l.confirmed);
+            put_u32(out, l.entries.len() as u32);
+            for e in &l.entries {
+                put_bytes(out, e);
+            }
+        }
+    }
+
+    /// Decodes ledgers from `r`, refusing any that `apply` could not have
+    /// built (bounds, order, a LAC past the end, a fence on an open one).
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Option<Ledgers> {
+        let next_id = r.u64()?;
+        let n = r.count(LEDGERS_MAX, 8 + 8 + 1 + 8 + 8 + 4)?;
+        let mut ledgers = BTreeMap::new();
+        for _ in 0..n {
+            let id = r.u64()?;
+            let in_order = ledgers.last_key_value().is_none_or(|(&prev, _)| prev < id);
+            if id >= next_id || !in_order {
+                return None;
+            }
+            let writer_token = r.u64()?;
+            let flags = r.u8()?;
+            let (closed, fenced) = (flags & 1 != 0, flags & 2 != 0);
+            if flags > 3 || (fenced && !closed) {
+                return None;
+            }
+            let created_ms = r.u64()?;
+            let confirmed = r.u64()?;
+            let k = r.count(LEDGER_ENTRIES_MAX as usize, 4)?;
+            let mut entries = Vec::with_capacity(k);
+            let mut bytes = 0u64;
+            for _ in 0..k {
+                let e = r.bytes(ENTRY_BYTES_MAX)?;
+                bytes += e.len() as u64;
+                entries.push(e.to_vec());
+            }
+            let full = k as u64;
+            if confirmed > full || (closed && confirmed != full) || bytes > LEDGER_BYTES_MAX {
+                return None;
+            }
+            let l = Ledger {
+                writer_token,
+                closed,
+                fenced,
+                created_ms,
+                confirmed,
+                bytes,
+                entries,
+            };
+            ledgers.insert(id, l);
+        }
+        Some(Ledgers { ledgers, next_id })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_ledger() -> (Ledgers, u64) {
+        let mut ls = Ledgers::default();
+        let id = ls.create(42, 1_000).unwrap();
+        (ls, id)
+    }
+
+    #[test]
+    fn ids_are_dense_and_only_the_writer_adds() {
+        let mut ls = Ledgers::default();
+        assert_eq!(ls.create(1, 0), Ok(0));
+        assert_eq!(ls.create(2, 0), Ok(1));
+        ls.delete(0).unwrap();
+        assert_eq!(ls.create(3, 0), Ok(2), "a deleted id is not reused");
+        for e in 0..5 {
+            assert_eq!(ls.add(1, 2, b"x"), Ok(e));
+        }
+        assert_eq!(ls.add(1, 3, b"x"), Err(Error::NotWriter));
+        assert_eq!(ls.add(0, 1, b"x"), Err(Error::NoSuchLedger));
+        assert_eq!(
+            ls.add(1, 2, &vec![0; ENTRY_BYTES_MAX + 1]),
+            Err(Error::Limit("entry bytes"))
+        );
+        assert_eq!(ls.list()[0].length, 5, "a refused add takes no id");
+    }
+
+    #[test]
+    fn reads_stop_at_the_lac_which_never_goes_back() {
+        let (mut ls, id) = one_ledger();
+        assert_eq!(ls.lac(id), Ok(None));
+        ls.add(id, 42, b"a").unwrap();
+        assert_eq!(
+            ls.read(id, 0, 10).unwrap(),
+            vec![],
+            "entry 0 not confirmed yet"
+        );
+        ls.add(id, 42, b"b").unwrap();
+        ls.add(id, 42, b"c").unwrap();
+        assert_eq!(ls.lac(id), Ok(Some(1)), "adding 2 confirms 0 and 1");
+        assert_eq!(
+            ls.read(id, 0, 10).unwrap(),
+            vec![(0, &b"a"[..]), (1, &b"b"[..])]
+        );
+        assert_eq!(ls.set_lac(id, 42, 2), Ok(2), "explicit LAC, no new write");
+        assert_eq!(
+            ls.read(id, 1, 10).unwrap(),
+            vec![(1, &b"b"[..]), (2, &b"c"[..])]
+        );
+        assert_eq!(ls.set_lac(id, 42, 0), Ok(2), "the LAC never decreases");
+        assert_eq!(ls.set_lac(id, 42, 3), Err(Error::LacBeyondEnd));
+        assert_eq!(ls.set_lac(id, 7, 2), Err(Error::NotWriter));
+        assert_eq!(ls.read(id, 3, 1).unwrap(), vec![]);
+        assert_eq!(ls.read(id, u64::MAX, u64::MAX).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn recovery_fences_the_writer_and_seals_the_last_entry() {
+        let (mut ls, id) = one_ledger();
+        for _ in 0..3 {
+            ls.add(id, 42, b"e").unwrap();
+        }
+        assert_eq!(ls.recover(id), Ok(Some(2)));
+        assert_eq!(ls.add(id, 42, b"late"), Err(Error::Fenced));
+        assert_eq!(ls.set_lac(id, 42, 2), Err(Error::Fenced));
+        assert_eq!(ls.close(id, 42), Err(Error::Fenced));
+        assert_eq!(
+            ls.recover(id),
+            Ok(Some(2)),
+            "a second recovery seals the same id"
+        );
+        assert_eq!(ls.read(id, 0, 9).unwrap().len(), 3, "every entry readable");
+        let info = &ls.list()[0];
+        assert_eq!(
+            (info.state, info.fenced, info.lac),
+            (LedgerState::Closed, true, Some(2))
+        );
+        assert_eq!(info.created_ms, 1_000);
+    }
+
+    #[test]
+    fn close_seals_and_later_adds_fail_closed() {
+        let (mut ls, id) = one_ledger();
+        assert_eq!(ls.close(id, 42), Ok(None), "an empty ledger seals no entry");
+        assert_eq!(ls.add(id, 42, b"x"), Err(Error::Closed));
+        let id2 = ls.create(9, 0).unwrap();
+        ls.add(id2, 9, b"x").unwrap();
+        ls.add(id2, 9, b"yy").unwrap();
+        assert_eq!(ls.close(id2, 9), Ok(Some(1)));
+        assert_eq!(ls.close(id2, 9), Ok(Some(1)), "a retried close");
+        assert_eq!(ls.recover(id2), Ok(Some(1)));
+        assert!(!ls.list()[1].fenced, "closed by its writer, not fenced");
+        assert_eq!(ls.list()[1].bytes, 3);
+    }
+
+    #[test]
+    fn ledgers_survive_a_snapshot_and_garbage_is_refused() {
+        let (mut ls, id) = one_ledger();
+        ls.add(id, 42, b"abc").unwrap();
+        ls.add(id, 42, b"").unwrap();
+        let id2 = ls.create(5, 7).unwrap();
+        ls.recover(id2).unwrap();
+        let mut bytes = Vec::new();
+        ls.encode(&mut bytes);
+        let mut r = Reader::new(&bytes);
+        assert_eq!(Ledgers::decode(&mut r), Some(ls));
+        assert!(r.is_done());
+        for cut in 0..bytes.len() {
+            assert!(
+                Ledgers::decode(&mut Reader::new(&bytes[..cut])).is_none(),
+                "cut {cut}"
+            );
+        }
+    }
+}

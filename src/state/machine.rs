@@ -1,0 +1,651 @@
+//! The ledger and queue state machine: commands, their binary encoding,
+//! `apply` and snapshots. Every replica applies the same committed entries
+//! in the same order and ends in the same state, so nothing here does I/O,
+//! reads a clock or draws a random number: time comes in the commands (the
+//! leader's `now_ms`, stamped at proposal), and every map is a `BTreeMap`.
+//!
+//! Call `apply` once per committed entry, in log order, with its index;
+//! an index at or below the last applied one is refused unchanged, so a
+//! node may replay its log after a restored snapshot. `snapshot` may be
+//! called between applies; `restore` rebuilds a machine from its bytes.
+
+use super::ledger::{Ledgers, ENTRY_BYTES_MAX};
+use super::queue::{
+    Delivery, Queues, ACK_IDS_MAX, MESSAGE_BYTES_MAX, PRODUCE_MESSAGES_MAX, QUEUE_NAME_BYTES_MAX,
+};
+use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
+use crate::consensus::Index;
+use std::ops::Range;
+
+/// First bytes of a snapshot (format version 1).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM1";
+
+/// A state-machine command, as proposed to the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Creates a ledger written by whoever holds `writer_token`.
+    CreateLedger {
+        /// The writer's token (chosen at random by the client).
+        writer_token: u64,
+        /// The leader's clock at proposal, in ms (the ledger's `created_ms`).
+        now_ms: u64,
+    },
+    /// Adds an entry to a ledger, by its writer.
+    AddEntry {
+        /// The ledger's id.
+        ledger: u64,
+        /// The writer's token.
+        writer_token: u64,
+        /// The entry's bytes.
+        data: Vec<u8>,
+    },
+    /// Advances a ledger's last-add-confirmed without a new entry.
+    SetLac {
+        /// The ledger's id.
+        ledger: u64,
+        /// The writer's token.
+        writer_token: u64,
+        /// The new LAC (an entry id already added).
+        lac: u64,
+    },
+    /// Closes a ledger by its writer, sealing its last entry.
+    CloseLedger {
+        /// The ledger's id.
+        ledger: u64,
+        /// The writer's token.
+        writer_token: u64,
+    },
+    /// Opens a ledger with recovery: fences its writer and seals it.
+    OpenRecover {
+        /// The ledger's id.
+        ledger: u64,
+    },
+    /// Deletes a ledger.
+    DeleteLedger {
+        /// The ledger's id.
+        ledger: u64,
+    },
+    /// Creates a queue.
+    CreateQueue {
+        /// The queue's name (1 to `QUEUE_NAME_BYTES_MAX` bytes of UTF-8).
+        name: String,
+        /// Deliveries after which a message is dead-lettered.
+        max_deliveries: u32,
+    },
+    /// Deletes a queue and its messages.
+    DeleteQueue {
+        /// The queue's name.
+        name: String,
+    },
+    /// Produces a batch of messages, idempotent per (producer_id, seq).
+    Produce {
+        /// The queue's name.
+        queue: String,
+        /// The producer's id (chosen at random by the client).
+        producer_id: u64,
+        /// The producer's sequence number for this batch.
+        seq: u64,
+        /// The messages' bytes.
+        messages: Vec<Vec<u8>>,
+    },
+    /// Pulls up to `max` messages, hidden until `now_ms + visibility_ms`.
+    Consume {
+        /// The queue's name.
+        queue: String,
+        /// The consumer's id (not kept yet: any consumer may ack any message).
+        consumer: u64,
+        /// Messages to hand out at most.
+        max: u32,
+        /// How long the messages stay hidden, in ms (at least 1).
+        visibility_ms: u64,
+        /// The leader's clock at proposal, in ms.
+        now_ms: u64,
+    },
+    /// Acks messages: they are deleted and never delivered again.
+    Ack {
+        /// The queue's name.
+        queue: String,
+        /// The ids to ack.
+        ids: Vec<u64>,
+    },
+}
+
+/// What applying a command returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `CreateLedger`: the new ledger's id.
+    LedgerCreated(u64),
+    /// `AddEntry`: the entry's id.
+    EntryAdded(u64),
+    /// `SetLac`: the LAC after it.
+    Lac(u64),
+    /// `CloseLedger`, `OpenRecover`: the sealed last entry id (`None`: empty).
+    Sealed(Option<u64>),
+    /// `DeleteLedger`, `CreateQueue`, `DeleteQueue`: done.
+    Done,
+    /// `Produce`: the batch's ids; `retry` if it had been applied before.
+    Produced {
+        /// The ids given to the batch, in order.
+        ids: Range<u64>,
+        /// True if this was a retry answered from the window.
+        retry: bool,
+    },
+    /// `Consume`: the messages handed out.
+    Consumed(Vec<Delivery>),
+    /// `Ack`: how many ids were newly acked.
+    Acked(u64),
+}
+
+/// Why a command was refused (the state is unchanged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// No ledger with that id.
+    NoSuchLedger,
+    /// The token is not the ledger's writer's.
+    NotWriter,
+    /// The ledger was recovered by someone else: this writer is fenced.
+    Fenced,
+    /// The ledger was closed by its writer.
+    Closed,
+    /// `SetLac` past the last entry added.
+    LacBeyondEnd,
+    /// No queue with that name.
+    NoSuchQueue,
+    /// A queue with that name exists.
+    QueueExists,
+    /// A produce's seq is older than the producer's window: it may have
+    /// been applied, and its ids are forgotten.
+    Forgotten,
+    /// A bound was exceeded (named).
+    Limit(&'static str),
+    /// A bad argument (empty or long name, zero visibility, ...).
+    Invalid,
+    /// The index was at or below the last applied one.
+    AlreadyApplied,
+}
+
+/// A snapshot's bytes were not a valid snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadSnapshot;
+
+const CREATE_LEDGER: u8 = 1;
+const ADD_ENTRY: u8 = 2;
+const SET_LAC: u8 = 3;
+const CLOSE_LEDGER: u8 = 4;
+const OPEN_RECOVER: u8 = 5;
+const DELETE_LEDGER: u8 = 6;
+const CREATE_QUEUE: u8 = 16;
+const DELETE_QUEUE: u8 = 17;
+const PRODUCE: u8 = 18;
+const CONSUME: u8 = 19;
+const ACK: u8 = 20;
+
+impl Command {
+    /// Its encoding: a tag byte, then the fields, little-endian, byte
+    /// strings and lists with a `u32` length.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let o = &mut out;
+        match self {
+            Command::CreateLedger {
+                writer_token,
+                now_ms,
+            } => {
+                put_u8(o, CREATE_LEDGER);
+                put_u64(o, *writer_token);
+                put_u64(o, *now_ms);
+            }
+            Command::AddEntry {
+                ledger,
+                writer_token,
+                data,
+            } => {
+                put_u8(o, ADD_ENTRY);
+                put_u64(o, *ledger);
+                put_u64(o, *writer_token);
+                put_bytes(o, data);
+            }
+            Command::SetLac {
+                ledger,
+                writer_token,
+                lac,
+            } => {
+                put_u8(o, SET_LAC);
+                put_u64(o, *ledger);
+                put_u64(o, *writer_token);
+                put_u64(o, *lac);
+            }
+            Command::CloseLedger {
+                ledger,
+                writer_token,
+            } => {
+                put_u8(o, CLOSE_LEDGER);
+                put_u64(o, *ledger);
+                put_u64(o, *writer_token);
+            }
+            Command::OpenRecover { ledger } => {
+                put_u8(o, OPEN_RECOVER);
+                put_u64(o, *ledger);
+            }
+            Command::DeleteLedger { ledger } => {
+                put_u8(o, DELETE_LEDGER);
+                put_u64(o, *ledger);
+            }
+            Command::CreateQueue {
+                name,
+                max_deliveries,
+            } => {
+                put_u8(o, CREATE_QUEUE);
+                put_bytes(o, name.as_bytes());
+                put_u32(o, *max_deliveries);
+            }
+            Command::DeleteQueue { name } => {
+                put_u8(o, DELETE_QUEUE);
+                put_bytes(o, name.as_bytes());
+            }
+            Command::Produce {
+                queue,
+                producer_id,
+                seq,
+                messages,
+            } => {
+                put_u8(o, PRODUCE);
+                put_bytes(o, queue.as_bytes());
+                put_u64(o, *producer_id);
+                put_u64(o, *seq);
+                put_u32(o, messages.len() as u32);
+                for m in messages {
+                    put_bytes(o, m);
+                }
+            }
+            Command::Consume {
+                queue,
+                consumer,
+                max,
+                visibility_ms,
+                now_ms,
+            } => {
+                put_u8(o, CONSUME);
+                put_bytes(o, queue.as_bytes());
+                put_u64(o, *consumer);
+                put_u32(o, *max);
+                put_u64(o, *visibility_ms);
+                put_u64(o, *now_ms);
+            }
+            Command::Ack { queue, ids } => {
+                put_u8(o, ACK);
+                put_bytes(o, queue.as_bytes());
+                put_u32(o, ids.len() as u32);
+                for id in ids {
+                    put_u64(o, *id);
+                }
+            }
+        }
+        out
+    }
+
+    /// Decodes a command; `None` unless `bytes` are exactly one valid
+    /// encoding within the bounds (entries are untrusted input).
+    pub fn decode(bytes: &[u8]) -> Option<Command> {
+        let mut r = Reader::new(bytes);
+        let name = |r: &mut Reader<'_>| -> Option<String> {
+            let b = r.bytes(QUEUE_NAME_BYTES_MAX)?;
+            std::str::from_utf8(b).ok().map(str::to_string)
+        };
+        let cmd = match r.u8()? {
+            CREATE_LEDGER => Command::CreateLedger {
+                writer_token: r.u64()?,
+                now_ms: r.u64()?,
+            },
+            ADD_ENTRY => Command::AddEntry {
+                ledger: r.u64()?,
+                writer_token: r.u64()?,
+                data: r.bytes(ENTRY_BYTES_MAX)?.to_vec(),
+            },
+            SET_LAC => Command::SetLac {
+                ledger: r.u64()?,
+                writer_token: r.u64()?,
+                lac: r.u64()?,
+            },
+            CLOSE_LEDGER => Command::CloseLedger {
+                ledger: r.u64()?,
+                writer_token: r.u64()?,
+            },
+            OPEN_RECOVER => Command::OpenRecover { ledger: r.u64()? },
+            DELETE_LEDGER => Command::DeleteLedger { ledger: r.u64()? },
+            CREATE_QUEUE => Command::CreateQueue {
+                name: name(&mut r)?,
+                max_deliveries: r.u32()?,
+            },
+            DELETE_QUEUE => Command::DeleteQueue {
+                name: name(&mut r)?,
+            },
+            PRODUCE => {
+                let queue = name(&mut r)?;
+                let (producer_id, seq) = (r.u64()?, r.u64()?);
+                let n = r.count(PRODUCE_MESSAGES_MAX, 4)?;
+                let mut messages = Vec::with_capacity(n);
+                for _ in 0..n {
+                    messages.push(r.bytes(MESSAGE_BYTES_MAX)?.to_vec());
+                }
+                Command::Produce {
+                    queue,
+                    producer_id,
+                    seq,
+                    messages,
+                }
+            }
+            CONSUME => Command::Consume {
+                queue: name(&mut r)?,
+                consumer: r.u64()?,
+                max: r.u32()?,
+                visibility_ms: r.u64()?,
+                now_ms: r.u64()?,
+            },
+            ACK => {
+                let queue = name(&mut r)?;
+                let n = r.count(ACK_IDS_MAX, 8)?;
+                let mut ids = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ids.push(r.u64()?);
+                }
+                Command::Ack { queue, ids }
+            }
+            _ => return None,
+        };
+        r.is_done().then_some(cmd)
+    }
+}
+
+/// The replicated ledgers and queues of one group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateMachine {
+    /// Index of the last entry applied.
+    applied: Index,
+    /// The latest leader clock seen, in ms. Leaders' clocks differ, so
+    /// after a failover `now_ms` may go back; time here never does.
+    clock_ms: u64,
+    ledgers: Ledgers,
+    queues: Queues,
+}
+
+impl StateMachine {
+    /// An empty machine (nothing applied).
+    pub fn new() -> StateMachine {
+        StateMachine::default()
+    }
+
+    /// Index of the last entry applied (0 before any).
+    pub fn applied_index(&self) -> Index {
+        self.applied
+    }
+
+    /// The latest leader clock applied, in ms.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    /// The ledgers, for queries (`lac`, `read`, `list`).
+    pub fn ledgers(&self) -> &Ledgers {
+        &self.ledgers
+    }
+
+    /// The queues, for queries (`list`, `dead_letters`, `acked_ranges`).
+    pub fn queues(&self) -> &Queues {
+        &self.queues
+    }
+
+    /// Applies the committed entry at `index` (call in log order, once
+    /// per entry); a refused command changes no ledger or queue, but its
+    /// index (and `now_ms`) count as applied.
+    pub fn apply(&mut self, index: Index, cmd: &Command) -> Result<Outcome, Error> {
+        if index <= self.applied {
+            return Err(Error::AlreadyApplied);
+        }
+        self.applied = index;
+        let now_ms = match cmd {
+            Command::CreateLedger { now_ms, .. } | Command::Consume { now_ms, .. } => *now_ms,
+            _ => self.clock_ms,
+        };
+        self.clock_ms = self.clock_ms.max(now_ms);
+        let now_ms = self.clock_ms;
+        let (ls, qs) = (&mut self.ledgers, &mut self.queues);
+        Ok(match cmd {
+            Command::CreateLedger { writer_token, .. } => {
+                Outcome::LedgerCreated(ls.create(*writer_token, now_ms)?)
+            }
+            Command::AddEntry {
+                ledger,
+                writer_token,
+                data,
+            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data)?),
+            Command::SetLac {
+                ledger,
+                writer_token,
+                lac,
+            } => Outcome::Lac(ls.set_lac(*ledger, *writer_token, *lac)?),
+            Command::CloseLedger {
+                ledger,
+                writer_token,
+            } => Outcome::Sealed(ls.close(*ledger, *writer_token)?),
+            Command::OpenRecover { ledger } => Outcome::Sealed(ls.recover(*ledger)?),
+            Command::DeleteLedger { ledger } => {
+                ls.delete(*ledger)?;
+                Outcome::Done
+            }
+            Command::CreateQueue {
+                name,
+                max_deliveries,
+            } => {
+                qs.create(name, *max_deliveries)?;
+                Outcome::Done
+            }
+            Command::DeleteQueue { name } => {
+                qs.delete(name)?;
+                Outcome::Done
+            }
+            Command::Produce {
+                queue,
+                producer_id,
+                seq,
+                messages,
+            } => {
+                let (ids, retry) =
+                    qs.produce(queue, *producer_id, *seq, messages, now_ms, index)?;
+                Outcome::Produced { ids, retry }
+            }
+            Command::Consume {
+                queue,
+                max,
+                visibility_ms,
+                ..
+            } => Outcome::Consumed(qs.consume(queue, *max, *visibility_ms, now_ms)?),
+            Command::Ack { queue, ids } => Outcome::Acked(qs.ack(queue, ids)?),
+        })
+    }
+
+    /// The state's encoding: `SNAPSHOT_MAGIC | applied u64 | clock_ms u64 |
+    /// ledgers | queues`. Equal states give equal bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut out = SNAPSHOT_MAGIC.to_vec();
+        put_u64(&mut out, self.applied);
+        put_u64(&mut out, self.clock_ms);
+        self.ledgers.encode(&mut out);
+        self.queues.encode(&mut out);
+        out
+    }
+
+    /// Rebuilds a machine from `snapshot` bytes, refusing any that are not
+    /// exactly one valid snapshot (they are untrusted: every count and
+    /// length is bounded before anything is allocated). Integrity (a
+    /// checksum) is the snapshot store's job; this checks structure.
+    pub fn restore(bytes: &[u8]) -> Result<StateMachine, BadSnapshot> {
+        let mut r = Reader::new(bytes);
+        if r.take(4) != Some(&SNAPSHOT_MAGIC[..]) {
+            return Err(BadSnapshot);
+        }
+        let applied = r.u64().ok_or(BadSnapshot)?;
+        let clock_ms = r.u64().ok_or(BadSnapshot)?;
+        let ledgers = Ledgers::decode(&mut r).ok_or(BadSnapshot)?;
+        let queues = Queues::decode(&mut r).ok_or(BadSnapshot)?;
+        if !r.is_done() {
+            return Err(BadSnapshot);
+        }
+        Ok(StateMachine {
+            applied,
+            clock_ms,
+            ledgers,
+            queues,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_command() -> Vec<Command> {
+        let q = || "queue".to_string();
+        vec![
+            Command::CreateLedger {
+                writer_token: 1,
+                now_ms: 2,
+            },
+            Command::AddEntry {
+                ledger: 0,
+                writer_token: 1,
+                data: b"entry".to_vec(),
+            },
+            Command::SetLac {
+                ledger: 0,
+                writer_token: 1,
+                lac: 0,
+            },
+            Command::CloseLedger {
+                ledger: 0,
+                writer_token: 1,
+            },
+            Command::OpenRecover { ledger: 0 },
+            Command::CreateQueue {
+                name: q(),
+                max_deliveries: 2,
+            },
+            Command::Produce {
+                queue: q(),
+                producer_id: 3,
+                seq: 4,
+                messages: vec![vec![1], vec![]],
+            },
+            Command::Consume {
+                queue: q(),
+                consumer: 5,
+                max: 2,
+                visibility_ms: 10,
+                now_ms: 20,
+            },
+            Command::Ack {
+                queue: q(),
+                ids: vec![1],
+            },
+            Command::DeleteLedger { ledger: 0 },
+            Command::CreateLedger {
+                writer_token: 9,
+                now_ms: 30,
+            },
+            Command::DeleteQueue { name: q() },
+            Command::CreateQueue {
+                name: "kept".into(),
+                max_deliveries: 1,
+            },
+            Command::Produce {
+                queue: "kept".into(),
+                producer_id: 1,
+                seq: 1,
+                messages: vec![vec![7]],
+            },
+        ]
+    }
+
+    #[test]
+    fn every_command_round_trips_and_every_cut_is_refused() {
+        for cmd in every_command() {
+            let bytes = cmd.encode();
+            assert_eq!(Command::decode(&bytes), Some(cmd.clone()));
+            for cut in 0..bytes.len() {
+                assert_eq!(Command::decode(&bytes[..cut]), None, "{cmd:?} cut at {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(
+                Command::decode(&longer),
+                None,
+                "{cmd:?} with a trailing byte"
+            );
+        }
+        assert_eq!(
+            Command::decode(&[0xC1]),
+            None,
+            "a client entry is not a command"
+        );
+        let bad_name = [CREATE_QUEUE, 1, 0, 0, 0, 0xff, 1, 0, 0, 0];
+        assert_eq!(Command::decode(&bad_name), None, "a name that is not UTF-8");
+    }
+
+    #[test]
+    fn apply_answers_each_command_and_a_snapshot_restores_the_same_state() {
+        let mut sm = StateMachine::new();
+        let outs: Vec<_> = (1..)
+            .zip(every_command())
+            .map(|(index, cmd)| sm.apply(index, &cmd))
+            .collect();
+        let expected = vec![
+            Ok(Outcome::LedgerCreated(0)),
+            Ok(Outcome::EntryAdded(0)),
+            Ok(Outcome::Lac(0)),
+            Ok(Outcome::Sealed(Some(0))),
+            Ok(Outcome::Sealed(Some(0))),
+            Ok(Outcome::Done),
+            Ok(Outcome::Produced {
+                ids: 0..2,
+                retry: false,
+            }),
+            Ok(Outcome::Consumed(vec![
+                Delivery {
+                    id: 0,
+                    data: vec![1],
+                    deliveries: 1,
+                },
+                Delivery {
+                    id: 1,
+                    data: vec![],
+                    deliveries: 1,
+                },
+            ])),
+            Ok(Outcome::Acked(1)),
+            Ok(Outcome::Done),
+            Ok(Outcome::LedgerCreated(1)),
+            Ok(Outcome::Done),
+            Ok(Outcome::Done),
+            Ok(Outcome::Produced {
+                ids: 0..1,
+                retry: false,
+            }),
+        ];
+        assert_eq!(outs, expected);
+        assert_eq!((sm.applied_index(), sm.clock_ms()), (14, 30));
+        let bytes = sm.snapshot();
+        let back = StateMachine::restore(&bytes).unwrap();
+        assert_eq!(back, sm);
+        assert_eq!(back.snapshot(), bytes);
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                StateMachine::restore(&bytes[..cut]),
+                Err(BadSnapshot),
+                "cut {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(StateMachine::restore(&longer), Err(BadSnapshot));
+    }
+}

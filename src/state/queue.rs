@@ -1,0 +1,629 @@
+//! Message queues with CMQ's guarantees, as replicated state: a produce is
+//! idempotent per (producer id, sequence number) within a bounded window;
+//! a consume hides what it hands out until a visibility deadline, after
+//! which unacked messages come back; an ack deletes for good (acked ids
+//! are kept as ranges, and an acked id is never delivered again); after
+//! `max_deliveries` deliveries a message goes to the queue's dead-letter
+//! list instead of out again. No I/O and no clock here: time comes in with
+//! each consume (the leader's clock, stamped at proposal).
+//!
+//! Message ids are dense from 0 per queue. Delivery order is by the time a
+//! message became visible, then by id: new messages are visible from the
+//! time of their produce, so a redelivery does not wait behind a backlog
+//! produced after it.
+
+use super::machine::Error;
+use super::wire::{put_bytes, put_u32, put_u64, Reader};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Range;
+
+/// Queues a group holds at once.
+pub const QUEUES_MAX: usize = 4096;
+/// Bytes of a queue's name (UTF-8, not empty).
+pub const QUEUE_NAME_BYTES_MAX: usize = 255;
+/// Bytes of one message.
+pub const MESSAGE_BYTES_MAX: usize = 1 << 20;
+/// Messages in one produce.
+pub const PRODUCE_MESSAGES_MAX: usize = 1024;
+/// Messages one queue holds, unacked and dead-lettered together.
+pub const QUEUE_MESSAGES_MAX: usize = 1 << 22;
+/// Messages one consume returns at most.
+pub const CONSUME_MAX: u32 = 1024;
+/// Ids in one ack.
+pub const ACK_IDS_MAX: usize = 4096;
+/// Longest visibility timeout, in ms (12 hours).
+pub const VISIBILITY_MS_MAX: u64 = 12 * 3600 * 1000;
+/// Largest `max_deliveries` a queue may have.
+pub const MAX_DELIVERIES_MAX: u32 = 1000;
+/// Produce sequence numbers remembered per producer.
+pub const PRODUCE_WINDOW: usize = 64;
+/// Producers remembered per queue; the least recently active is forgotten.
+pub const PRODUCERS_MAX: usize = 1024;
+
+/// A message handed out by a consume (or listed as dead-lettered).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// The message's id.
+    pub id: u64,
+    /// Its bytes.
+    pub data: Vec<u8>,
+    /// Times it has been delivered, this delivery included.
+    pub deliveries: u32,
+}
+
+/// A queue's metadata, as `list` returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// The queue's name.
+    pub name: String,
+    /// Deliveries after which a message is dead-lettered.
+    pub max_deliveries: u32,
+    /// Messages ever produced (the next message id).
+    pub produced: u64,
+    /// Messages neither acked nor dead-lettered (ready or in flight).
+    pub unacked: u64,
+    /// Messages in the dead-letter list.
+    pub dead: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Message {
+    data: Vec<u8>,
+    deliveries: u32,
+    /// When it may be delivered (again), in the leader's ms.
+    visible_at_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Producer {
+    /// (seq, ids given) of its last `PRODUCE_WINDOW` produces, oldest first.
+    recent: VecDeque<(u64, Range<u64>)>,
+    /// Index of its last produce (for forgetting idle producers).
+    last_index: u64,
+}
+
+/// Acked ids as disjoint, non-adjacent ranges `start -> end` (exclusive).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    fn contains(&self, id: u64) -> bool {
+        self.0
+            .range(..=id)
+            .next_back()
+            .is_some_and(|(_, &end)| id < end)
+    }
+
+    /// Adds `id`, which must be absent and below `u64::MAX`, merging ranges.
+    fn insert(&mut self, id: u64) {
+        let (mut start, mut end) = (id, id + 1);
+        if let Some((&s, &e)) = self.0.range(..id).next_back() {
+            if e == id {
+                start = s;
+            }
+        }
+        if let Some(e) = self.0.remove(&(id + 1)) {
+            end = e;
+        }
+        self.0.insert(start, end);
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Queue {
+    max_deliveries: u32,
+    next_id: u64,
+    /// Messages neither acked nor dead-lettered.
+    live: BTreeMap<u64, Message>,
+    /// (visible_at_ms, id) of every live message: the delivery order.
+    /// Derived from `live`, so not in snapshots.
+    order: BTreeSet<(u64, u64)>,
+    dead: BTreeMap<u64, Message>,
+    acked: Ranges,
+    producers: BTreeMap<u64, Producer>,
+}
+
+impl Queue {
+    fn new(max_deliveries: u32) -> Queue {
+        Queue {
+            max_deliveries,
+            next_id: 0,
+            live: BTreeMap::new(),
+            order: BTreeSet::new(),
+            dead: BTreeMap::new(),
+            acked: Ranges::default(),
+            producers: BTreeMap::new(),
+        }
+    }
+}
+
+/// Every queue of a group, by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Queues {
+    queues: BTreeMap<String, Queue>,
+}
+
+/// Checks a queue name: UTF-8 is checked by the type, the length here.
+fn name_ok(name: &str) -> bool {
+    !name.is_empty() && name.len() <= QUEUE_NAME_BYTES_MAX
+}
+
+impl Queues {
+    /// Creates a queue that dead-letters after `max_deliveries` deliveries.
+    pub(crate) fn create(&mut self, name: &str, max_deliveries: u32) -> Result<(), Error> {
+        if !name_ok(name) || !(1..=MAX_DELIVERIES_MAX).contains(&max_deliveries) {
+            return Err(Error::Invalid);
+        }
+        if self.queues.contains_key(name) {
+            return Err(Error::QueueExists);
+        }
+        if self.queues.len() >= QUEUES_MAX {
+            return Err(Error::Limit("queues"));
+        }
+        self.queues
+            .insert(name.to_string(), Queue::new(max_deliveries));
+        Ok(())
+    }
+
+    /// Deletes a queue and every message in it.
+    pub(crate) fn delete(&mut self, name: &str) -> Result<(), Error> {
+        self.queues
+            .remove(name)
+            .map(|_| ())
+            .ok_or(Error::NoSuchQueue)
+    }
+
+    /// Produces a batch, visible from `now_ms`; returns the ids given. A
+    /// retry of (producer, seq) in the window returns the first ids and
+    /// adds nothing; one older than the window is refused as `Forgotten`.
+    pub(crate) fn produce(
+        &mut self,
+        name: &str,
+        producer: u64,
+        seq: u64,
+        messages: &[Vec<u8>],
+        now_ms: u64,
+        index: u64,
+    ) -> Result<(Range<u64>, bool), Error> {
+        let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
+        if let Some(p) = q.producers.get(&producer) {
+            if let Some((_, ids)) = p.recent.iter().find(|(s, _)| *s == seq) {
+                return Ok((ids.clone(), true));
+            }
+            let full = p.recent.len() == PRODUCE_WINDOW;
+            if full && p.recent.front().is_some_and(|(s, _)| seq < *s) {
+                return Err(Error::Forgotten);
+            }
+        }
+        if messages.len() > PRODUCE_MESSAGES_MAX
+            || messages.iter().any(|m| m.len() > MESSAGE_BYTES_MAX)
+        {
+            return Err(Error::Limit("produce"));
+        }
+        if q.live.len() + q.dead.len() + messages.len() > QUEUE_MESSAGES_MAX {
+            return Err(Error::Limit("queue messages"));
+        }
+        if q.next_id.checked_add(messages.len() as u64).is_none() {
+            return Err(Error::Limit("message ids"));
+        }
+        if !q.producers.contains_key(&producer) && q.producers.len() >= PRODUCERS_MAX {
+            // Forget the producer idle the longest (the same one on every
+            // replica: they apply the same entries).
+            if let Some((&idle, _)) = q.producers.iter().min_by_key(|(_, p)| p.last_index) {
+                q.producers.remove(&idle);
+            }
+        }
+        let first = q.next_id;
+        for data in messages {
+            let id = q.next_id;
+            q.next_id += 1;
+            let m = Message {
+                data: data.clone(),
+                deliveries: 0,
+                visible_at_ms: now_ms,
+            };
+            q.order.insert((now_ms, id));
+            q.live.insert(id, m);
+        }
+        let ids = first..q.next_id;
+        let p = q.producers.entry(producer).or_default();
+        if p.recent.len() == PRODUCE_WINDOW {
+            p.recent.pop_front();
+        }
+        p.recent.push_back((seq, ids.clone()));
+        p.last_index = index;
+        Ok((ids, false))
+    }
+
+    /// Hands out up to `max` messages visible at `now_ms`, hidden again
+    /// until `now_ms + visibility_ms`; a message already delivered
+    /// `max_deliveries` times goes to the dead-letter list instead.
+    pub(crate) fn consume(
+        &mut self,
+        name: &str,
+        max: u32,
+        visibility_ms: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Delivery>, Error> {
+        // At least 1 ms: a message handed out must not be visible again
+        // within the same consume.
+        if max > CONSUME_MAX || !(1..=VISIBILITY_MS_MAX).contains(&visibility_ms) {
+            return Err(Error::Invalid);
+        }
+        let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
+        let mut out = Vec::new();
+        while out.len() < max as usize {
+            let Some(&(at, id)) = q.order.first() else {
+                break;
+            };
+            if at > now_ms {
+                break;
+            }
+            q.order.remove(&(at, id));
+            let Some(mut m) = q.live.remove(&id) else {
+                unreachable!("order holds only live ids");
+            };
+            if m.deliveries >= q.max_deliveries {
+                q.dead.insert(id, m);
+                continue;
+            }
+            m.deliveries += 1;
+            m.visible_at_ms = now_ms.saturating_add(visibility_ms);
+            q.order.insert((m.visible_at_ms, id));
+            out.push(Delivery {
+                id,
+                data: m.data.clone(),
+                deliveries: m.deliveries,
+            });
+            q.live.insert(id, m);
+        }
+        Ok(out)
+    }
+
+    /// Acks `ids`: they are deleted and never delivered again; returns how
+    /// many were newly acked (ids already acked or never given are skipped).
+    pub(crate) fn ack(&mut self, name: &str, ids: &[u64]) -> Result<u64, Error> {
+        if ids.len() > ACK_IDS_MAX {
+            return Err(Error::Limit("ack ids"));
+        }
+        let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
+        let mut acked = 0;
+        for &id in ids {
+            if id >= q.next_id || q.acked.contains(id) {
+                continue;
+            }
+            if let Some(m) = q.live.remove(&id) {
+                q.order.remove(&(m.visible_at_ms, id));
+            } else {
+                q.dead.remove(&id);
+            }
+            q.acked.insert(id);
+            acked += 1;
+        }
+        Ok(acked)
+    }
+
+    /// True if `id` of the queue has been acked.
+    pub fn is_acked(&self, name: &str, id: u64) -> Result<bool, Error> {
+        let q = self.queues.get(name).ok_or(Error::NoSuchQueue)?;
+        Ok(q.acked.contains(id))
+    }
+
+    /// The queue's acked ids as ranges, in order.
+    pub fn acked_ranges(&self, name: &str) -> Result<Vec<Range<u64>>, Error> {
+        let q = self.queues.get(name).ok_or(Error::NoSuchQueue)?;
+        Ok(q.acked.0.iter().map(|(&s, &e)| s..e).collect())
+    }
+
+    /// The queue's dead-letter list, by id.
+    pub fn dead_letters(&self, name: &str) -> Result<Vec<Delivery>, Error> {
+        let q = self.queues.get(name).ok_or(Error::NoSuchQueue)?;
+        let d = |(&id, m): (&u64, &Message)| Delivery {
+            id,
+            data: m.data.clone(),
+            deliveries: m.deliveries,
+        };
+        Ok(q.dead.iter().map(d).collect())
+    }
+
+    /// Every queue's metadata, by name.
+    pub fn list(&self) -> Vec<QueueInfo> {
+        let info = |(name, q): (&String, &Queue)| QueueInfo {
+            name: name.clone(),
+            max_deliveries: q.max_deliveries,
+            produced: q.next_id,
+            unacked: q.live.len() as u64,
+            dead: q.dead.len() as u64,
+        };
+        self.queues.iter().map(info).collect()
+    }
+
+    /// Appends the queues' encoding (for snapshots) to `out`.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        let messages = |out: &mut Vec<u8>, ms: &BTreeMap<u64, Message>| {
+            put_u32(out, ms.len() as u32);
+            for (&id, m) in ms {
+                put_u64(out, id);
+                put_u32(out, m.deliveries);
+                put_u64(out, m.visible_at_ms);
+                put_bytes(out, &m.data);
+            }
+        };
+        put_u32(out, self.queues.len() as u32);
+        for (name, q) in &self.queues {
+            put_bytes(out, name.as_bytes());
+            put_u32(out, q.max_deliveries);
+            put_u64(out, q.next_id);
+            messages(out, &q.live);
+            messages(out, &q.dead);
+            put_u32(out, q.acked.0.len() as u32);
+            for (&s, &e) in &q.acked.0 {
+                put_u64(out, s);
+                put_u64(out, e);
+            }
+            put_u32(out, q.producers.len() as u32);
+            for (&id, p) in &q.producers {
+                put_u64(out, id);
+                put_u64(out, p.last_index);
+                put_u32(out, p.recent.len() as u32);
+                for (seq, ids) in &p.recent {
+                    put_u64(out, *seq);
+                    put_u64(out, ids.start);
+                    put_u64(out, ids.end);
+                }
+            }
+        }
+    }
+
+    /// Decodes queues from `r`, refusing any that `apply` could not have
+    /// built (bounds, order, an id both acked and unacked, ...).
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Option<Queues> {
+        let n = r.count(QUEUES_MAX, 4 + 4 + 8 + 4 * 4)?;
+        let mut queues = BTreeMap::new();
+        for _ in 0..n {
+            let name = std::str::from_utf8(r.bytes(QUEUE_NAME_BYTES_MAX)?).ok()?;
+            let in_order = queues
+                .keys()
+                .next_back()
+                .is_none_or(|prev: &String| prev.as_str() < name);
+            if !name_ok(name) || !in_order {
+                return None;
+            }
+            let name = name.to_string();
+            let q = decode_queue(r)?;
+            queues.insert(name, q);
+        }
+        Some(Queues { queues })
+    }
+}
+
+/// Decodes messages with ascending ids below `next_id`.
+fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<BTreeMap<u64, Message>> {
+    let n = r.count(QUEUE_MESSAGES_MAX, 8 + 4 + 8 + 4)?;
+    let mut ms = BTreeMap::new();
+    for _ in 0..n {
+        let id = r.u64()?;
+        let deliveries = r.u32()?;
+        let visible_at_ms = r.u64()?;
+        let data = r.bytes(MESSAGE_BYTES_MAX)?.to_vec();
+        let in_order = ms.last_key_value().is_none_or(|(&prev, _)| prev < id);
+        if !in_order || id >= q.next_id || deliveries > q.max_deliveries {
+            return None;
+        }
+        ms.insert(
+            id,
+            Message {
+                data,
+                deliveries,
+                visible_at_ms,
+            },
+        );
+    }
+    Some(ms)
+}
+
+fn decode_queue(r: &mut Reader<'_>) -> Option<Queue> {
+    let max_deliveries = r.u32()?;
+    if !(1..=MAX_DELIVERIES_MAX).contains(&max_deliveries) {
+        return None;
+    }
+    let mut q = Queue::new(max_deliveries);
+    q.next_id = r.u64()?;
+    q.live = decode_messages(r, &q)?;
+    q.dead = decode_messages(r, &q)?;
+    if q.live.len() + q.dead.len() > QUEUE_MESSAGES_MAX {
+        return None;
+    }
+    let k = r.count(QUEUE_MESSAGES_MAX + 1, 16)?;
+    let mut prev_end = None;
+    for _ in 0..k {
+        let (s, e) = (r.u64()?, r.u64()?);
+        // Canonical: ascending, neither overlapping nor touching.
+        if s >= e || e > q.next_id || prev_end.is_some_and(|p| s <= p) {
+            return None;
+        }
+        prev_end = Some(e);
+        q.acked.0.insert(s, e);
+    }
+    for (&id, m) in &q.live {
+        if q.dead.contains_key(&id) || q.acked.contains(id) {
+            return None;
+        }
+        q.order.insert((m.visible_at_ms, id));
+    }
+    if q.dead.keys().any(|&id| q.acked.contains(id)) {
+        return None;
+    }
+    let k = r.count(PRODUCERS_MAX, 8 + 8 + 4)?;
+    for _ in 0..k {
+        let id = r.u64()?;
+        let last_index = r.u64()?;
+        let in_order = q
+            .producers
+            .last_key_value()
+            .is_none_or(|(&prev, _)| prev < id);
+        let j = r.count(PRODUCE_WINDOW, 24)?;
+        if !in_order {
+            return None;
+        }
+        let mut p = Producer {
+            recent: VecDeque::with_capacity(j),
+            last_index,
+        };
+        for _ in 0..j {
+            let (seq, s, e) = (r.u64()?, r.u64()?, r.u64()?);
+            if s > e || e > q.next_id {
+                return None;
+            }
+            p.recent.push_back((seq, s..e));
+        }
+        q.producers.insert(id, p);
+    }
+    Some(q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_queue(max_deliveries: u32) -> Queues {
+        let mut qs = Queues::default();
+        qs.create("q", max_deliveries).unwrap();
+        qs
+    }
+
+    fn ids(ds: &[Delivery]) -> Vec<u64> {
+        ds.iter().map(|d| d.id).collect()
+    }
+
+    fn msgs(n: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| vec![i as u8]).collect()
+    }
+
+    #[test]
+    fn a_retried_produce_returns_the_first_ids_and_adds_nothing() {
+        let mut qs = one_queue(5);
+        assert_eq!(qs.produce("q", 7, 1, &msgs(3), 0, 1), Ok((0..3, false)));
+        assert_eq!(qs.produce("q", 8, 1, &msgs(2), 0, 2), Ok((3..5, false)));
+        assert_eq!(qs.produce("q", 7, 1, &msgs(3), 0, 3), Ok((0..3, true)));
+        assert_eq!(qs.list()[0].produced, 5);
+        qs.ack("q", &[0, 1, 2]).unwrap();
+        assert_eq!(
+            qs.produce("q", 7, 1, &msgs(3), 0, 4),
+            Ok((0..3, true)),
+            "after the ack"
+        );
+        assert_eq!(qs.list()[0].unacked, 2);
+    }
+
+    #[test]
+    fn produce_seqs_older_than_the_window_are_refused() {
+        let mut qs = one_queue(5);
+        for s in 0..PRODUCE_WINDOW as u64 + 3 {
+            qs.produce("q", 1, s + 10, &msgs(1), 0, s).unwrap();
+        }
+        assert_eq!(
+            qs.produce("q", 1, 10, &msgs(1), 0, 999),
+            Err(Error::Forgotten)
+        );
+        let (ids, retry) = qs.produce("q", 1, 13, &msgs(1), 0, 999).unwrap();
+        assert_eq!((ids, retry), (3..4, true), "the oldest still in the window");
+    }
+
+    #[test]
+    fn unacked_messages_come_back_after_the_visibility_timeout() {
+        let mut qs = one_queue(5);
+        qs.produce("q", 1, 1, &msgs(4), 100, 1).unwrap();
+        let got = qs.consume("q", 3, 1_000, 100).unwrap();
+        assert_eq!(ids(&got), vec![0, 1, 2]);
+        assert_eq!(got[0].deliveries, 1);
+        assert_eq!(ids(&qs.consume("q", 10, 1_000, 500).unwrap()), vec![3]);
+        assert_eq!(
+            ids(&qs.consume("q", 10, 1_000, 1_099).unwrap()),
+            Vec::<u64>::new(),
+            "still hidden"
+        );
+        qs.ack("q", &[1]).unwrap();
+        let again = qs.consume("q", 10, 1_000, 1_100).unwrap();
+        assert_eq!(
+            ids(&again),
+            vec![0, 2],
+            "unacked ones return, the acked one not"
+        );
+        assert_eq!(again[0].deliveries, 2);
+        assert_eq!(ids(&qs.consume("q", 10, 1_000, 1_500).unwrap()), vec![3]);
+    }
+
+    #[test]
+    fn acked_ids_are_kept_as_ranges_and_never_delivered_again() {
+        let mut qs = one_queue(5);
+        qs.produce("q", 1, 1, &msgs(10), 0, 1).unwrap();
+        assert_eq!(qs.ack("q", &[0, 1, 2, 5, 4, 3, 8, 2, 99]), Ok(7));
+        assert_eq!(qs.acked_ranges("q").unwrap(), vec![0..6, 8..9]);
+        assert_eq!(qs.ack("q", &[7]), Ok(1));
+        assert_eq!(qs.acked_ranges("q").unwrap(), vec![0..6, 7..9]);
+        assert!(qs.is_acked("q", 7).unwrap() && !qs.is_acked("q", 6).unwrap());
+        let mut t = 0;
+        for _ in 0..4 {
+            let got = qs.consume("q", 100, 10, t).unwrap();
+            assert_eq!(ids(&got), vec![6, 9]);
+            t += 10;
+        }
+    }
+
+    #[test]
+    fn a_message_is_dead_lettered_after_max_deliveries() {
+        let mut qs = one_queue(2);
+        qs.produce("q", 1, 1, &msgs(2), 0, 1).unwrap();
+        assert_eq!(ids(&qs.consume("q", 10, 10, 0).unwrap()), vec![0, 1]);
+        qs.ack("q", &[1]).unwrap();
+        let second = qs.consume("q", 10, 10, 10).unwrap();
+        assert_eq!((ids(&second), second[0].deliveries), (vec![0], 2));
+        assert_eq!(
+            qs.consume("q", 10, 10, 20).unwrap(),
+            vec![],
+            "dead, not delivered"
+        );
+        let dead = qs.dead_letters("q").unwrap();
+        assert_eq!((ids(&dead), dead[0].deliveries), (vec![0], 2));
+        assert_eq!(qs.list()[0].dead, 1);
+        assert_eq!(qs.ack("q", &[0]), Ok(1), "a dead letter can be acked away");
+        assert_eq!(qs.dead_letters("q").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let mut qs = one_queue(2);
+        assert_eq!(qs.create("q", 2), Err(Error::QueueExists));
+        assert_eq!(qs.create("", 2), Err(Error::Invalid));
+        assert_eq!(qs.create("z", 0), Err(Error::Invalid));
+        assert_eq!(qs.consume("q", 1, 0, 0), Err(Error::Invalid));
+        assert_eq!(qs.consume("q", CONSUME_MAX + 1, 1, 0), Err(Error::Invalid));
+        assert_eq!(qs.consume("nope", 1, 1, 0), Err(Error::NoSuchQueue));
+        assert_eq!(qs.delete("q"), Ok(()));
+        assert_eq!(qs.delete("q"), Err(Error::NoSuchQueue));
+    }
+
+    #[test]
+    fn queues_survive_a_snapshot_and_garbage_is_refused() {
+        let mut qs = one_queue(3);
+        qs.create("other", 1).unwrap();
+        qs.produce("q", 1, 1, &msgs(6), 5, 1).unwrap();
+        qs.produce("other", 2, 9, &msgs(2), 5, 2).unwrap();
+        qs.consume("q", 2, 10, 5).unwrap();
+        qs.ack("q", &[0, 3]).unwrap();
+        qs.consume("other", 5, 10, 5).unwrap();
+        qs.consume("other", 5, 10, 50).unwrap();
+        let mut bytes = Vec::new();
+        qs.encode(&mut bytes);
+        let mut r = Reader::new(&bytes);
+        assert_eq!(Queues::decode(&mut r), Some(qs));
+        assert!(r.is_done());
+        for cut in 0..bytes.len() {
+            assert!(
+                Queues::decode(&mut Reader::new(&bytes[..cut])).is_none(),
+                "cut {cut}"
+            );
+        }
+    }
+}
