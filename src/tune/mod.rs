@@ -135,33 +135,26 @@ impl Host {
     }
 
     fn sysctl_min(&self, key: &str, want: u64, why: &'static str) -> Check {
-        let file = format!("/proc/sys/{}", key.replace('.', "/"));
-        let found = self.read_u64(&file);
-        let status = match found {
-            Some(v) if v >= want => Status::Ok,
-            Some(_) => Status::Warn,
-            None => Status::Warn,
-        };
-        Check {
-            name: key.to_string(),
-            status,
-            found: found.map_or("unreadable".into(), |v| v.to_string()),
-            why,
-            fix: (status != Status::Ok).then(|| {
-                format!("sysctl -w {key}={want} && echo '{key} = {want}' >> /etc/sysctl.d/99-quire.conf")
-            }),
-            apply: (status != Status::Ok && found.is_some()).then(|| Write {
-                path: PathBuf::from(&file),
-                value: want.to_string(),
-            }),
-        }
+        self.sysctl(key, want, |v| v >= want, why)
     }
 
     fn sysctl_max(&self, key: &str, max: u64, why: &'static str) -> Check {
+        self.sysctl(key, max, |v| v <= max, why)
+    }
+
+    /// A numeric sysctl that is fine when `good(value)`; `target` is what
+    /// the fix and `apply` set.
+    fn sysctl(
+        &self,
+        key: &str,
+        target: u64,
+        good: impl Fn(u64) -> bool,
+        why: &'static str,
+    ) -> Check {
         let file = format!("/proc/sys/{}", key.replace('.', "/"));
         let found = self.read_u64(&file);
         let status = match found {
-            Some(v) if v <= max => Status::Ok,
+            Some(v) if good(v) => Status::Ok,
             _ => Status::Warn,
         };
         Check {
@@ -170,13 +163,11 @@ impl Host {
             found: found.map_or("unreadable".into(), |v| v.to_string()),
             why,
             fix: (status != Status::Ok).then(|| {
-                format!(
-                    "sysctl -w {key}={max} && echo '{key} = {max}' >> /etc/sysctl.d/99-quire.conf"
-                )
+                format!("sysctl -w {key}={target} && echo '{key} = {target}' >> /etc/sysctl.d/99-quire.conf")
             }),
             apply: (status != Status::Ok && found.is_some()).then(|| Write {
                 path: PathBuf::from(&file),
-                value: max.to_string(),
+                value: target.to_string(),
             }),
         }
     }
