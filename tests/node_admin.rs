@@ -95,3 +95,54 @@ fn every_exported_metric_is_documented() {
         assert!(docs.contains(name), "metric {name} is not in the docs");
     }
 }
+
+fn post(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+#[test]
+fn membership_changes_through_the_admin_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let groups = vec![GroupSpec {
+        group: 0,
+        dir: dir.path().join("g0"),
+    }];
+    let node = Arc::new(NodeHandle::spawn(NodeSpec::loopback(1, vec![1], groups, 0)).unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while node
+        .propose(0, b"x".to_vec(), Duration::from_secs(1))
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "no leader");
+    }
+    let admin = AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node)).unwrap();
+    let (code, body) = post(admin.addr(), "/membership?group=0&change=learner&node=9");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("AddLearner(9) applied at index"), "{body}");
+    let (_, status) = get(admin.addr(), "/status");
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["groups"][0]["learners"], serde_json::json!([9]));
+    assert_eq!(v["groups"][0]["voters"], serde_json::json!([1]));
+    assert_eq!(
+        post(admin.addr(), "/membership?group=0&change=oops&node=9").0,
+        400
+    );
+    assert_eq!(post(admin.addr(), "/membership?change=voter&node=9").0, 400);
+    assert_eq!(
+        post(admin.addr(), "/membership?group=7&change=voter&node=9").0,
+        503
+    );
+}

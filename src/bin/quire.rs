@@ -101,6 +101,23 @@ enum Cmd {
         #[command(subcommand)]
         what: TuneCmd,
     },
+    /// Change a group's membership, one server at a time, through the
+    /// admin endpoint of the group's leader (see HARDWARE.md, replacing a
+    /// disk).
+    Member {
+        /// The leader's admin address (node.admin_listen).
+        #[arg(long)]
+        admin: SocketAddr,
+        /// The group.
+        #[arg(long, default_value_t = 0)]
+        group: u32,
+        /// remove, learner (add as a non-voting learner) or voter (promote).
+        #[arg(value_parser = ["remove", "learner", "voter"])]
+        change: String,
+        /// The node to change.
+        #[arg(long)]
+        node: u64,
+    },
     /// Run the daemon (as `quired` does).
     Daemon {
         /// The node's config file.
@@ -225,6 +242,12 @@ fn main() -> ExitCode {
             demo_only,
         } => up(nodes, groups, dir, demo_only),
         Cmd::Status { target } => status(&target),
+        Cmd::Member {
+            admin,
+            group,
+            change,
+            node,
+        } => member(admin, group, &change, node),
         Cmd::Append {
             target,
             group,
@@ -281,6 +304,30 @@ fn main() -> ExitCode {
             eprintln!("quire: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// `quire member`: one POST to the admin endpoint.
+fn member(admin: SocketAddr, group: u32, change: &str, node: u64) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
+        .map_err(|e| format!("{admin}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "POST /membership?group={group}&change={change}&node={node} HTTP/1.1\r\nHost: quire\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    let ok = text.split_whitespace().nth(1) == Some("200");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
+    if ok {
+        println!("{body}");
+        Ok(())
+    } else {
+        Err(body.to_string())
     }
 }
 

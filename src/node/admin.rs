@@ -303,6 +303,8 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "applied": g.applied,
             "persisted": g.persisted,
             "disk": g.disk,
+            "voters": g.voters,
+            "learners": g.learners,
             "backend": g.backend,
             "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
                 "peer": p,
@@ -327,6 +329,46 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
     })
 }
 
+/// `POST /membership?group=G&change=remove|learner|voter&node=N`: one
+/// membership change of group G, proposed on this node (its leader);
+/// answers once applied, or why not.
+fn membership(node: &NodeHandle, query: &str) -> (u16, String) {
+    use crate::consensus::MembershipChange;
+    let arg = |k: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| v.to_string())
+    };
+    let group = arg("group").and_then(|g| g.parse::<u32>().ok());
+    let peer = arg("node")
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n != 0);
+    let change = match (arg("change").as_deref(), peer) {
+        (Some("remove"), Some(n)) => MembershipChange::Remove(n),
+        (Some("learner"), Some(n)) => MembershipChange::AddLearner(n),
+        (Some("voter"), Some(n)) => MembershipChange::AddVoter(n),
+        _ => {
+            return (
+                400,
+                "want group=G&change=remove|learner|voter&node=N\n".into(),
+            )
+        }
+    };
+    let Some(group) = group else {
+        return (
+            400,
+            "want group=G&change=remove|learner|voter&node=N\n".into(),
+        );
+    };
+    match node.change_membership(group, change, std::time::Duration::from_secs(10)) {
+        Ok(index) => (200, format!("{change:?} applied at index {index}\n")),
+        Err(e @ super::ProposeError::NotLeader(_)) => (409, format!("{e}\n")),
+        Err(e) => (503, format!("{e}\n")),
+    }
+}
+
 /// A running admin endpoint; stops when dropped.
 pub struct AdminServer {
     server: Arc<tiny_http::Server>,
@@ -349,7 +391,13 @@ impl AdminServer {
             .name("quire-admin".into())
             .spawn(move || {
                 for req in s.incoming_requests() {
-                    let (code, ctype, body) = match (req.method(), req.url()) {
+                    let url = req.url().to_string();
+                    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+                    let (code, ctype, body) = match (req.method(), path) {
+                        (tiny_http::Method::Post, "/membership") => {
+                            let (code, body) = membership(&node, query);
+                            (code, "text/plain", body)
+                        }
                         (tiny_http::Method::Get, "/metrics") => match node.status() {
                             Some(st) => (200, "text/plain; version=0.0.4", metrics_text(&st)),
                             None => (503, "text/plain", "node stopped\n".into()),
@@ -358,7 +406,11 @@ impl AdminServer {
                             Some(st) => (200, "application/json", status_json(&st).to_string()),
                             None => (503, "text/plain", "node stopped\n".into()),
                         },
-                        _ => (404, "text/plain", "try /metrics or /status\n".into()),
+                        _ => (
+                            404,
+                            "text/plain",
+                            "try GET /metrics, GET /status or POST /membership\n".into(),
+                        ),
                     };
                     let header = tiny_http::Header::from_bytes("Content-Type", ctype)
                         .expect("a valid header");

@@ -326,6 +326,17 @@ impl EventLoop {
                         reply(Err(super::ProposeError::Unavailable(why)));
                     }
                 },
+                Command::Membership {
+                    group,
+                    change,
+                    reply,
+                } => match self.by_group.get(&group) {
+                    Some(&i) => self.replicas[i].propose_membership(change, reply),
+                    None => {
+                        let why = format!("group {group} is not on this core");
+                        reply(Err(super::ProposeError::Unavailable(why)));
+                    }
+                },
                 Command::Read {
                     group,
                     from,
@@ -690,6 +701,8 @@ impl EventLoop {
                 applied: r.applied,
                 persisted: r.raft.persisted_index(),
                 applied_hash: r.applied_hash,
+                voters: r.raft.membership().voters.iter().copied().collect(),
+                learners: r.raft.membership().learners.iter().copied().collect(),
                 disk: r.disk_state(),
                 backend: r.wal.backend_name(),
                 wal: {

@@ -60,6 +60,10 @@ pub struct GroupView {
     pub persisted: Index,
     /// Hash of the applied data (equal on every node at equal `applied`).
     pub applied_hash: u64,
+    /// The voters of the membership in force here.
+    pub voters: Vec<NodeId>,
+    /// The learners (non-voting members catching up).
+    pub learners: Vec<NodeId>,
     /// healthy, degraded, full or failed (with why).
     pub disk: String,
     /// The log's I/O backend: io_uring or portable.
@@ -195,6 +199,11 @@ pub(crate) enum Command {
         client_id: u64,
         seq: u64,
         data: Vec<u8>,
+        reply: Reply,
+    },
+    Membership {
+        group: GroupId,
+        change: crate::consensus::MembershipChange,
         reply: Reply,
     },
     Read {
@@ -432,6 +441,23 @@ impl NodeHandle {
                 "group {group} is not on this node"
             )))),
         }
+    }
+
+    /// Changes `group`'s membership (one server at a time: add a learner,
+    /// promote a learner to voter, remove a member) and waits up to
+    /// `timeout` for the change to be applied here; only the leader takes
+    /// it (`NotLeader` otherwise).
+    pub fn change_membership(
+        &self,
+        group: GroupId,
+        change: crate::consensus::MembershipChange,
+        timeout: Duration,
+    ) -> Result<Index, ProposeError> {
+        self.call(group, timeout, |reply| Command::Membership {
+            group,
+            change,
+            reply,
+        })
     }
 
     /// Committed entries of `group` from `from` on (at most `max_entries`,

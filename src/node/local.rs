@@ -14,6 +14,9 @@ pub struct LocalCluster {
     /// The running nodes by id (a stopped node is removed).
     pub nodes: BTreeMap<NodeId, NodeHandle>,
     cables: BTreeMap<(NodeId, NodeId), NullModem>,
+    /// Each node's spec and cores, to restart it.
+    specs: BTreeMap<NodeId, NodeSpec>,
+    cores: Vec<usize>,
     /// Each node's UDP port (its group 0 socket).
     pub ports: BTreeMap<NodeId, u16>,
 }
@@ -55,6 +58,7 @@ impl LocalCluster {
             }
         }
         let mut nodes = BTreeMap::new();
+        let mut specs = BTreeMap::new();
         for &id in &ids {
             let peers = ids
                 .iter()
@@ -79,11 +83,14 @@ impl LocalCluster {
             let mut spec = NodeSpec::loopback(id, ids.clone(), groups, ports[&id]);
             spec.peers = peers;
             tune(&mut spec);
+            specs.insert(id, spec.clone());
             nodes.insert(id, NodeHandle::spawn_on(spec, cores)?);
         }
         Ok(LocalCluster {
             nodes,
             cables,
+            specs,
+            cores: cores.to_vec(),
             ports,
         })
     }
@@ -125,6 +132,20 @@ impl LocalCluster {
     /// The cable between `a` and `b`.
     pub fn cable(&mut self, a: NodeId, b: NodeId) -> Option<&mut NullModem> {
         self.cables.get_mut(&(a.min(b), a.max(b)))
+    }
+
+    /// Starts node `id` again from its logs, as it was configured.
+    pub fn restart_node(&mut self, id: NodeId) -> Result<(), String> {
+        self.stop_node(id);
+        let spec = self.specs.get(&id).ok_or("no such node")?.clone();
+        let node = NodeHandle::spawn_on(spec, &self.cores)?;
+        self.nodes.insert(id, node);
+        Ok(())
+    }
+
+    /// Node `id`'s spec (its log directories, among others).
+    pub fn spec(&self, id: NodeId) -> Option<&NodeSpec> {
+        self.specs.get(&id)
     }
 
     /// Stops node `id` (its thread exits: every channel falls silent).

@@ -94,6 +94,27 @@ impl Replica {
         out
     }
 
+    /// Proposes a membership change; the reply comes once it is applied.
+    pub(crate) fn propose_membership(
+        &mut self,
+        change: crate::consensus::MembershipChange,
+        reply: Reply,
+    ) {
+        if let Some(why) = &self.stopped {
+            reply(Err(ProposeError::Unavailable(why.clone())));
+            return;
+        }
+        match self.raft.propose_membership(change) {
+            Ok((index, term)) => {
+                self.waiters.insert(index, Waiter { term, reply });
+            }
+            Err(crate::consensus::RaftError::NotLeader { leader }) => {
+                reply(Err(ProposeError::NotLeader(leader)));
+            }
+            Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
+        }
+    }
+
     /// Proposes client data; the reply comes once it is applied.
     pub(crate) fn propose(&mut self, data: Vec<u8>, reply: Reply) {
         if let Some(why) = &self.stopped {
