@@ -9,7 +9,6 @@ use quire::api::wire::{decode_response, encode_request, FRAME_BYTES_MAX, VERSION
 use quire::api::{ErrorCode, Request, Response};
 use quire::client::Client;
 use quire::node::client_server::ClientServer;
-use quire::node::{GroupSpec, NodeHandle, NodeSpec};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -58,11 +57,7 @@ fn hello() -> Vec<u8> {
 #[test]
 fn malformed_frames_close_their_connection_and_the_node_serves_on() {
     let dir = tempfile::tempdir().unwrap();
-    let groups = vec![GroupSpec {
-        group: 0,
-        dir: dir.path().join("g0"),
-    }];
-    let node = Arc::new(NodeHandle::spawn(NodeSpec::loopback(1, vec![1], groups, 0)).unwrap());
+    let node = common::single_node(dir.path());
     let server = ClientServer::start(
         "127.0.0.1:0".parse().unwrap(),
         Arc::clone(&node),
@@ -120,7 +115,25 @@ fn malformed_frames_close_their_connection_and_the_node_serves_on() {
     // The node and the good connection were never disturbed.
     let after = good.append(0, b"after").expect("still served");
     assert!(after > first);
-    let entries = good.read(0, first, 10).unwrap();
+    // A long poll: answered once an entry at `after + 1` commits, whether
+    // the append lands before or while it waits.
+    let addr = server.addr();
+    let writer = std::thread::spawn(move || {
+        let mut c = Client::new(vec![addr], TOKEN, 2);
+        c.append(0, b"tailed").expect("served")
+    });
+    let tailed = good.tail(0, after + 1, 1_500).unwrap();
+    let index = writer.join().unwrap();
+    let tailed = if tailed.is_empty() {
+        good.tail(0, after + 1, 1_500).unwrap()
+    } else {
+        tailed
+    };
+    assert_eq!(
+        tailed.first().map(|e| (e.index, &e.data[..])),
+        Some((index, &b"tailed"[..]))
+    );
+    let entries = good.read(0, first, 2).unwrap();
     let data: Vec<&[u8]> = entries.iter().map(|e| &e.data[..]).collect();
     assert_eq!(data, vec![&b"before"[..], &b"after"[..]]);
     drop(server);

@@ -2,18 +2,19 @@
 //! JSON with the node's groups, links and alarm; `/metrics` is the
 //! Prometheus text format; anything else is a 404.
 
+mod common;
+
 use quire::node::admin::AdminServer;
-use quire::node::{GroupSpec, NodeHandle, NodeSpec};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
 
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+/// One HTTP/1.1 request; the status code and the body.
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
@@ -26,23 +27,18 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (code, body)
 }
 
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http(addr, "GET", path)
+}
+
+fn post(addr: SocketAddr, path: &str) -> (u16, String) {
+    http(addr, "POST", path)
+}
+
 #[test]
 fn status_and_metrics_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let groups = vec![GroupSpec {
-        group: 0,
-        dir: dir.path().join("g0"),
-    }];
-    let spec = NodeSpec::loopback(1, vec![1], groups, 0);
-    let node = Arc::new(NodeHandle::spawn(spec).unwrap());
-    // A single voter elects itself; wait for its first append to apply.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while node
-        .propose(0, b"x".to_vec(), Duration::from_secs(1))
-        .is_err()
-    {
-        assert!(std::time::Instant::now() < deadline, "no leader");
-    }
+    let node = common::single_node(dir.path());
     let admin = AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node)).unwrap();
 
     let (code, body) = get(admin.addr(), "/status");
@@ -74,11 +70,7 @@ fn status_and_metrics_over_http() {
 #[test]
 fn every_exported_metric_is_documented() {
     let dir = tempfile::tempdir().unwrap();
-    let groups = vec![GroupSpec {
-        group: 0,
-        dir: dir.path().join("g0"),
-    }];
-    let node = NodeHandle::spawn(NodeSpec::loopback(1, vec![1], groups, 0)).unwrap();
+    let node = common::single_node(dir.path());
     let text = quire::node::admin::metrics_text(&node.status().unwrap());
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let docs: String = ["README.md", "tuning/README.md", "HARDWARE.md"]
@@ -96,38 +88,10 @@ fn every_exported_metric_is_documented() {
     }
 }
 
-fn post(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (code, body)
-}
-
 #[test]
 fn membership_changes_through_the_admin_endpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let groups = vec![GroupSpec {
-        group: 0,
-        dir: dir.path().join("g0"),
-    }];
-    let node = Arc::new(NodeHandle::spawn(NodeSpec::loopback(1, vec![1], groups, 0)).unwrap());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while node
-        .propose(0, b"x".to_vec(), Duration::from_secs(1))
-        .is_err()
-    {
-        assert!(std::time::Instant::now() < deadline, "no leader");
-    }
+    let node = common::single_node(dir.path());
     let admin = AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node)).unwrap();
     let (code, body) = post(admin.addr(), "/membership?group=0&change=learner&node=9");
     assert_eq!(code, 200, "{body}");

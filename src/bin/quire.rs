@@ -282,10 +282,9 @@ fn main() -> ExitCode {
         } => client(&target).and_then(|mut c| {
             let mut next = from;
             loop {
-                let entries = c.read(group, next, 1000).map_err(|e| e.to_string())?;
-                if entries.is_empty() {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                // A long poll on the leader: it answers as soon as an entry
+                // at or after `next` commits (or after 1.5 s, empty; the client waits 2 s for an answer).
+                let entries = c.tail(group, next, 1_500).map_err(|e| e.to_string())?;
                 for e in entries {
                     println!(
                         "{}\t{}\t{}",

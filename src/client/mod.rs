@@ -346,6 +346,23 @@ impl Client {
         }
     }
 
+    /// Committed entries of `group` from `from` on, waiting up to `wait_ms`
+    /// on the leader for the first one to commit (a long poll; empty if
+    /// none did).
+    pub fn tail(&mut self, group: u32, from: u64, wait_ms: u32) -> Result<Vec<Entry>, ClientError> {
+        let req = Request::Tail {
+            group,
+            from,
+            wait_ms,
+        };
+        match self.with_leader(group, &req)? {
+            Response::Entries { entries } => Ok(entries),
+            other => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
     /// Committed entries of `group` from `from` as node `addrs[i]` has
     /// them (any node, not only the leader).
     pub fn read_from(

@@ -2,8 +2,10 @@
 //! with a deadline (never a sleep), and small loop-mounted filesystems.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use quire::node::{GroupSpec, NodeHandle, NodeSpec};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Polls `f` until it returns a value or `limit` passes (then panics,
@@ -94,4 +96,18 @@ impl Drop for LoopFs {
         self.thaw();
         run("umount", &["-l", self.mnt.to_str().unwrap()]);
     }
+}
+
+/// A one-node cluster of group 0 logging under `dir`, once it leads (a
+/// single voter elects itself) and has applied a first append.
+pub fn single_node(dir: &Path) -> Arc<NodeHandle> {
+    let groups = vec![GroupSpec {
+        group: 0,
+        dir: dir.join("g0"),
+    }];
+    let node = Arc::new(NodeHandle::spawn(NodeSpec::loopback(1, vec![1], groups, 0)).unwrap());
+    wait_for("the node to lead", Duration::from_secs(10), || {
+        node.propose(0, b"x".to_vec(), Duration::from_secs(1)).ok()
+    });
+    node
 }
