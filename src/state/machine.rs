@@ -357,6 +357,26 @@ impl Command {
     }
 }
 
+/// First byte of a log entry that carries a state-machine [`Command`]
+/// (client entries start with `dedup::CLIENT_ENTRY`, 0xC1).
+pub const STATE_ENTRY: u8 = 0xC2;
+
+/// The log payload for `cmd`: [`STATE_ENTRY`] then `cmd.encode()`.
+pub fn encode_state_entry(cmd: &Command) -> Vec<u8> {
+    let mut out = vec![STATE_ENTRY];
+    out.extend(cmd.encode());
+    out
+}
+
+/// The command in a log payload written by [`encode_state_entry`];
+/// `None` for any other payload (or a malformed one).
+pub fn decode_state_entry(payload: &[u8]) -> Option<Command> {
+    match payload.split_first() {
+        Some((&STATE_ENTRY, rest)) => Command::decode(rest),
+        _ => None,
+    }
+}
+
 /// The replicated ledgers and queues of one group.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateMachine {
@@ -564,6 +584,18 @@ mod tests {
                 messages: vec![vec![7]],
             },
         ]
+    }
+
+    #[test]
+    fn a_state_entry_round_trips_and_other_payloads_are_not_commands() {
+        for cmd in every_command() {
+            let entry = encode_state_entry(&cmd);
+            assert_eq!(entry[0], STATE_ENTRY);
+            assert_eq!(decode_state_entry(&entry), Some(cmd.clone()));
+            assert_eq!(decode_state_entry(&cmd.encode()), None, "no envelope");
+        }
+        assert_eq!(decode_state_entry(b""), None);
+        assert_eq!(decode_state_entry(b"g0c1#1"), None, "a raw log value");
     }
 
     #[test]

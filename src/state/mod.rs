@@ -7,4 +7,7 @@ pub mod machine;
 pub mod queue;
 mod wire;
 
-pub use machine::{BadSnapshot, Command, Error, Outcome, StateMachine};
+pub use machine::{
+    decode_state_entry, encode_state_entry, BadSnapshot, Command, Error, Outcome, StateMachine,
+    STATE_ENTRY,
+};
