@@ -285,11 +285,16 @@ pub fn bug_by_name(name: &str) -> Option<PlantedBug> {
 
 /// The planted workload bugs by their command-line names (simulator only:
 /// they live in how the simulated nodes use the state machine).
-pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 4] = [
+pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 6] = [
     ("ledger-no-fence", WorkloadBug::LedgerNoFence),
     ("stale-lac", WorkloadBug::StaleLac),
+    (
+        "snapshot-without-machine",
+        WorkloadBug::SnapshotWithoutMachine,
+    ),
     ("ack-not-replicated", WorkloadBug::AckNotReplicated),
     ("produce-no-dedup", WorkloadBug::ProduceNoDedup),
+    ("dedup-ignores-producer", WorkloadBug::DedupIgnoresProducer),
 ];
 
 /// Command-line name of a planted workload bug.

@@ -69,14 +69,25 @@ pub enum WorkloadBug {
     /// The produce dedup window is bypassed: a retried (producer, seq)
     /// is stored again under new ids.
     ProduceNoDedup,
+    /// The produce dedup window is keyed by seq alone: another producer's
+    /// batch with a seq already seen is answered as a retry and dropped
+    /// (a confirmed produce is lost).
+    DedupIgnoresProducer,
+    /// Snapshots leave the state machine out: a node restored from one
+    /// starts from an empty machine (its state diverges).
+    SnapshotWithoutMachine,
 }
 
 impl WorkloadBug {
     /// The workload a bug shows up in.
     pub fn workload(self) -> Workload {
         match self {
-            WorkloadBug::LedgerNoFence | WorkloadBug::StaleLac => Workload::Ledger,
-            WorkloadBug::AckNotReplicated | WorkloadBug::ProduceNoDedup => Workload::Queue,
+            WorkloadBug::LedgerNoFence
+            | WorkloadBug::StaleLac
+            | WorkloadBug::SnapshotWithoutMachine => Workload::Ledger,
+            WorkloadBug::AckNotReplicated
+            | WorkloadBug::ProduceNoDedup
+            | WorkloadBug::DedupIgnoresProducer => Workload::Queue,
         }
     }
 }
@@ -280,6 +291,24 @@ pub(crate) fn apply_command(
             let cmd = Command::Produce {
                 queue: queue.clone(),
                 producer_id: producer_id ^ index.rotate_left(32),
+                seq: *seq,
+                messages: messages.clone(),
+            };
+            sm.apply(index, &cmd)
+        }
+        (
+            Some(WorkloadBug::DedupIgnoresProducer),
+            Command::Produce {
+                queue,
+                seq,
+                messages,
+                ..
+            },
+        ) => {
+            // Every producer shares one window.
+            let cmd = Command::Produce {
+                queue: queue.clone(),
+                producer_id: 0,
                 seq: *seq,
                 messages: messages.clone(),
             };
@@ -732,7 +761,21 @@ impl World {
 
 impl World {
     /// The history checkers of the workload, once the run has recovered.
-    pub(crate) fn final_checks(&self) -> Result<(), Violation> {
+    /// Operations still in flight go into the history as unknown first:
+    /// they may have taken effect.
+    pub(crate) fn final_checks(&mut self) -> Result<(), Violation> {
+        for c in 0..self.state_clients.len() {
+            if let Some(p) = self.state_clients[c].pending.take() {
+                self.state_history.push(StateOp {
+                    client: c,
+                    group: self.state_clients[c].group,
+                    request: p.request,
+                    invoked_ms: p.invoked_ms,
+                    completed_ms: self.now,
+                    result: StateResult::Unknown,
+                });
+            }
+        }
         match self.opts.workload {
             Workload::Log => Ok(()),
             Workload::Ledger => super::ledger_check::check_ledger_history(&self.state_history),

@@ -10,7 +10,8 @@ use super::net::Network;
 use super::serial::{Cables, Watch};
 use super::trace::{chain, describe, Record, Trace, What};
 use super::workload::{
-    StateClient, StateOp, StateResult, Workload, LEDGER_CLIENTS_PER_GROUP, QUEUE_CLIENTS_PER_GROUP,
+    StateClient, StateOp, StateResult, Workload, WorkloadBug, LEDGER_CLIENTS_PER_GROUP,
+    QUEUE_CLIENTS_PER_GROUP,
 };
 use super::{RunReport, SimOptions};
 use crate::consensus::{Body, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term};
@@ -609,7 +610,7 @@ impl World {
                 rep.sm_index = s.index;
                 rep.sm_chain = snapshot_chain(s);
                 if rep.sm.is_some() {
-                    rep.sm = Some(restore_machine(s));
+                    rep.sm = Some(restore_machine(s, self.opts.workload_bug));
                 }
                 let (index, h) = (rep.sm_index, rep.sm_chain);
                 self.checker.applied(g, n as u64 + 1, index, h)?;
@@ -640,7 +641,8 @@ impl World {
                 // The chain hash first (the log checkers' view), then the
                 // machine's own snapshot, which a restored node resumes from.
                 let mut data = rep.sm_chain.to_le_bytes().to_vec();
-                if let Some(sm) = &rep.sm {
+                let leave_out = self.opts.workload_bug == Some(WorkloadBug::SnapshotWithoutMachine);
+                if let (Some(sm), false) = (&rep.sm, leave_out) {
                     data.extend(sm.snapshot());
                 }
                 let at = rep.sm_index;
@@ -848,7 +850,7 @@ impl World {
             rep.sm_index = s.index;
             rep.sm_chain = snapshot_chain(s);
             if rep.sm.is_some() {
-                rep.sm = Some(restore_machine(s));
+                rep.sm = Some(restore_machine(s, self.opts.workload_bug));
             }
         }
         self.nodes[n].replicas[g] = Some(rep);
@@ -983,7 +985,10 @@ impl Replica {
 }
 
 /// The state machine a snapshot carries after its 8-byte chain hash.
-fn restore_machine(s: &crate::consensus::Snapshot) -> StateMachine {
+fn restore_machine(s: &crate::consensus::Snapshot, bug: Option<WorkloadBug>) -> StateMachine {
+    if bug == Some(WorkloadBug::SnapshotWithoutMachine) && s.data.len() == 8 {
+        return StateMachine::new(); // the planted bug's snapshot has none
+    }
     StateMachine::restore(&s.data[8..]).expect("the simulator's snapshots hold a valid machine")
 }
 
