@@ -10,6 +10,9 @@
 //! - no node's durable commit index ever decreases;
 //! - persisted before sent: a granted vote is durable before the grant
 //!   leaves its node, and an acknowledgement claims only durable entries.
+//! - state machines equal (ledger and queue workloads): every node's
+//!   machine has the same snapshot bytes at the same applied index, whether
+//!   it applied each entry or resumed from a snapshot.
 //!
 //! Prefixes are compared by chain hash (see `trace::chain`), so each check
 //! is one comparison, not a log walk.

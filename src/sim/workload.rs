@@ -332,9 +332,11 @@ impl World {
     }
 
     fn state_complete(&mut self, c: usize, p: StatePending, result: StateResult) {
-        let known = !matches!(result, StateResult::Unknown | StateResult::NotApplied);
+        // Liveness, as for raw appends: a command through the log, invoked
+        // after healing, was applied and answered.
+        let applied = matches!(result, StateResult::Applied(_));
         let g = self.state_clients[c].group;
-        if known && self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
+        if applied && self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
             self.recovered[g] = true;
         }
         self.client_learned(c, &p.request, &result);
