@@ -257,21 +257,31 @@ fn census(history: &[StateOp]) -> std::collections::BTreeMap<&'static str, u64> 
 fn state_sweep(workload: Workload, must_see: &[&str]) {
     let opts = state_opts(workload, None);
     let mut total = std::collections::BTreeMap::new();
+    let mut snapshots = 0;
     for seed in 0..workload_seeds() {
         let (result, history) = sim::run_with_state_history(seed, &opts);
-        if let Err(f) = result {
-            panic!(
+        match result {
+            Ok(r) => snapshots += r.snapshots_sent,
+            Err(f) => panic!(
                 "seed {seed} broke {}: {}\nreplay with: {}",
                 f.invariant,
                 f.detail,
                 sim::replay_command(seed, &opts)
-            );
+            ),
         }
         for (k, v) in census(&history) {
             *total.entry(k).or_insert(0u64) += v;
         }
     }
-    println!("{} workload: {total:?}", workload.name());
+    println!(
+        "{} workload: {total:?}, {snapshots} snapshots sent",
+        workload.name()
+    );
+    // Followers restored from a leader's snapshot must resume its machine.
+    assert!(
+        snapshots >= workload_seeds() / 2,
+        "only {snapshots} snapshots sent"
+    );
     // A sweep that never fences, retries or redelivers tests none of it.
     for kind in must_see {
         assert!(

@@ -48,7 +48,9 @@ pub enum Verdict {
 /// state if the operation's recorded answer is what the model answers
 /// there (an unknown answer always matches), `None` otherwise.
 /// `fingerprint` hashes a state for the memo; equal states must give
-/// equal fingerprints. At most `steps_max` operations are tried.
+/// equal fingerprints (a 64-bit collision between different states could
+/// prune a branch wrongly, which a good hash makes vanishingly unlikely).
+/// At most `steps_max` operations are tried.
 pub fn check<S: Clone>(
     ops: &[Interval],
     init: S,

@@ -222,6 +222,8 @@ pub(crate) fn queue_name(g: usize) -> String {
 }
 
 impl StateClient {
+    /// Client `id` of `group`, first asking node `guess`; `seed` becomes
+    /// a producer's id.
     pub(crate) fn new(
         id: usize,
         group: usize,

@@ -197,6 +197,7 @@ pub(crate) struct World {
     pub(crate) state_waiting: HashMap<(usize, usize, Index), usize>,
     /// (node, group, read request id) -> state client waiting for it.
     pub(crate) read_waiting: HashMap<(usize, usize, u64), usize>,
+    /// The last read request id given to the read index (unique per run).
     pub(crate) next_read_id: u64,
     /// Per group: ids of the ledgers created, in creation order (the
     /// metadata store through which readers find others' ledgers).
