@@ -4,7 +4,10 @@
 //! report names the seed and the command that replays it), 2 on bad usage.
 
 use clap::Parser;
-use quire::sim::{self, bug_by_name, replay_command, FaultCounts, SimOptions, BUGS, INVARIANTS};
+use quire::sim::{
+    self, bug_by_name, replay_command, workload_bug_by_name, FaultCounts, SimOptions, Workload,
+    BUGS, INVARIANTS, WORKLOAD_BUGS, WORKLOAD_INVARIANTS,
+};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -30,9 +33,15 @@ struct Args {
     #[arg(long, default_value_t = SimOptions::default().fault_phase_ms)]
     fault_phase_ms: u64,
     /// Plant a bug to see the checkers catch it (fault injection):
-    /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing.
+    /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing;
+    /// with --workload ledger: ledger-no-fence, stale-lac; with --workload
+    /// queue: ack-not-replicated, produce-no-dedup.
     #[arg(long)]
     bug: Option<String>,
+    /// What the clients do: log (raw appends), ledger or queue (through
+    /// the replicated state machine, with history checkers).
+    #[arg(long, default_value = "log")]
+    workload: String,
     /// Print one line per seed.
     #[arg(long)]
     verbose: bool,
@@ -45,23 +54,46 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let bug = match args.bug.as_deref().map(|b| (b, bug_by_name(b))) {
-        None => None,
-        Some((_, Some(b))) => Some(b),
-        Some((name, None)) => {
-            let known: Vec<&str> = BUGS.iter().map(|(n, _)| *n).collect();
+    let Some(workload) = Workload::by_name(&args.workload) else {
+        eprintln!(
+            "quire-sim: unknown workload '{}'; known: log, ledger, queue",
+            args.workload
+        );
+        return ExitCode::from(2);
+    };
+    let (mut bug, mut workload_bug) = (None, None);
+    if let Some(name) = args.bug.as_deref() {
+        if let Some(b) = bug_by_name(name) {
+            bug = Some(b);
+        } else if let Some(b) = workload_bug_by_name(name) {
+            if b.workload() != workload {
+                eprintln!(
+                    "quire-sim: bug '{name}' needs --workload {}",
+                    b.workload().name()
+                );
+                return ExitCode::from(2);
+            }
+            workload_bug = Some(b);
+        } else {
+            let known: Vec<&str> = BUGS
+                .iter()
+                .map(|(n, _)| *n)
+                .chain(WORKLOAD_BUGS.iter().map(|(n, _)| *n))
+                .collect();
             eprintln!(
                 "quire-sim: unknown bug '{name}'; known: {}",
                 known.join(", ")
             );
             return ExitCode::from(2);
         }
-    };
+    }
     let opts = SimOptions {
         nodes: args.nodes as usize,
         groups: args.groups as usize,
         fault_phase_ms: args.fault_phase_ms,
         bug,
+        workload,
+        workload_bug,
         recent_events: std::env::var("QUIRE_SIM_RECENT")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -163,13 +195,18 @@ impl Totals {
         };
         let f = &self.faults;
         println!(
-            "runs:        {} passed ({} nodes x {} groups{})",
+            "runs:        {} passed ({} nodes x {} groups, {} workload{}{})",
             self.runs,
             opts.nodes,
             opts.groups,
+            opts.workload.name(),
             opts.bug.map_or(String::new(), |b| format!(
                 ", planted bug {}",
                 sim::bug_name(b)
+            )),
+            opts.workload_bug.map_or(String::new(), |b| format!(
+                ", planted bug {}",
+                sim::workload_bug_name(b)
             ))
         );
         println!(
@@ -204,6 +241,9 @@ impl Totals {
             self.checks,
             INVARIANTS.join(", ")
         );
+        if opts.workload != Workload::Log {
+            println!("history:     {}", WORKLOAD_INVARIANTS.join(", "));
+        }
     }
 }
 

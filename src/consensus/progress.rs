@@ -22,6 +22,10 @@ pub enum ReplicationState {
         index: Index,
         /// When its last chunk was sent, for resending if it was lost.
         sent_ms: u64,
+        /// Bytes of its data the follower has acknowledged, in order. Only
+        /// an ack beyond it sends the next chunk, so duplicated or stale
+        /// acks never multiply the chunks in flight.
+        acked: u64,
     },
 }
 
@@ -165,6 +169,7 @@ impl Progress {
         self.state = ReplicationState::Snapshot {
             index,
             sent_ms: now_ms,
+            acked: 0,
         };
         self.probe_sent = false;
         self.clear_inflight();

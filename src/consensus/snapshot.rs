@@ -120,17 +120,32 @@ impl Raft {
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
         };
-        let ReplicationState::Snapshot { index: sending, .. } = pr.state else {
+        let ReplicationState::Snapshot {
+            index: sending,
+            acked,
+            ..
+        } = pr.state
+        else {
             return; // a late ack: the follower was dealt with since
         };
         pr.last_active_ms = Some(now);
         match ours {
-            Some((ours, total)) if ours == index && sending == index && received < total => {
-                pr.become_snapshot(index, now);
-                self.send_snapshot_chunk(from, received);
+            Some((ours, total)) if ours == index && sending == index => {
+                // Stop and wait: only progress sends the next chunk; a
+                // duplicate or stale ack is dropped (a lost chunk waits
+                // for the resend timer).
+                if received > acked && received < total {
+                    pr.state = ReplicationState::Snapshot {
+                        index,
+                        sent_ms: now,
+                        acked: received,
+                    };
+                    self.send_snapshot_chunk(from, received);
+                }
             }
-            Some((ours, _)) if ours != index || sending != index => self.send_snapshot(from),
-            _ => {} // complete: its AppendResponse moves the follower on
+            // Our snapshot is newer than the one acknowledged: start over.
+            Some((ours, _)) if ours != index && sending != ours => self.send_snapshot(from),
+            _ => {}
         }
     }
 
@@ -150,12 +165,13 @@ impl Raft {
             return;
         }
         let (index, term) = (chunk.index, chunk.term);
-        if offset == 0 {
+        if offset == 0 && self.already_has(from, index, term) {
             self.snapshot_receiving = None;
-            if self.already_has(from, index, term) {
-                return;
-            }
+            return;
         }
+        // The snapshot being received goes on (a repeated first chunk, as
+        // a resend from the start, is answered with what is held); a first
+        // chunk of another one starts afresh.
         let receiving = match self.snapshot_receiving.take() {
             Some(r) if r.index == index && r.term == term => Some(r),
             _ if offset == 0 => Some(Snapshot {

@@ -10,6 +10,9 @@
 //! - no node's durable commit index ever decreases;
 //! - persisted before sent: a granted vote is durable before the grant
 //!   leaves its node, and an acknowledgement claims only durable entries.
+//! - state machines equal (ledger and queue workloads): every node's
+//!   machine has the same snapshot bytes at the same applied index, whether
+//!   it applied each entry or resumed from a snapshot.
 //!
 //! Prefixes are compared by chain hash (see `trace::chain`), so each check
 //! is one comparison, not a log walk.
@@ -32,6 +35,19 @@ fn fail(invariant: &'static str, detail: String) -> Result<(), Violation> {
     Err(Violation { invariant, detail })
 }
 
+/// Names of the invariants the ledger and queue workloads add, for
+/// reports (see `ledger_check` and `queue_check`).
+pub const WORKLOAD_INVARIANTS: [&str; 8] = [
+    "state-machines-equal",
+    "fenced-writer-not-confirmed",
+    "lac-monotonic",
+    "ledger-linearizable",
+    "linearizability-search-bound",
+    "acked-not-redelivered",
+    "confirmed-produce-delivered",
+    "produce-not-duplicated",
+];
+
 /// Names of the invariants, for reports.
 pub const INVARIANTS: [&str; 8] = [
     "persisted-before-sent",
@@ -53,6 +69,8 @@ pub(crate) struct Checker {
     durable_entries: HashMap<(usize, Index, Term), u64>,
     /// Per group: the highest confirmed index and its chain hash.
     max_confirmed: Vec<Option<(Index, u64)>>,
+    /// Hash of the state machine's snapshot at each (group, applied index).
+    machines: HashMap<(usize, Index), u64>,
     /// Invariant checks performed.
     pub(crate) checks: u64,
 }
@@ -65,6 +83,7 @@ impl Checker {
             committed: vec![Vec::new(); groups],
             durable_entries: HashMap::new(),
             max_confirmed: vec![None; groups],
+            machines: HashMap::new(),
             checks: 0,
         }
     }
@@ -158,6 +177,26 @@ impl Checker {
             c.push(h);
         }
         Ok(())
+    }
+
+    /// State-machine equality: `node`'s machine hashes to `h` after
+    /// applying up to `index`; every node must agree, whether it applied
+    /// each entry or resumed from a snapshot.
+    pub(crate) fn machine_state(
+        &mut self,
+        group: usize,
+        node: NodeId,
+        index: Index,
+        h: u64,
+    ) -> Result<(), Violation> {
+        self.checks += 1;
+        match self.machines.insert((group, index), h) {
+            Some(other) if other != h => fail(
+                "state-machines-equal",
+                format!("group {group}: n{node}'s state machine at applied index {index} differs from another node's"),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Log matching: an entry became durable on some node with this prefix.

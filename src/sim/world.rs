@@ -9,12 +9,18 @@ use super::faults::FaultCounts;
 use super::net::Network;
 use super::serial::{Cables, Watch};
 use super::trace::{chain, describe, Record, Trace, What};
+use super::workload::{
+    StateClient, StateOp, StateResult, Workload, WorkloadBug, LEDGER_CLIENTS_PER_GROUP,
+    QUEUE_CLIENTS_PER_GROUP,
+};
 use super::{RunReport, SimOptions};
-use crate::consensus::{Body, Index, Message, NodeId, Raft, RaftConfig, Role, Term};
+use crate::consensus::{Body, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term};
 use crate::heartbeat::Heartbeat;
+use crate::state::StateMachine;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::Hasher;
 
 /// Everything a seed decides about the environment.
 #[derive(Clone, Debug)]
@@ -87,6 +93,11 @@ pub(crate) enum Event {
         client: usize,
         generation: u64,
     },
+    /// A state-machine client's timer (ledger and queue workloads).
+    StateClient {
+        client: usize,
+        generation: u64,
+    },
     Fault,
     RestartNode {
         node: usize,
@@ -133,6 +144,10 @@ pub(crate) struct Replica {
     /// The state machine: applied index and chain hash of the applied log.
     pub(crate) sm_index: Index,
     pub(crate) sm_chain: u64,
+    /// The ledgers and queues, in the state-machine workloads only.
+    pub(crate) sm: Option<StateMachine>,
+    /// Reads the read index granted, waiting until `sm_index` reaches them.
+    pub(crate) granted_reads: Vec<ReadState>,
     /// Writes submitted and not yet durable, oldest first.
     in_flight: VecDeque<PendingWrite>,
     /// Messages waiting for a write to become durable.
@@ -174,6 +189,19 @@ pub(crate) struct World {
     pub(crate) recovered: Vec<bool>,
     /// Every completed client operation, in completion order.
     pub(crate) history: Vec<Operation>,
+    /// Clients of the ledger and queue workloads.
+    pub(crate) state_clients: Vec<StateClient>,
+    /// Their completed operations, in completion order.
+    pub(crate) state_history: Vec<StateOp>,
+    /// (node, group, index) -> state client waiting for that entry.
+    pub(crate) state_waiting: HashMap<(usize, usize, Index), usize>,
+    /// (node, group, read request id) -> state client waiting for it.
+    pub(crate) read_waiting: HashMap<(usize, usize, u64), usize>,
+    /// The last read request id given to the read index (unique per run).
+    pub(crate) next_read_id: u64,
+    /// Per group: ids of the ledgers created, in creation order (the
+    /// metadata store through which readers find others' ledgers).
+    pub(crate) ledger_directory: Vec<Vec<u64>>,
     dropped: u64,
     /// Stats of replicas that crashed, so counters survive restarts.
     retired_elections: u64,
@@ -240,6 +268,12 @@ impl World {
             healed_at: None,
             recovered: vec![false; opts.groups],
             history: Vec::new(),
+            state_clients: Vec::new(),
+            state_history: Vec::new(),
+            state_waiting: HashMap::new(),
+            read_waiting: HashMap::new(),
+            next_read_id: 0,
+            ledger_directory: vec![Vec::new(); opts.groups],
             dropped: 0,
             retired_elections: 0,
             retired_snapshots: 0,
@@ -249,7 +283,8 @@ impl World {
             let replicas = (0..opts.groups)
                 .map(|g| {
                     let seed = w.rng.gen();
-                    Some(Replica::new(Raft::new(w.raft_config(node, g), seed, 0)))
+                    let sm = (opts.workload != Workload::Log).then(StateMachine::new);
+                    Some(Replica::new(Raft::new(w.raft_config(node, g), seed, 0), sm))
                 })
                 .collect();
             w.nodes.push(Node {
@@ -265,8 +300,35 @@ impl World {
             let at = w.rng.gen_range(0..50);
             w.schedule(at, Event::HeartbeatSend { node });
         }
+        let state_clients = match opts.workload {
+            Workload::Log => 0,
+            Workload::Ledger => LEDGER_CLIENTS_PER_GROUP,
+            Workload::Queue => QUEUE_CLIENTS_PER_GROUP,
+        };
         for g in 0..opts.groups {
-            for _ in 0..w.p.clients_per_group {
+            for _ in 0..state_clients {
+                let id = w.state_clients.len();
+                let guess = w.rng.gen_range(0..n);
+                let client_seed = w.rng.gen();
+                w.state_clients
+                    .push(StateClient::new(id, g, guess, opts.workload, client_seed));
+                let at = w.rng.gen_range(0..50);
+                w.schedule(
+                    at,
+                    Event::StateClient {
+                        client: id,
+                        generation: 0,
+                    },
+                );
+            }
+        }
+        let log_clients = if opts.workload == Workload::Log {
+            w.p.clients_per_group
+        } else {
+            0
+        };
+        for g in 0..opts.groups {
+            for _ in 0..log_clients {
                 let id = w.clients.len();
                 let guess = w.rng.gen_range(0..n);
                 w.clients.push(Client::new(id, g, guess));
@@ -465,6 +527,9 @@ impl World {
                 write_id,
             } => self.disk_done(node, group, epoch, write_id),
             Event::Client { client, generation } => self.client_event(client, generation),
+            Event::StateClient { client, generation } => {
+                self.state_client_event(client, generation)
+            }
             Event::Fault => self.inject_fault(),
             Event::RestartNode { node } => {
                 if !self.nodes[node].alive {
@@ -544,11 +609,16 @@ impl World {
                 }
             }
             let rep = self.nodes[n].replicas[g].as_mut().expect("live");
+            rep.granted_reads.extend(rd.read_states);
             if let Some(s) = &rd.snapshot {
                 rep.sm_index = s.index;
                 rep.sm_chain = snapshot_chain(s);
+                if rep.sm.is_some() {
+                    rep.sm = Some(restore_machine(s, self.opts.workload_bug));
+                }
                 let (index, h) = (rep.sm_index, rep.sm_chain);
                 self.checker.applied(g, n as u64 + 1, index, h)?;
+                self.check_machine(n, g)?;
             }
             for e in rd.committed {
                 let rep = self.nodes[n].replicas[g].as_mut().expect("live");
@@ -557,14 +627,28 @@ impl World {
                 rep.sm_index = e.index;
                 let h = rep.sm_chain;
                 self.checker.applied(g, n as u64 + 1, e.index, h)?;
+                let result = self.apply_state_entry(n, g, &e);
+                if result.is_some() {
+                    self.check_machine(n, g)?;
+                }
                 self.entry_applied(n, g, &e, h)?;
+                self.state_entry_applied(n, g, &e, result);
             }
-            let rep = self.nodes[n].replicas[g].as_mut().expect("live");
+            self.serve_reads(n, g);
+            let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
+                return Ok(());
+            };
             if rep.sm_index > rep.raft.applied_index() {
                 rep.raft.applied(rep.sm_index);
             }
             if rd.snapshot_wanted {
-                let data = rep.sm_chain.to_le_bytes().to_vec();
+                // The chain hash first (the log checkers' view), then the
+                // machine's own snapshot, which a restored node resumes from.
+                let mut data = rep.sm_chain.to_le_bytes().to_vec();
+                let leave_out = self.opts.workload_bug == Some(WorkloadBug::SnapshotWithoutMachine);
+                if let (Some(sm), false) = (&rep.sm, leave_out) {
+                    data.extend(sm.snapshot());
+                }
                 let at = rep.sm_index;
                 if let Ok(snap) = rep.raft.compact(at, data) {
                     self.submit_write(n, g, DiskOp::Compact(snap), None);
@@ -751,6 +835,7 @@ impl World {
             self.check_durable(n, g, a)?;
         }
         self.abandon_clients_on(n, g);
+        self.abandon_state_clients_on(n, g);
         let disks = durables(&self.nodes, g);
         self.checker.confirmed_still_durable(g, &disks)
     }
@@ -763,10 +848,14 @@ impl World {
         let restored = self.nodes[n].disks[g].durable.recover();
         let seed = self.rng.gen();
         let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored);
-        let mut rep = Replica::new(raft);
+        let sm = (self.opts.workload != Workload::Log).then(StateMachine::new);
+        let mut rep = Replica::new(raft, sm);
         if let Some(s) = self.nodes[n].disks[g].durable.snapshot.as_ref() {
             rep.sm_index = s.index;
             rep.sm_chain = snapshot_chain(s);
+            if rep.sm.is_some() {
+                rep.sm = Some(restore_machine(s, self.opts.workload_bug));
+            }
         }
         self.nodes[n].replicas[g] = Some(rep);
     }
@@ -850,8 +939,23 @@ impl World {
         }
     }
 
+    /// Client operations whose outcome `pred` accepts; in the ledger and
+    /// queue workloads, state operations mapped onto the same outcomes
+    /// (answered: Ok, not applied: Failed, unknown: Unknown).
     fn count(&self, pred: impl Fn(Outcome) -> bool) -> u64 {
-        self.history.iter().filter(|op| pred(op.outcome)).count() as u64
+        let log = self.history.iter().filter(|op| pred(op.outcome)).count();
+        let state = self
+            .state_history
+            .iter()
+            .filter(|op| {
+                pred(match op.result {
+                    StateResult::Unknown => Outcome::Unknown,
+                    StateResult::NotApplied => Outcome::Failed,
+                    _ => Outcome::Ok(0),
+                })
+            })
+            .count();
+        (log + state) as u64
     }
 
     pub(crate) fn recent(&self) -> Vec<String> {
@@ -870,14 +974,41 @@ impl Replica {
         self.in_flight.front().map(|w| w.submitted_ms)
     }
 
-    fn new(raft: Raft) -> Self {
+    fn new(raft: Raft, sm: Option<StateMachine>) -> Self {
         Replica {
             raft,
             sm_index: 0,
             sm_chain: 0,
+            sm,
+            granted_reads: Vec::new(),
             in_flight: VecDeque::new(),
             held: VecDeque::new(),
             led_term: 0,
         }
+    }
+}
+
+/// The state machine a snapshot carries after its 8-byte chain hash.
+fn restore_machine(s: &crate::consensus::Snapshot, bug: Option<WorkloadBug>) -> StateMachine {
+    if bug == Some(WorkloadBug::SnapshotWithoutMachine) && s.data.len() == 8 {
+        return StateMachine::new(); // the planted bug's snapshot has none
+    }
+    StateMachine::restore(&s.data[8..]).expect("the simulator's snapshots hold a valid machine")
+}
+
+impl World {
+    /// State-machine equality: node `n`'s machine in group `g` must equal
+    /// every other node's at the same applied index, restored or not.
+    fn check_machine(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        let rep = self.nodes[n].replicas[g].as_ref().expect("live");
+        let Some(sm) = &rep.sm else {
+            return Ok(());
+        };
+        // SipHash with its fixed default keys: the same bytes give the same
+        // hash in every run.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        hasher.write(&sm.snapshot());
+        let h = hasher.finish();
+        self.checker.machine_state(g, n as u64 + 1, rep.sm_index, h)
     }
 }

@@ -41,6 +41,12 @@ pub fn decode_command_entry(payload: &[u8]) -> Option<(u64, u64, &[u8])> {
     Some((client, seq, &payload[COMMAND_HEADER_BYTES..]))
 }
 
+/// The command in a command entry, whoever proposed it; `None` for any
+/// other payload or a command that does not decode.
+pub fn decode_command(payload: &[u8]) -> Option<super::Command> {
+    decode_command_entry(payload).and_then(|(_, _, bytes)| super::Command::decode(bytes))
+}
+
 /// A read-only question to one group's state machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Query {

@@ -1,0 +1,827 @@
+//! The state-machine workloads: simulated ledger and queue clients that
+//! send [`Command`]s through the log (as command entries, `state::query::encode_command_entry`) and
+//! reads through the leader's read index, and record every invocation and
+//! completion, with its simulated time, for the history checkers of
+//! `ledger_check` and `queue_check`.
+//!
+//! The nodes' side lives here too: applying committed commands to each
+//! replica's [`StateMachine`] and serving reads once the read index is
+//! applied. The planted workload bugs ([`WorkloadBug`]) are switched here
+//! and only here, in the simulator: the product never sees them.
+
+use super::checker::Violation;
+use super::trace::What;
+use super::world::{idx, Event, World};
+use crate::consensus::{Entry, Index, Payload, RaftError, ReadState, Term};
+use crate::state::query::{decode_command, encode_command_entry};
+use crate::state::{Command, Error, Outcome, StateMachine};
+
+/// The log payload of a simulated client's command: the node's command
+/// entry, with no dedup id (the simulated clients retry by their own ids).
+fn encode_state_entry(cmd: &Command) -> Vec<u8> {
+    encode_command_entry(0, 0, &cmd.encode())
+}
+use rand::Rng;
+use std::collections::HashMap;
+
+/// What the simulated clients do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Workload {
+    /// Append unique raw values to the log (the original workload).
+    #[default]
+    Log,
+    /// Ledgers: create, add, set LAC, close, recover, read.
+    Ledger,
+    /// Queues: idempotent produce with retries, consume, ack.
+    Queue,
+}
+
+impl Workload {
+    /// Every workload by its command-line name.
+    pub const ALL: [(&'static str, Workload); 3] = [
+        ("log", Workload::Log),
+        ("ledger", Workload::Ledger),
+        ("queue", Workload::Queue),
+    ];
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, w)| *w == self)
+            .map(|(n, _)| *n)
+            .expect("every workload is named")
+    }
+
+    /// The workload with this command-line name.
+    pub fn by_name(name: &str) -> Option<Workload> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, w)| *w)
+    }
+}
+
+/// A bug planted in how the simulated nodes use the state machine, to
+/// show that a history checker catches it. Simulator only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkloadBug {
+    /// Open-with-recovery seals nothing and fences nobody: the writer
+    /// keeps getting confirms (breaks fencing).
+    LedgerNoFence,
+    /// Reads are answered at once by whichever node the client asked,
+    /// from its local state, without the read index (breaks
+    /// linearizability: followers and deposed leaders lag).
+    StaleLac,
+    /// The leader answers an ack at once without proposing it: the
+    /// message comes back after its visibility timeout.
+    AckNotReplicated,
+    /// The produce dedup window is bypassed: a retried (producer, seq)
+    /// is stored again under new ids.
+    ProduceNoDedup,
+    /// The produce dedup window is keyed by seq alone: another producer's
+    /// batch with a seq already seen is answered as a retry and dropped
+    /// (a confirmed produce is lost).
+    DedupIgnoresProducer,
+    /// Snapshots leave the state machine out: a node restored from one
+    /// starts from an empty machine (its state diverges).
+    SnapshotWithoutMachine,
+}
+
+impl WorkloadBug {
+    /// The workload a bug shows up in.
+    pub fn workload(self) -> Workload {
+        match self {
+            WorkloadBug::LedgerNoFence
+            | WorkloadBug::StaleLac
+            | WorkloadBug::SnapshotWithoutMachine => Workload::Ledger,
+            WorkloadBug::AckNotReplicated
+            | WorkloadBug::ProduceNoDedup
+            | WorkloadBug::DedupIgnoresProducer => Workload::Queue,
+        }
+    }
+}
+
+/// What a state-machine client asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateRequest {
+    /// A command, through the log.
+    Command(Command),
+    /// A ledger's LAC, read at the leader's read index.
+    ReadLac {
+        /// The ledger's id.
+        ledger: u64,
+    },
+    /// A ledger's entries `from..=to`, read at the leader's read index.
+    ReadEntries {
+        /// The ledger's id.
+        ledger: u64,
+        /// First entry id.
+        from: u64,
+        /// Last entry id wanted.
+        to: u64,
+    },
+}
+
+/// What a state-machine client was answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateResult {
+    /// The command was applied with this result.
+    Applied(Result<Outcome, Error>),
+    /// The LAC read.
+    Lac(Result<Option<u64>, Error>),
+    /// The entries read, as (id, data).
+    Entries(Result<Vec<(u64, Vec<u8>)>, Error>),
+    /// Definitely not applied (another entry took its index).
+    NotApplied,
+    /// The client cannot tell: it timed out or its node crashed. A
+    /// command may or may not have taken effect.
+    Unknown,
+}
+
+/// One completed state-machine client operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateOp {
+    /// Client that invoked it.
+    pub client: usize,
+    /// Group it went to.
+    pub group: usize,
+    /// What it asked.
+    pub request: StateRequest,
+    /// When it was invoked, simulated ms.
+    pub invoked_ms: u64,
+    /// When its outcome was known (or given up as unknown).
+    pub completed_ms: u64,
+    /// What it was answered.
+    pub result: StateResult,
+}
+
+/// An operation waiting for its answer.
+#[derive(Clone, Debug)]
+struct StatePending {
+    node: usize,
+    /// Where the answer comes from: the entry at (index, term), or a read.
+    wait: Wait,
+    request: StateRequest,
+    invoked_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    Entry { index: Index, term: Term },
+    Read { request_id: u64 },
+}
+
+/// A ledger client's own ledger, while it writes it.
+#[derive(Clone, Debug)]
+struct Writer {
+    ledger: u64,
+    token: u64,
+    adds_left: u32,
+    last_added: Option<u64>,
+    written: u64,
+}
+
+/// What a client does in its workload.
+#[derive(Clone, Debug)]
+enum Role {
+    Ledger {
+        /// Reads and recovers others' ledgers, never writes its own.
+        reader: bool,
+        writer: Option<Writer>,
+        /// Highest LAC this client has seen per ledger (to pick read ranges).
+        seen_lac: HashMap<u64, u64>,
+    },
+    Producer {
+        ready: bool,
+        producer_id: u64,
+        seq: u64,
+        /// The batch being produced, kept for retries with the same seq.
+        batch: Option<Vec<Vec<u8>>>,
+    },
+    Consumer {
+        ready: bool,
+        to_ack: Vec<u64>,
+    },
+}
+
+/// One state-machine client of one group.
+#[derive(Clone, Debug)]
+pub(crate) struct StateClient {
+    id: usize,
+    group: usize,
+    guess: usize,
+    generation: u64,
+    pending: Option<StatePending>,
+    role: Role,
+}
+
+/// How long a client waits before giving an operation up as unknown.
+const STATE_CLIENT_TIMEOUT_MS: u64 = 1_000;
+/// Ledger clients per group (a writer and a reader-recoverer at least).
+pub(crate) const LEDGER_CLIENTS_PER_GROUP: usize = 3;
+/// Queue clients per group: even ids produce, odd ids consume.
+pub(crate) const QUEUE_CLIENTS_PER_GROUP: usize = 4;
+/// Deliveries before dead-lettering: high, so no message is dead-lettered
+/// in a run and every confirmed one must be delivered or acked.
+const QUEUE_MAX_DELIVERIES: u32 = 1000;
+
+/// The queue of group `g`.
+pub(crate) fn queue_name(g: usize) -> String {
+    format!("q{g}")
+}
+
+impl StateClient {
+    /// Client `id` of `group`, first asking node `guess`; `seed` becomes
+    /// a producer's id.
+    pub(crate) fn new(
+        id: usize,
+        group: usize,
+        guess: usize,
+        workload: Workload,
+        seed: u64,
+    ) -> Self {
+        let role = match workload {
+            Workload::Ledger => Role::Ledger {
+                reader: id % LEDGER_CLIENTS_PER_GROUP == 0,
+                writer: None,
+                seen_lac: HashMap::new(),
+            },
+            _ if id % 2 == 0 => Role::Producer {
+                ready: false,
+                producer_id: seed,
+                seq: 1,
+                batch: None,
+            },
+            _ => Role::Consumer {
+                ready: false,
+                to_ack: Vec::new(),
+            },
+        };
+        StateClient {
+            id,
+            group,
+            guess,
+            generation: 0,
+            pending: None,
+            role,
+        }
+    }
+}
+
+/// Applies one committed command the way the simulated node does,
+/// planted bugs included.
+pub(crate) fn apply_command(
+    sm: &mut StateMachine,
+    index: Index,
+    cmd: &Command,
+    bug: Option<WorkloadBug>,
+) -> Result<Outcome, Error> {
+    match (bug, cmd) {
+        (Some(WorkloadBug::LedgerNoFence), Command::OpenRecover { ledger }) => {
+            // Answers with the last entry but seals and fences nothing; the
+            // index still counts as applied (a refused no-op command).
+            let last = sm
+                .ledgers()
+                .list()
+                .into_iter()
+                .find(|l| l.id == *ledger)
+                .map(|l| l.length.checked_sub(1));
+            let _ = sm.apply(index, &Command::DeleteLedger { ledger: u64::MAX });
+            last.map(Outcome::Sealed).ok_or(Error::NoSuchLedger)
+        }
+        (
+            Some(WorkloadBug::ProduceNoDedup),
+            Command::Produce {
+                queue,
+                producer_id,
+                seq,
+                messages,
+            },
+        ) => {
+            // A fresh producer id per entry: the window never matches.
+            let cmd = Command::Produce {
+                queue: queue.clone(),
+                producer_id: producer_id ^ index.rotate_left(32),
+                seq: *seq,
+                messages: messages.clone(),
+            };
+            sm.apply(index, &cmd)
+        }
+        (
+            Some(WorkloadBug::DedupIgnoresProducer),
+            Command::Produce {
+                queue,
+                seq,
+                messages,
+                ..
+            },
+        ) => {
+            // Every producer shares one window.
+            let cmd = Command::Produce {
+                queue: queue.clone(),
+                producer_id: 0,
+                seq: *seq,
+                messages: messages.clone(),
+            };
+            sm.apply(index, &cmd)
+        }
+        _ => sm.apply(index, cmd),
+    }
+}
+
+impl World {
+    fn state_client_later(&mut self, c: usize, delay_ms: u64) {
+        self.state_clients[c].generation += 1;
+        let generation = self.state_clients[c].generation;
+        self.schedule(
+            self.now + delay_ms,
+            Event::StateClient {
+                client: c,
+                generation,
+            },
+        );
+    }
+
+    fn state_complete(&mut self, c: usize, p: StatePending, result: StateResult) {
+        // Liveness, as for raw appends: a command through the log, invoked
+        // after healing, was applied and answered.
+        let applied = matches!(result, StateResult::Applied(_));
+        let g = self.state_clients[c].group;
+        if applied && self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
+            self.recovered[g] = true;
+        }
+        self.client_learned(c, &p.request, &result);
+        self.state_history.push(StateOp {
+            client: c,
+            group: g,
+            request: p.request,
+            invoked_ms: p.invoked_ms,
+            completed_ms: self.now,
+            result,
+        });
+        let think = self.rng.gen_range(0..=10);
+        self.state_client_later(c, think);
+    }
+
+    /// A client's timer fired: give up its operation, or start the next.
+    pub(crate) fn state_client_event(
+        &mut self,
+        c: usize,
+        generation: u64,
+    ) -> Result<(), Violation> {
+        if self.state_clients[c].generation != generation {
+            return Ok(());
+        }
+        let g = self.state_clients[c].group;
+        if let Some(p) = self.state_clients[c].pending.take() {
+            self.forget_wait(g, &p);
+            self.state_complete(c, p, StateResult::Unknown);
+            return Ok(());
+        }
+        let request = self.next_request(c);
+        let read = !matches!(request, StateRequest::Command(_));
+        let stale_reads = self.opts.workload_bug == Some(WorkloadBug::StaleLac);
+        if read && stale_reads {
+            // The planted bug asks any node and trusts its local state.
+            self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
+        }
+        let n = self.state_clients[c].guess;
+        let live = self.nodes[n].alive && self.nodes[n].replicas[g].is_some();
+        if !live {
+            self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
+            self.state_client_later(c, 10);
+            return Ok(());
+        }
+        let invoked_ms = self.now;
+        if read && stale_reads {
+            let rep = self.nodes[n].replicas[g].as_ref().expect("checked live");
+            let sm = rep.sm.as_ref().expect("state workloads keep a machine");
+            let result = answer_read(sm, &request);
+            let p = StatePending {
+                node: n,
+                wait: Wait::Read { request_id: 0 },
+                request,
+                invoked_ms,
+            };
+            self.state_complete(c, p, result);
+            return Ok(());
+        }
+        let ack_unreplicated = self.opts.workload_bug == Some(WorkloadBug::AckNotReplicated);
+        let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
+        let submitted = match &request {
+            StateRequest::Command(Command::Ack { ids, .. })
+                if ack_unreplicated && rep.raft.role() == crate::consensus::Role::Leader =>
+            {
+                // The planted bug answers the ack without proposing it.
+                let acked = ids.len() as u64;
+                let p = StatePending {
+                    node: n,
+                    wait: Wait::Read { request_id: 0 },
+                    request,
+                    invoked_ms,
+                };
+                self.state_complete(c, p, StateResult::Applied(Ok(Outcome::Acked(acked))));
+                return Ok(());
+            }
+            StateRequest::Command(cmd) => rep
+                .raft
+                .propose(encode_state_entry(cmd))
+                .map(|(index, term)| Wait::Entry { index, term }),
+            _ => {
+                self.next_read_id += 1;
+                let request_id = self.next_read_id;
+                rep.raft
+                    .read_index(request_id)
+                    .map(|()| Wait::Read { request_id })
+            }
+        };
+        match submitted {
+            Ok(wait) => {
+                match wait {
+                    Wait::Entry { index, .. } => {
+                        self.record(n, g, What::Propose { index });
+                        self.state_waiting.insert((n, g, index), c);
+                    }
+                    Wait::Read { request_id } => {
+                        self.read_waiting.insert((n, g, request_id), c);
+                    }
+                }
+                self.state_clients[c].pending = Some(StatePending {
+                    node: n,
+                    wait,
+                    request,
+                    invoked_ms,
+                });
+                self.state_client_later(c, STATE_CLIENT_TIMEOUT_MS);
+                self.drive(n, g)
+            }
+            Err(RaftError::NotLeader { leader }) => {
+                let guess = match leader {
+                    Some(l) => idx(l),
+                    None => self.rng.gen_range(0..self.nodes.len()),
+                };
+                self.state_clients[c].guess = guess;
+                let backoff = self.rng.gen_range(2..=15);
+                self.state_client_later(c, backoff);
+                Ok(())
+            }
+            Err(_) => {
+                let backoff = self.rng.gen_range(5..=30);
+                self.state_client_later(c, backoff);
+                Ok(())
+            }
+        }
+    }
+
+    fn forget_wait(&mut self, g: usize, p: &StatePending) {
+        match p.wait {
+            Wait::Entry { index, .. } => {
+                self.state_waiting.remove(&(p.node, g, index));
+            }
+            Wait::Read { request_id } => {
+                self.read_waiting.remove(&(p.node, g, request_id));
+            }
+        }
+    }
+
+    /// The client's next request, from its role and what it knows.
+    fn next_request(&mut self, c: usize) -> StateRequest {
+        let (g, id) = (self.state_clients[c].group, self.state_clients[c].id);
+        let now = self.now;
+        let directory_len = self.ledger_directory[g].len();
+        // Recent ledgers are the likeliest to have a live writer.
+        let pick = if directory_len == 0 {
+            None
+        } else {
+            let back = self.rng.gen_range(0..directory_len.min(4));
+            Some(self.ledger_directory[g][directory_len - 1 - back])
+        };
+        let roll: f64 = self.rng.gen();
+        let token: u64 = self.rng.gen();
+        let span = self.rng.gen_range(0..=6u64);
+        let batch_len = self.rng.gen_range(1..=3usize);
+        let consume_max = self.rng.gen_range(1..=4u32);
+        let visibility_ms = self.rng.gen_range(50..=400u64);
+        let cmd = match &mut self.state_clients[c].role {
+            Role::Ledger {
+                reader,
+                writer,
+                seen_lac,
+            } => {
+                if let Some(w) = writer {
+                    let (ledger, writer_token) = (w.ledger, w.token);
+                    if w.adds_left == 0 {
+                        Command::CloseLedger {
+                            ledger,
+                            writer_token,
+                        }
+                    } else if let (true, Some(lac)) = (roll < 0.15, w.last_added) {
+                        Command::SetLac {
+                            ledger,
+                            writer_token,
+                            lac,
+                        }
+                    } else {
+                        w.written += 1;
+                        Command::AddEntry {
+                            ledger,
+                            writer_token,
+                            data: format!("g{g}l{ledger}c{id}#{}", w.written).into_bytes(),
+                        }
+                    }
+                } else if let (Some(ledger), true) = (pick, *reader) {
+                    let lac = seen_lac.get(&ledger).copied().unwrap_or(0);
+                    if roll < 0.1 {
+                        Command::OpenRecover { ledger }
+                    } else if roll < 0.55 {
+                        return StateRequest::ReadLac { ledger };
+                    } else {
+                        let from = lac.saturating_sub(span);
+                        return StateRequest::ReadEntries {
+                            ledger,
+                            from,
+                            to: from + span,
+                        };
+                    }
+                } else if *reader {
+                    // Nothing to read yet: ask for a ledger no one creates
+                    // (ids count up from 0), answered "no such ledger".
+                    return StateRequest::ReadLac { ledger: u64::MAX };
+                } else {
+                    Command::CreateLedger {
+                        writer_token: token,
+                        now_ms: now,
+                    }
+                }
+            }
+            Role::Producer { ready: false, .. } | Role::Consumer { ready: false, .. } => {
+                Command::CreateQueue {
+                    name: queue_name(g),
+                    max_deliveries: QUEUE_MAX_DELIVERIES,
+                }
+            }
+            Role::Producer {
+                producer_id,
+                seq,
+                batch,
+                ..
+            } => {
+                let messages = batch
+                    .get_or_insert_with(|| {
+                        (0..batch_len)
+                            .map(|k| format!("g{g}p{producer_id}s{seq}m{k}").into_bytes())
+                            .collect()
+                    })
+                    .clone();
+                Command::Produce {
+                    queue: queue_name(g),
+                    producer_id: *producer_id,
+                    seq: *seq,
+                    messages,
+                }
+            }
+            Role::Consumer { to_ack, .. } => {
+                if to_ack.is_empty() {
+                    Command::Consume {
+                        queue: queue_name(g),
+                        consumer: id as u64,
+                        max: consume_max,
+                        visibility_ms,
+                        now_ms: now,
+                    }
+                } else {
+                    Command::Ack {
+                        queue: queue_name(g),
+                        ids: to_ack.clone(),
+                    }
+                }
+            }
+        };
+        StateRequest::Command(cmd)
+    }
+
+    /// Updates the client's own view from an answer.
+    fn client_learned(&mut self, c: usize, request: &StateRequest, result: &StateResult) {
+        let g = self.state_clients[c].group;
+        let mut created = None;
+        let acks: Vec<bool> = match result {
+            StateResult::Applied(Ok(Outcome::Consumed(d))) => {
+                d.iter().map(|_| self.rng.gen_bool(0.75)).collect()
+            }
+            _ => Vec::new(),
+        };
+        let adds_max = self.rng.gen_range(3..=25);
+        match (&mut self.state_clients[c].role, request) {
+            (Role::Ledger { writer, .. }, StateRequest::Command(cmd)) => match (cmd, result) {
+                (
+                    Command::CreateLedger { writer_token, .. },
+                    StateResult::Applied(Ok(Outcome::LedgerCreated(l))),
+                ) => {
+                    *writer = Some(Writer {
+                        ledger: *l,
+                        token: *writer_token,
+                        adds_left: adds_max,
+                        last_added: None,
+                        written: 0,
+                    });
+                    created = Some(*l);
+                }
+                (Command::AddEntry { .. }, StateResult::Applied(Ok(Outcome::EntryAdded(e)))) => {
+                    if let Some(w) = writer {
+                        w.last_added = Some(*e);
+                        w.adds_left = w.adds_left.saturating_sub(1);
+                    }
+                }
+                (Command::AddEntry { .. }, StateResult::Unknown | StateResult::NotApplied) => {
+                    if let Some(w) = writer {
+                        w.adds_left = w.adds_left.saturating_sub(1);
+                    }
+                }
+                (
+                    Command::AddEntry { .. } | Command::SetLac { .. },
+                    StateResult::Applied(Err(_)),
+                )
+                | (Command::CloseLedger { .. }, _) => *writer = None,
+                _ => {}
+            },
+            (Role::Ledger { seen_lac, .. }, StateRequest::ReadLac { ledger }) => {
+                if let StateResult::Lac(Ok(Some(lac))) = result {
+                    let seen = seen_lac.entry(*ledger).or_insert(0);
+                    *seen = (*seen).max(*lac);
+                }
+            }
+            (
+                Role::Producer {
+                    ready, seq, batch, ..
+                },
+                StateRequest::Command(cmd),
+            ) => {
+                match (cmd, result) {
+                    (Command::CreateQueue { .. }, StateResult::Applied(_)) => *ready = true,
+                    (Command::Produce { .. }, StateResult::Applied(_)) => {
+                        // Known either way: the next batch gets the next seq.
+                        *seq += 1;
+                        *batch = None;
+                    }
+                    // Unknown: retry the same batch with the same seq.
+                    _ => {}
+                }
+            }
+            (Role::Consumer { ready, to_ack }, StateRequest::Command(cmd)) => match (cmd, result) {
+                (Command::CreateQueue { .. }, StateResult::Applied(_)) => *ready = true,
+                (Command::Consume { .. }, StateResult::Applied(Ok(Outcome::Consumed(d)))) => {
+                    // Some messages are left to time out and come back.
+                    to_ack.extend(d.iter().zip(&acks).filter(|(_, &a)| a).map(|(m, _)| m.id));
+                }
+                (Command::Ack { .. }, StateResult::Applied(_)) => to_ack.clear(),
+                _ => {}
+            },
+            _ => {}
+        }
+        if let Some(l) = created {
+            self.ledger_directory[g].push(l);
+        }
+    }
+
+    /// Node `n` applied state entry `e` in group `g` with `result`.
+    pub(crate) fn state_entry_applied(
+        &mut self,
+        n: usize,
+        g: usize,
+        e: &Entry,
+        result: Option<Result<Outcome, Error>>,
+    ) {
+        let Some(c) = self.state_waiting.remove(&(n, g, e.index)) else {
+            return;
+        };
+        let p = self.state_clients[c]
+            .pending
+            .take()
+            .expect("a waiting client has a pending operation");
+        let Wait::Entry { term, .. } = p.wait else {
+            unreachable!("entry waits are keyed by index")
+        };
+        let ours = term == e.term
+            && matches!((&e.payload, &p.request), (Payload::Normal(v), StateRequest::Command(cmd)) if *v == encode_state_entry(cmd));
+        let result = match (ours, result) {
+            (true, Some(r)) => {
+                self.record(n, g, What::Confirm { index: e.index });
+                StateResult::Applied(r)
+            }
+            _ => StateResult::NotApplied,
+        };
+        self.state_complete(c, p, result);
+    }
+
+    /// Serves the reads whose read index node `n` has now applied.
+    pub(crate) fn serve_reads(&mut self, n: usize, g: usize) {
+        let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
+            return;
+        };
+        let applied = rep.sm_index;
+        let (due, later): (Vec<ReadState>, Vec<ReadState>) = rep
+            .granted_reads
+            .drain(..)
+            .partition(|r| r.index <= applied);
+        rep.granted_reads = later;
+        for r in due {
+            let Some(c) = self.read_waiting.remove(&(n, g, r.request_id)) else {
+                continue;
+            };
+            let p = self.state_clients[c]
+                .pending
+                .take()
+                .expect("a waiting client has a pending read");
+            let rep = self.nodes[n].replicas[g].as_ref().expect("live");
+            let sm = rep.sm.as_ref().expect("state workloads keep a machine");
+            let result = answer_read(sm, &p.request);
+            self.state_complete(c, p, result);
+        }
+    }
+
+    /// Clients waiting on a replica that crashed will never hear back.
+    pub(crate) fn abandon_state_clients_on(&mut self, n: usize, g: usize) {
+        for c in 0..self.state_clients.len() {
+            let hit = self.state_clients[c]
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.node == n && self.state_clients[c].group == g);
+            if hit {
+                let p = self.state_clients[c].pending.take().expect("checked");
+                self.forget_wait(g, &p);
+                self.state_complete(c, p, StateResult::Unknown);
+            }
+        }
+    }
+
+    /// Decodes and applies a committed entry on node `n`'s machine.
+    pub(crate) fn apply_state_entry(
+        &mut self,
+        n: usize,
+        g: usize,
+        e: &Entry,
+    ) -> Option<Result<Outcome, Error>> {
+        let bug = self.opts.workload_bug;
+        let rep = self.nodes[n].replicas[g].as_mut()?;
+        let sm = rep.sm.as_mut()?;
+        let Payload::Normal(v) = &e.payload else {
+            return None;
+        };
+        let cmd = decode_command(v)?;
+        Some(apply_command(sm, e.index, &cmd, bug))
+    }
+}
+
+impl World {
+    /// The history checkers of the workload, once the run has recovered.
+    /// Operations still in flight go into the history as unknown first:
+    /// they may have taken effect.
+    pub(crate) fn final_checks(&mut self) -> Result<(), Violation> {
+        for c in 0..self.state_clients.len() {
+            if let Some(p) = self.state_clients[c].pending.take() {
+                self.state_history.push(StateOp {
+                    client: c,
+                    group: self.state_clients[c].group,
+                    request: p.request,
+                    invoked_ms: p.invoked_ms,
+                    completed_ms: self.now,
+                    result: StateResult::Unknown,
+                });
+            }
+        }
+        match self.opts.workload {
+            Workload::Log => Ok(()),
+            Workload::Ledger => super::ledger_check::check_ledger_history(&self.state_history),
+            Workload::Queue => {
+                for g in 0..self.opts.groups {
+                    // The most advanced replica; all agree at equal index.
+                    let sm = self
+                        .nodes
+                        .iter()
+                        .filter_map(|n| n.replicas[g].as_ref())
+                        .max_by_key(|r| r.sm_index)
+                        .and_then(|r| r.sm.as_ref());
+                    let Some(sm) = sm else { continue };
+                    super::queue_check::check_queue_history(
+                        g,
+                        &self.state_history,
+                        sm,
+                        &queue_name(g),
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A read answered from a machine's state.
+fn answer_read(sm: &StateMachine, request: &StateRequest) -> StateResult {
+    match request {
+        StateRequest::ReadLac { ledger } => StateResult::Lac(sm.ledgers().lac(*ledger)),
+        StateRequest::ReadEntries { ledger, from, to } => StateResult::Entries(
+            sm.ledgers()
+                .read(*ledger, *from, *to)
+                .map(|v| v.into_iter().map(|(i, d)| (i, d.to_vec())).collect()),
+        ),
+        StateRequest::Command(_) => unreachable!("commands go through the log"),
+    }
+}
