@@ -130,20 +130,20 @@ impl Raft {
         };
         pr.last_active_ms = Some(now);
         match ours {
-            Some((ours, total)) if ours == index && sending == index => {
-                // Stop and wait: only progress sends the next chunk; a
-                // duplicate or stale ack is dropped (a lost chunk waits
-                // for the resend timer).
-                if received > acked && received < total {
-                    pr.state = ReplicationState::Snapshot {
-                        index,
-                        sent_ms: now,
-                        acked: received,
-                    };
-                    self.send_snapshot_chunk(from, received);
-                }
+            // Stop and wait: only progress sends the next chunk; a duplicate
+            // or stale ack is dropped (a lost chunk waits for the resend
+            // timer).
+            Some((ours, total))
+                if ours == index && sending == index && received > acked && received < total =>
+            {
+                pr.state = ReplicationState::Snapshot {
+                    index,
+                    sent_ms: now,
+                    acked: received,
+                };
+                self.send_snapshot_chunk(from, received);
             }
-            // Our snapshot is newer than the one acknowledged: start over.
+            // Our snapshot is newer than the one being sent: start over.
             Some((ours, _)) if ours != index && sending != ours => self.send_snapshot(from),
             _ => {}
         }
