@@ -60,7 +60,14 @@ pub enum Command {
 }
 
 /// Options that take no value on the command line.
-const FLAGS: &[&str] = &["time_based", "group_reporting", "embedded", "udp_offload"];
+const FLAGS: &[&str] = &[
+    "time_based",
+    "group_reporting",
+    "embedded",
+    "udp_offload",
+    "stonewall",
+    "wait_for_previous",
+];
 
 /// The usage text.
 pub const USAGE: &str = "\
@@ -76,7 +83,7 @@ job options (also job-file keys):
   --name --ioengine=wal|udp|cluster --rw=append|read|tail|produce|consume|mixed
   --rwmixwrite --bs=4k|1k-64k --iodepth --numjobs --size --number_ios
   --runtime --time_based --ramp_time --rate_iops --rate_process=linear|poisson
-  --group_reporting --percentile_list=50:99:99.9 --directory (wal)
+  --stonewall --group_reporting --percentile_list=50:99:99.9 --directory (wal)
   --wal_segment_bytes --write_lat_log=PREFIX --log_avg_msec
   --servers=H:P,.. --token_file --admin=H:P,.. --embedded --group --queue (cluster)
   --loss=PCT (udp, root + nft) --udp_offload=0|1 --randseed

@@ -96,6 +96,9 @@ pub struct JobOptions {
     pub rate_iops: Option<u64>,
     /// Spacing of intended start times.
     pub rate_process: RateProcess,
+    /// Start only after every job before this one has finished (and
+    /// begin a new reporting group), as fio's `stonewall`.
+    pub stonewall: bool,
     /// Report all jobs of a group as one.
     pub group_reporting: bool,
     /// clat percentiles to print, in percent.
@@ -148,6 +151,7 @@ impl Default for JobOptions {
             ramp_time: Duration::ZERO,
             rate_iops: None,
             rate_process: RateProcess::Linear,
+            stonewall: false,
             group_reporting: false,
             percentile_list: DEFAULT_PERCENTILES.to_vec(),
             directory: None,
@@ -193,6 +197,8 @@ pub const JOB_OPTION_NAMES: &[&str] = &[
     "ramp_time",
     "rate_iops",
     "rate_process",
+    "stonewall",
+    "wait_for_previous",
     "group_reporting",
     "percentile_list",
     "directory",
@@ -339,6 +345,7 @@ impl JobOptions {
                     _ => return Err("rate_process is linear or poisson".into()),
                 }
             }
+            "stonewall" | "wait_for_previous" => self.stonewall = parse_bool(value)?,
             "group_reporting" => self.group_reporting = parse_bool(value)?,
             "percentile_list" => {
                 let mut list = Vec::new();

@@ -26,6 +26,8 @@ pub const TERSE_VERSION: u32 = 1;
 pub struct JobResult {
     /// The job's options.
     pub options: JobOptions,
+    /// Its stonewall group.
+    pub groupid: usize,
     /// How many clones it sums.
     pub clones: usize,
     /// What it measured.
@@ -145,8 +147,9 @@ pub fn normal(run: &RunResult) -> String {
         let o = &j.options;
         let _ = writeln!(
             out,
-            "{}: (groupid=0, jobs={}): err={:>2}: ioengine={}, rw={}, bs={}-{}, iodepth={}{}",
+            "{}: (groupid={}, jobs={}): err={:>2}: ioengine={}, rw={}, bs={}-{}, iodepth={}{}",
             o.name,
+            j.groupid,
             j.clones,
             u8::from(j.error.is_some() || j.stats.error_count() > 0),
             engine_name(o.ioengine),
@@ -261,43 +264,51 @@ pub fn normal(run: &RunResult) -> String {
         }
         let _ = writeln!(out);
     }
-    let _ = writeln!(out, "Run status group 0 (all jobs):");
-    for write in [true, false] {
-        let rows: Vec<(&DirStats, u64)> = run
-            .jobs
-            .iter()
-            .map(|j| {
-                (
-                    if write { &j.stats.write } else { &j.stats.read },
-                    j.stats.runtime_ns,
-                )
-            })
-            .filter(|(d, _)| d.ops > 0)
-            .collect();
-        if rows.is_empty() {
-            continue;
+    let groups = run
+        .jobs
+        .iter()
+        .map(|j| j.groupid)
+        .max()
+        .map_or(0, |g| g + 1);
+    for groupid in 0..groups {
+        let _ = writeln!(out, "Run status group {groupid} (all jobs):");
+        for write in [true, false] {
+            let rows: Vec<(&DirStats, u64)> = run
+                .jobs
+                .iter()
+                .map(|j| {
+                    (
+                        if write { &j.stats.write } else { &j.stats.read },
+                        j.stats.runtime_ns,
+                    )
+                })
+                .filter(|(d, _)| d.ops > 0)
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let rates: Vec<f64> = rows
+                .iter()
+                .map(|(d, ns)| d.bytes as f64 / (*ns as f64 / 1e9).max(1e-9))
+                .collect();
+            let total_bytes: u64 = rows.iter().map(|(d, _)| d.bytes).sum();
+            let run_max = rows.iter().map(|(_, ns)| *ns).max().unwrap_or(1);
+            let run_min = rows.iter().map(|(_, ns)| *ns).min().unwrap_or(1);
+            let lo = rates.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = rates.iter().copied().fold(0.0, f64::max);
+            let _ = writeln!(
+                out,
+                "  {}: bw={}, {}-{}, io={:.1}MiB ({:.1}MB), run={}-{}msec",
+                dir_name(write).to_uppercase(),
+                bw(total_bytes as f64 / (run_max as f64 / 1e9).max(1e-9)),
+                bw(lo).split(' ').next().unwrap_or(""),
+                bw(hi).split(' ').next().unwrap_or(""),
+                total_bytes as f64 / (1 << 20) as f64,
+                total_bytes as f64 / 1e6,
+                run_min / 1_000_000,
+                run_max / 1_000_000
+            );
         }
-        let rates: Vec<f64> = rows
-            .iter()
-            .map(|(d, ns)| d.bytes as f64 / (*ns as f64 / 1e9).max(1e-9))
-            .collect();
-        let total_bytes: u64 = rows.iter().map(|(d, _)| d.bytes).sum();
-        let run_max = rows.iter().map(|(_, ns)| *ns).max().unwrap_or(1);
-        let run_min = rows.iter().map(|(_, ns)| *ns).min().unwrap_or(1);
-        let lo = rates.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = rates.iter().copied().fold(0.0, f64::max);
-        let _ = writeln!(
-            out,
-            "  {}: bw={}, {}-{}, io={:.1}MiB ({:.1}MB), run={}-{}msec",
-            dir_name(write).to_uppercase(),
-            bw(total_bytes as f64 / (run_max as f64 / 1e9).max(1e-9)),
-            bw(lo).split(' ').next().unwrap_or(""),
-            bw(hi).split(' ').next().unwrap_or(""),
-            total_bytes as f64 / (1 << 20) as f64,
-            total_bytes as f64 / 1e6,
-            run_min / 1_000_000,
-            run_max / 1_000_000
-        );
     }
     if !run.host.disks.is_empty() {
         let _ = writeln!(out, "\nDisk stats (read/write):");
@@ -422,7 +433,7 @@ pub fn json(run: &RunResult) -> Value {
             });
             json!({
                 "jobname": o.name,
-                "groupid": 0,
+                "groupid": j.groupid,
                 "jobs": j.clones,
                 "error": u8::from(j.error.is_some()),
                 "error_message": j.error,
@@ -527,7 +538,7 @@ pub fn terse(run: &RunResult) -> String {
             TERSE_VERSION.to_string(),
             format!("quire-bench-{}", env!("CARGO_PKG_VERSION")),
             o.name.replace(';', "_"),
-            "0".into(),
+            j.groupid.to_string(),
             u8::from(j.error.is_some()).to_string(),
         ];
         terse_dir(

@@ -38,8 +38,17 @@ pub fn open_engine(
 
 type CloneOutcome = Result<(JobStats, EngineReport), String>;
 
-/// Runs every job of `cfg` side by side; errors of single jobs are kept
-/// in their results, errors of the run as a whole are returned.
+/// The block device under `path`, or under its nearest existing ancestor
+/// (the job may create the directory itself).
+fn device_near(path: &std::path::Path) -> Option<String> {
+    path.ancestors()
+        .find(|p| p.exists())
+        .and_then(host::device_of)
+}
+
+/// Runs the jobs of `cfg`: each stonewall group after the one before, the
+/// jobs of a group side by side. Errors of single jobs are kept in their
+/// results; errors of the run as a whole are returned.
 pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
     let embedded_jobs: Vec<&JobOptions> = cfg
         .jobs
@@ -61,13 +70,54 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
         None => None,
     };
     let target = embedded.as_ref().map(EmbeddedCluster::target);
-    let clones: Vec<(usize, u64)> = cfg
-        .jobs
+    let mut devices: Vec<String> = Vec::new();
+    for j in &cfg.jobs {
+        let d = match j.ioengine {
+            EngineKind::Wal => j.directory.as_deref().and_then(device_near),
+            EngineKind::Cluster if j.embedded => target.as_ref().and_then(|t| t.device.clone()),
+            _ => None,
+        };
+        if let Some(d) = d.filter(|d| !devices.contains(d)) {
+            devices.push(d);
+        }
+    }
+    let mut groups: Vec<Vec<JobOptions>> = Vec::new();
+    for j in &cfg.jobs {
+        match groups.last_mut() {
+            Some(g) if !j.stonewall => g.push(j.clone()),
+            _ => groups.push(vec![j.clone()]),
+        }
+    }
+    let timestamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let before = HostSnapshot::take(&devices);
+    let mut jobs = Vec::new();
+    for (groupid, group) in groups.iter().enumerate() {
+        jobs.extend(run_group(groupid, group, target.as_ref(), cfg.eta)?);
+    }
+    let after = HostSnapshot::take(&devices);
+    drop(embedded);
+    Ok(RunResult {
+        jobs,
+        host: after.since(&before),
+        timestamp,
+    })
+}
+
+/// Runs one stonewall group: every clone's engine is opened on its own
+/// thread first, then all start at once.
+fn run_group(
+    groupid: usize,
+    jobs: &[JobOptions],
+    target: Option<&ClusterTarget>,
+    eta: Eta,
+) -> Result<Vec<JobResult>, String> {
+    let clones: Vec<(usize, u64)> = jobs
         .iter()
         .enumerate()
         .flat_map(|(i, j)| (0..j.numjobs as u64).map(move |c| (i, c)))
         .collect();
-    let ready = crossbeam_channel::unbounded::<Result<Vec<String>, String>>();
     let start = Arc::new(Barrier::new(clones.len() + 1));
     let progress: Vec<Arc<Progress>> = clones
         .iter()
@@ -75,32 +125,14 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
         .collect();
     let mut handles = Vec::new();
     for (k, &(i, clone)) in clones.iter().enumerate() {
-        let job = cfg.jobs[i].clone();
-        let (ready_tx, start, progress, target) = (
-            ready.0.clone(),
-            start.clone(),
-            progress[k].clone(),
-            target.clone(),
-        );
+        let job = jobs[i].clone();
+        let (start, progress, target) = (start.clone(), progress[k].clone(), target.cloned());
         let h = std::thread::Builder::new()
             .name(format!("bench-job-{k}"))
             .spawn(move || -> CloneOutcome {
+                // Opening (laying out a log, prefilling, connecting) is not
+                // part of the measured run: every clone opens, then all start.
                 let opened = open_engine(&job, clone, target.as_ref());
-                let devices = match (&opened, job.ioengine) {
-                    (Ok(_), EngineKind::Wal) => job
-                        .directory
-                        .as_deref()
-                        .and_then(host::device_of)
-                        .into_iter()
-                        .collect(),
-                    (Ok(_), EngineKind::Cluster) => target
-                        .as_ref()
-                        .and_then(|t| t.device.clone())
-                        .into_iter()
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                let _ = ready_tx.send(opened.as_ref().map(|_| devices).map_err(|e| e.clone()));
                 start.wait();
                 let mut engine = opened?;
                 let clock = RealClock::new();
@@ -109,23 +141,9 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
             .map_err(|e| format!("starting a job thread: {e}"))?;
         handles.push(h);
     }
-    let mut devices: Vec<String> = Vec::new();
-    for _ in 0..clones.len() {
-        if let Ok(Ok(d)) = ready.1.recv() {
-            for x in d {
-                if !devices.contains(&x) {
-                    devices.push(x);
-                }
-            }
-        }
-    }
-    let before = HostSnapshot::take(&devices);
-    let timestamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     start.wait();
     let finished = Arc::new(AtomicBool::new(false));
-    let show_eta = match cfg.eta {
+    let show_eta = match eta {
         Eta::Always => true,
         Eta::Never => false,
         Eta::Auto => std::io::stderr().is_terminal(),
@@ -134,7 +152,7 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
         let (finished, progress, jobs, clones) = (
             finished.clone(),
             progress.clone(),
-            cfg.jobs.clone(),
+            jobs.to_vec(),
             clones.clone(),
         );
         std::thread::spawn(move || eta_loop(&finished, &progress, &jobs, &clones))
@@ -150,22 +168,21 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
     if let Some(h) = eta {
         let _ = h.join();
     }
-    let after = HostSnapshot::take(&devices);
-    drop(embedded);
     let mut results: Vec<JobResult> = Vec::new();
-    for (i, job) in cfg.jobs.iter().enumerate() {
-        let mine = clones
-            .iter()
-            .zip(&outcomes)
-            .filter(|((j, _), _)| *j == i)
-            .map(|(_, o)| o);
+    for (i, job) in jobs.iter().enumerate() {
         let fresh = || JobResult {
             options: job.clone(),
+            groupid,
             clones: 0,
             stats: JobStats::default(),
             engine: EngineReport::default(),
             error: None,
         };
+        let mine = clones
+            .iter()
+            .zip(&outcomes)
+            .filter(|((j, _), _)| *j == i)
+            .map(|(_, o)| o);
         let mut grouped = fresh();
         for o in mine {
             let mut r = if job.group_reporting {
@@ -192,11 +209,7 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
             results.push(grouped);
         }
     }
-    Ok(RunResult {
-        jobs: results,
-        host: after.since(&before),
-        timestamp,
-    })
+    Ok(results)
 }
 
 /// Writes the `write_lat_log` files of every job that asked for them, in
