@@ -41,13 +41,16 @@ pub struct ClusterTarget {
     pub token: Vec<u8>,
     /// The disk the nodes log to, when known (embedded).
     pub device: Option<String>,
+    /// What the report should say about the cluster (embedded: which
+    /// daemon binary, where).
+    pub note: Option<String>,
 }
 
 /// A local 3-node cluster started for the run; stopped when dropped.
 pub struct EmbeddedCluster {
     processes: LocalProcesses,
+    exe: PathBuf,
     dir: PathBuf,
-    remove_dir: bool,
 }
 
 impl EmbeddedCluster {
@@ -62,32 +65,29 @@ impl EmbeddedCluster {
         let own =
             std::env::current_exe().map_err(|e| format!("finding quire-bench itself: {e}"))?;
         let bin_dir = own.parent().ok_or("quire-bench has no parent directory")?;
-        let exe = ["quired", "quire"]
+        // Both run the daemon; of the two, the one built last, since a
+        // target directory can hold a stale one beside a fresh build.
+        let exe = ["quire", "quired"]
             .iter()
             .map(|n| bin_dir.join(n))
-            .find(|p| p.exists())
+            .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+            .max()
+            .map(|(_, p)| p)
             .ok_or_else(|| {
                 format!(
                     "--embedded starts the daemon binary next to quire-bench, and neither quired nor quire is in {} (cargo build --bins)",
                     bin_dir.display()
                 )
             })?;
-        let (dir, remove_dir) = match directory {
-            Some(d) => (
-                d.join(format!("quire-bench-cluster.{}", std::process::id())),
-                true,
-            ),
-            None => (
-                std::env::temp_dir().join(format!("quire-bench-cluster.{}", std::process::id())),
-                true,
-            ),
-        };
+        let dir = directory
+            .map_or_else(std::env::temp_dir, Path::to_path_buf)
+            .join(format!("quire-bench-cluster.{}", std::process::id()));
         let mut processes = LocalProcesses::prepare(&dir, 3, groups, &exe)?;
         processes.start_all()?;
         let cluster = EmbeddedCluster {
             processes,
+            exe,
             dir,
-            remove_dir,
         };
         let mut c = Client::new(cluster.target().clients, &cluster.processes.token, 1);
         c.deadline = Duration::from_secs(30);
@@ -107,6 +107,11 @@ impl EmbeddedCluster {
             admin: self.processes.nodes.values().map(|n| n.admin).collect(),
             token: self.processes.token.clone(),
             device: super::host::device_of(&self.dir),
+            note: Some(format!(
+                "cluster: embedded, 3 daemons of {} in {}",
+                self.exe.display(),
+                self.dir.display()
+            )),
         }
     }
 }
@@ -114,9 +119,8 @@ impl EmbeddedCluster {
 impl Drop for EmbeddedCluster {
     fn drop(&mut self) {
         self.processes.stop_all();
-        if self.remove_dir {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        // Only the directory this run named for itself is removed.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -144,6 +148,7 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
         admin: resolve(&job.admin)?,
         token: token.trim_ascii_end().to_vec(),
         device: None,
+        note: None,
     })
 }
 
@@ -320,6 +325,7 @@ impl Engine for ClusterEngine {
         let after = metrics(&self.target.admin);
         let mut report = EngineReport {
             devices: self.target.device.iter().cloned().collect(),
+            notes: self.target.note.iter().cloned().collect(),
             ..EngineReport::default()
         };
         if after.is_empty() {

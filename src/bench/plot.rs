@@ -24,8 +24,7 @@ pub fn draw(run: &RunResult, path: &Path) -> Result<(), String> {
     let series: Vec<(String, Vec<Point>)> = run
         .jobs
         .iter()
-        .enumerate()
-        .map(|(i, j)| {
+        .map(|j| {
             let full_ms = j.options.interval().as_millis() as u64;
             let mut start_ms = 0u64;
             let mut points = Vec::new();
@@ -39,14 +38,14 @@ pub fn draw(run: &RunResult, path: &Path) -> Result<(), String> {
                 }
                 let us = |ns: u64| (ns as f64 / 1e3).max(1.0);
                 points.push((
-                    s.end_ms as f64 / 1e3,
+                    (j.group_start_ms + s.end_ms) as f64 / 1e3,
                     s.ops as f64 / (span_ms as f64 / 1e3),
                     us(s.lat_p50_ns),
                     us(s.lat_p99_ns),
                     us(s.lat_max_ns),
                 ));
             }
-            (format!("{} #{i}", j.options.name), points)
+            (format!("{} (group {})", j.options.name, j.groupid), points)
         })
         .collect();
     let x_max = series
@@ -79,8 +78,9 @@ pub fn draw(run: &RunResult, path: &Path) -> Result<(), String> {
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
+        .light_line_style(RGBColor(235, 235, 235))
         .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc("time (s)")
+        .x_desc("time since the run started (s)")
         .y_desc("ops/s")
         .draw()
         .map_err(|e| err(&e))?;
@@ -115,7 +115,7 @@ pub fn draw(run: &RunResult, path: &Path) -> Result<(), String> {
         .configure_mesh()
         .light_line_style(WHITE)
         .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc("time (s)")
+        .x_desc("time since the run started (s)")
         .y_desc("latency (us)")
         .draw()
         .map_err(|e| err(&e))?;

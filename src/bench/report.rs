@@ -28,6 +28,8 @@ pub struct JobResult {
     pub options: JobOptions,
     /// Its stonewall group.
     pub groupid: usize,
+    /// When its group started, ms after the run started.
+    pub group_start_ms: u64,
     /// How many clones it sums.
     pub clones: usize,
     /// What it measured.
@@ -276,6 +278,7 @@ pub fn normal(run: &RunResult) -> String {
             let rows: Vec<(&DirStats, u64)> = run
                 .jobs
                 .iter()
+                .filter(|j| j.groupid == groupid)
                 .map(|j| {
                     (
                         if write { &j.stats.write } else { &j.stats.read },
@@ -447,6 +450,7 @@ pub fn json(run: &RunResult) -> Value {
                     "rate_process": format!("{:?}", o.rate_process).to_lowercase(),
                 },
                 "job_runtime": j.stats.runtime_ns / 1_000_000,
+                "job_start": j.group_start_ms,
                 "write": dir_json(&j.stats.write, j.stats.runtime_ns, &o.percentile_list),
                 "read": dir_json(&j.stats.read, j.stats.runtime_ns, &o.percentile_list),
                 "errors": j.stats.errors,

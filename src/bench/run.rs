@@ -93,8 +93,14 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
         .map_or(0, |d| d.as_secs());
     let before = HostSnapshot::take(&devices);
     let mut jobs = Vec::new();
+    let run_started = Instant::now();
     for (groupid, group) in groups.iter().enumerate() {
-        jobs.extend(run_group(groupid, group, target.as_ref(), cfg.eta)?);
+        let group_start_ms = run_started.elapsed().as_millis() as u64;
+        let mut results = run_group(groupid, group, target.as_ref(), cfg.eta)?;
+        for r in &mut results {
+            r.group_start_ms = group_start_ms;
+        }
+        jobs.extend(results);
     }
     let after = HostSnapshot::take(&devices);
     drop(embedded);
@@ -173,6 +179,7 @@ fn run_group(
         let fresh = || JobResult {
             options: job.clone(),
             groupid,
+            group_start_ms: 0,
             clones: 0,
             stats: JobStats::default(),
             engine: EngineReport::default(),

@@ -102,6 +102,9 @@ pub fn run_job(
     let measure_from_ns = start_ns + job.ramp_time.as_nanos() as u64;
     let end_ns = job.runtime.map(|r| measure_from_ns + r.as_nanos() as u64);
     let interval_ns = job.interval().as_nanos() as u64;
+    // Stragglers completing after the runtime are recorded, but in the
+    // last interval: the window (and the intervals) end with the runtime.
+    let window_end_ns = end_ns.unwrap_or(u64::MAX);
     let gap = |rng: &mut ChaCha8Rng| -> u64 {
         let Some(rate) = job.rate_iops else { return 0 };
         let mean_ns = 1e9 / rate as f64;
@@ -234,7 +237,7 @@ pub fn run_job(
                     dir.slat.record(slat);
                     dir.clat.record(clat);
                     dir.lat.record(lat);
-                    while finished_ns >= next_interval_ns {
+                    while finished_ns >= next_interval_ns && next_interval_ns <= window_end_ns {
                         stats
                             .intervals
                             .push(interval.close((next_interval_ns - measure_from_ns) / 1_000_000));
@@ -251,7 +254,7 @@ pub fn run_job(
             }
         }
     }
-    let end = clock.now_ns().max(measure_from_ns);
+    let end = clock.now_ns().max(measure_from_ns).min(window_end_ns);
     while end >= next_interval_ns {
         stats
             .intervals
@@ -263,6 +266,10 @@ pub fn run_job(
             .intervals
             .push(interval.close((end - measure_from_ns) / 1_000_000));
     }
+    // The window ends at `runtime` even when stragglers complete later:
+    // their latency is recorded in full (a stuck operation must show), but
+    // waiting for them is not run time, or one straggler would halve the
+    // throughput.
     stats.runtime_ns = end - measure_from_ns;
     let report = engine.finish()?;
     Ok((stats, report))
