@@ -134,6 +134,7 @@ fn wal_from_flags_and_from_job_files() {
     assert_eq!(fsync.len(), 1);
     assert!(fsync[0]["flushes"].as_u64().unwrap() > 0);
     assert!(fsync[0]["lat_ns"]["percentile"].is_object());
+    assert!(fsync[0]["bytes_per_flush"].as_u64().unwrap() >= 4096);
 
     let doc = ok_json(&[
         "bench/jobs/disk-group-commit.fio",

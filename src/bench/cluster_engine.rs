@@ -382,6 +382,7 @@ impl Engine for ClusterEngine {
                 mean_ns: None,
                 max_ns: None,
                 records_per_flush_p50: None,
+                bytes_per_flush: None,
             });
         }
         report.notes.push(

@@ -71,6 +71,9 @@ pub struct FsyncBlock {
     pub max_ns: Option<u64>,
     /// Median records per flush (group commit), where known.
     pub records_per_flush_p50: Option<u64>,
+    /// Mean bytes written per flush, padding included, where known: the
+    /// `--bs` to give fio for the same bytes per fdatasync.
+    pub bytes_per_flush: Option<u64>,
 }
 
 /// The transport's counters over a udp run.

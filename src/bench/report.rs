@@ -209,6 +209,9 @@ pub fn normal(run: &RunResult) -> String {
             if let Some(r) = f.records_per_flush_p50 {
                 let _ = write!(out, ", records/flush p50={r}");
             }
+            if let Some(b) = f.bytes_per_flush {
+                let _ = write!(out, ", bytes/flush={b}");
+            }
             let _ = writeln!(out);
             percentile_rows(&mut out, &f.percentiles_ns, div);
         }
@@ -403,6 +406,7 @@ pub fn json(run: &RunResult) -> Value {
                         "disk": f.disk,
                         "flushes": f.flushes,
                         "records_per_flush_p50": f.records_per_flush_p50,
+                        "bytes_per_flush": f.bytes_per_flush,
                         "lat_ns": { "mean": f.mean_ns, "max": f.max_ns, "percentile": p },
                     })
                 })

@@ -212,6 +212,7 @@ impl Engine for WalEngine {
             mean_ns: Some(h.mean() * 1000.0),
             max_ns: Some(h.max() * 1000),
             records_per_flush_p50: Some(m.records_per_flush.value_at_quantile(0.5)),
+            bytes_per_flush: Some(m.bytes / m.flushes.max(1)),
         };
         let report = EngineReport {
             fsync: vec![block],
