@@ -240,6 +240,23 @@ fn cluster_embedded_from_flags() {
 }
 
 #[test]
+fn queue_produce_then_consume_from_the_job_file() {
+    let doc = ok_json(&[
+        "bench/jobs/queue-produce-consume.fio",
+        "--embedded",
+        "--runtime=0.3",
+        "--iodepth=4",
+    ]);
+    check_schema(&doc);
+    let jobs = doc["jobs"].as_array().unwrap();
+    assert_eq!(jobs[0]["job options"]["rw"], "produce");
+    assert!(write_ops(&jobs[0]) > 0);
+    assert_eq!(jobs[1]["job options"]["rw"], "consume");
+    assert!(jobs[1]["read"]["total_ios"].as_u64().unwrap() > 0);
+    assert_eq!(jobs[1]["total_err"], 0, "{}", jobs[1]["errors"]);
+}
+
+#[test]
 fn bad_flags_and_job_files_exit_2_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.fio");
@@ -265,12 +282,11 @@ fn bad_flags_and_job_files_exit_2_with_a_reason() {
         (vec![bad.display().to_string()], "bad.fio:2"),
         (
             vec![
-                "--ioengine=cluster".into(),
-                "--rw=produce".into(),
-                "--embedded".into(),
+                "--ioengine=udp".into(),
+                "--rw=consume".into(),
                 "--runtime=1".into(),
             ],
-            "not available in this build",
+            "not supported by ioengine=udp",
         ),
     ];
     std::fs::write(&bad, "[job]\niodepth=many\n").unwrap();

@@ -222,6 +222,9 @@ impl ClusterEngine {
         let client_id = |worker: u64| {
             (u64::from(std::process::id()) << 32) ^ (clone_index << 16) ^ worker ^ 0x5eed_0000_0000
         };
+        if matches!(job.rw, Workload::Produce | Workload::Consume) {
+            prepare_queue(job, &target, client_id(0xfffe))?;
+        }
         if matches!(job.rw, Workload::Read | Workload::Mixed | Workload::Tail) {
             let mut c = Client::new(target.clients.clone(), &target.token, client_id(0xffff));
             let records = vec![vec![0xa5u8; job.bs.max_bytes as usize]; PREFILL_RECORDS];
@@ -238,36 +241,50 @@ impl ClusterEngine {
             let (op_rx, done_tx, highest) = (op_rx.clone(), done_tx.clone(), highest.clone());
             let mut client = Client::new(target.clients.clone(), &target.token, client_id(w));
             let rw = job.rw;
+            let queue = job.queue.clone();
             let mut rng = ChaCha8Rng::seed_from_u64(job.seed ^ w);
             let handle = std::thread::Builder::new()
                 .name(format!("bench-client-{w}"))
                 .spawn(move || {
                     let mut tail_from = highest.load(Ordering::Relaxed) + 1;
                     for op in op_rx {
-                        let result = match (op.kind, rw) {
-                            (OpKind::Write, _) => {
-                                client.append(group, &vec![0xa5u8; op.bytes]).map(|index| {
+                        let queue = queue.as_str();
+                        let result: Result<u64, String> = match (op.kind, rw) {
+                            (OpKind::Write, Workload::Produce) => client
+                                .produce(group, queue, &[vec![0xa5u8; op.bytes]])
+                                .map(|_| op.bytes as u64)
+                                .map_err(|e| error_kind(&e)),
+                            (OpKind::Read, Workload::Consume) => {
+                                consume_one(&mut client, group, queue)
+                            }
+                            (OpKind::Write, _) => client
+                                .append(group, &vec![0xa5u8; op.bytes])
+                                .map(|index| {
                                     highest.fetch_max(index, Ordering::Relaxed);
                                     op.bytes as u64
                                 })
-                            }
-                            (OpKind::Read, Workload::Tail) => {
-                                client.tail(group, tail_from, TAIL_WAIT_MS).map(|entries| {
+                                .map_err(|e| error_kind(&e)),
+                            (OpKind::Read, Workload::Tail) => client
+                                .tail(group, tail_from, TAIL_WAIT_MS)
+                                .map(|entries| {
                                     tail_from += entries.len() as u64;
                                     entries.iter().map(|e| e.data.len() as u64).sum()
                                 })
-                            }
+                                .map_err(|e| error_kind(&e)),
                             (OpKind::Read, _) => {
                                 let top = highest.load(Ordering::Relaxed).max(1);
                                 let at = rng.gen_range(1..=top);
-                                client.read(group, at, 1).map(|entries| {
-                                    entries.iter().map(|e| e.data.len() as u64).sum()
-                                })
+                                client
+                                    .read(group, at, 1)
+                                    .map(|entries| {
+                                        entries.iter().map(|e| e.data.len() as u64).sum()
+                                    })
+                                    .map_err(|e| error_kind(&e))
                             }
                         };
                         let c = Completion {
                             id: op.id,
-                            result: result.map_err(|e| error_kind(&e)),
+                            result,
                             finished: Some(Instant::now()),
                         };
                         if done_tx.send(c).is_err() {
@@ -287,6 +304,57 @@ impl ClusterEngine {
             before,
         })
     }
+}
+
+/// Messages produced before a consume job (unless `number_ios` says how
+/// many it will take), so consumers do not find the queue empty at once.
+const CONSUME_PREFILL_MESSAGES: u64 = 20_000;
+/// Messages per produce call while prefilling.
+const PREFILL_BATCH: usize = 256;
+/// How long a consumed message stays hidden before redelivery; far longer
+/// than a consume + ack takes.
+const VISIBILITY_MS: u64 = 30_000;
+
+/// Creates `job.queue` (an existing one is reused) and, for a consume job,
+/// fills it.
+fn prepare_queue(job: &JobOptions, target: &ClusterTarget, client_id: u64) -> Result<(), String> {
+    let mut c = Client::new(target.clients.clone(), &target.token, client_id);
+    match c.queue_create(job.group, &job.queue, 1000) {
+        Ok(()) => {}
+        Err(ClientError::Refused(_, why)) if why.contains("exists") => {}
+        Err(e) => return Err(format!("creating queue {:?}: {e}", job.queue)),
+    }
+    if job.rw == Workload::Consume {
+        let total = job
+            .number_ios
+            .unwrap_or(CONSUME_PREFILL_MESSAGES)
+            .min(1_000_000);
+        let message = vec![0xa5u8; job.bs.max_bytes as usize];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(PREFILL_BATCH as u64);
+            let batch = vec![message.clone(); n as usize];
+            c.produce(job.group, &job.queue, &batch)
+                .map_err(|e| format!("filling queue {:?}: {e}", job.queue))?;
+            left -= n;
+        }
+    }
+    Ok(())
+}
+
+/// One consume of a single message and its ack; an empty queue is an
+/// error of its own kind (`queue-empty`), so a run that drained the queue
+/// says so.
+fn consume_one(client: &mut Client, group: u32, queue: &str) -> Result<u64, String> {
+    let got = client
+        .consume(group, queue, 1, VISIBILITY_MS)
+        .map_err(|e| error_kind(&e))?;
+    if got.is_empty() {
+        return Err("queue-empty".into());
+    }
+    let ids: Vec<u64> = got.iter().map(|d| d.id).collect();
+    client.ack(group, queue, &ids).map_err(|e| error_kind(&e))?;
+    Ok(got.iter().map(|d| d.data.len() as u64).sum())
 }
 
 /// A short, stable label per kind of client error (errors are counted by it).

@@ -418,13 +418,6 @@ impl JobOptions {
                 }
             }
             (EngineKind::Udp, Workload::Append) => {}
-            (EngineKind::Cluster, Workload::Produce | Workload::Consume) => {
-                return fail(format!(
-                    "rw={} is not available in this build: the queue client API \
-                     (Client::produce/consume) has not landed yet",
-                    workload_name(self.rw)
-                ))
-            }
             (EngineKind::Cluster, _) => {
                 if !self.embedded && self.servers.is_empty() {
                     return fail(

@@ -49,6 +49,9 @@ pub struct RunResult {
     pub host: HostSnapshot,
     /// Unix time the run started, s.
     pub timestamp: u64,
+    /// How long the host counters were collected over, ms (the whole run,
+    /// every group included).
+    pub host_window_ms: u64,
 }
 
 fn dir_name(write: bool) -> &'static str {
@@ -231,7 +234,12 @@ pub fn normal(run: &RunResult) -> String {
             );
         }
         if let Some(r) = &j.engine.replication {
-            let commit = &j.stats.write.lat;
+            // Appends and produces commit on write; consume + ack on read.
+            let commit = if j.stats.write.ops > 0 || j.stats.read.ops == 0 {
+                &j.stats.write.lat
+            } else {
+                &j.stats.read.lat
+            };
             let (unit, div) = unit_for(commit.percentile_ns(50.0));
             let _ = writeln!(
                 out,
@@ -318,13 +326,8 @@ pub fn normal(run: &RunResult) -> String {
     }
     if !run.host.disks.is_empty() {
         let _ = writeln!(out, "\nDisk stats (read/write):");
-        let run_ms = run
-            .jobs
-            .iter()
-            .map(|j| j.stats.runtime_ns / 1_000_000)
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        // util is over the window the counters cover: the whole run.
+        let run_ms = run.host_window_ms.max(1);
         for d in &run.host.disks {
             let _ = writeln!(
                 out,
@@ -425,8 +428,13 @@ pub fn json(run: &RunResult) -> Value {
                 })
             });
             let replication = j.engine.replication.as_ref().map(|r| {
+                let commit = if j.stats.write.ops > 0 || j.stats.read.ops == 0 {
+                    &j.stats.write.lat
+                } else {
+                    &j.stats.read.lat
+                };
                 json!({
-                    "commit_lat_ns": lat_json(&j.stats.write.lat, Some(&o.percentile_list)),
+                    "commit_lat_ns": lat_json(commit, Some(&o.percentile_list)),
                     "nack_rounds": r.nack_rounds,
                     "retransmits": r.retransmits,
                     "datagrams_sent": r.datagrams_sent,
@@ -466,13 +474,8 @@ pub fn json(run: &RunResult) -> Value {
             })
         })
         .collect();
-    let run_ms = run
-        .jobs
-        .iter()
-        .map(|j| j.stats.runtime_ns / 1_000_000)
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    // util is over the window the counters cover: the whole run.
+    let run_ms = run.host_window_ms.max(1);
     let disks: Vec<Value> = run
         .host
         .disks

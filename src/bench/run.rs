@@ -91,9 +91,9 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
     let timestamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let run_started = Instant::now();
     let before = HostSnapshot::take(&devices);
     let mut jobs = Vec::new();
-    let run_started = Instant::now();
     for (groupid, group) in groups.iter().enumerate() {
         let group_start_ms = run_started.elapsed().as_millis() as u64;
         let mut results = run_group(groupid, group, target.as_ref(), cfg.eta)?;
@@ -103,11 +103,13 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
         jobs.extend(results);
     }
     let after = HostSnapshot::take(&devices);
+    let host_window_ms = run_started.elapsed().as_millis() as u64;
     drop(embedded);
     Ok(RunResult {
         jobs,
         host: after.since(&before),
         timestamp,
+        host_window_ms,
     })
 }
 
