@@ -171,6 +171,9 @@ impl Default for JobOptions {
     }
 }
 
+/// Client threads (iodepth x numjobs) the cluster engine may start.
+pub const CLUSTER_CLIENT_THREADS_MAX: usize = 1024;
+
 /// fio's default clat percentiles.
 pub const DEFAULT_PERCENTILES: [f64; 17] = [
     1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
@@ -440,6 +443,15 @@ impl JobOptions {
         }
         if self.bs.min_bytes < 8 && self.ioengine == EngineKind::Udp {
             return fail("ioengine=udp needs bs of at least 8 bytes (the message id)".into());
+        }
+        if self.ioengine == EngineKind::Cluster
+            && self.iodepth.saturating_mul(self.numjobs) > CLUSTER_CLIENT_THREADS_MAX
+        {
+            // Each operation in flight is a client thread with a connection.
+            return fail(format!(
+                "ioengine=cluster runs one client thread per operation in flight: \
+                 iodepth x numjobs is at most {CLUSTER_CLIENT_THREADS_MAX}"
+            ));
         }
         if self.bs.max_bytes > 16 << 20 {
             return fail("bs is at most 16m".into());
