@@ -9,6 +9,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
+pub mod bench;
 pub mod client;
 pub mod consensus;
 pub mod heartbeat;

@@ -1,0 +1,461 @@
+//! `ioengine=cluster`: `client::Client` against a running cluster
+//! (`servers` + `token_file`), or with `embedded` against a local 3-node
+//! cluster of real daemons this process starts (`node::processes`, as
+//! `quire up` does) and stops at the end.
+//!
+//! The client is blocking, so `iodepth` operations in flight are `iodepth`
+//! worker threads, each with its own connection and client id; the job's
+//! thread hands them operations and collects completions over channels.
+//! The replication block comes from the nodes' admin `/metrics`, read
+//! before and after the run.
+
+use super::engine::{Completion, Engine, EngineReport, FsyncBlock, Op, OpKind, ReplicationBlock};
+use super::options::{JobOptions, Workload};
+use crate::client::{Client, ClientError};
+use crate::node::processes::LocalProcesses;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Records written before a read workload, so reads have something to hit.
+const PREFILL_RECORDS: usize = 256;
+/// How long one tail operation long-polls for a new entry.
+const TAIL_WAIT_MS: u32 = 1000;
+
+/// Where the cluster is: addresses and the token.
+#[derive(Clone, Debug)]
+pub struct ClusterTarget {
+    /// Client addresses.
+    pub clients: Vec<SocketAddr>,
+    /// Admin addresses (may be empty: then no replication block).
+    pub admin: Vec<SocketAddr>,
+    /// Client token.
+    pub token: Vec<u8>,
+    /// The disk the nodes log to, when known (embedded).
+    pub device: Option<String>,
+    /// What the report should say about the cluster (embedded: which
+    /// daemon binary, where).
+    pub note: Option<String>,
+}
+
+/// A local 3-node cluster started for the run; stopped when dropped.
+pub struct EmbeddedCluster {
+    processes: LocalProcesses,
+    exe: PathBuf,
+    dir: PathBuf,
+}
+
+impl EmbeddedCluster {
+    /// Starts 3 daemons with `groups` groups under `directory` (or a
+    /// fresh directory under the system temp dir), using the `quired` or
+    /// `quire` binary next to this one, and waits for `group` to elect.
+    pub fn start(
+        directory: Option<&Path>,
+        groups: u32,
+        group: u32,
+    ) -> Result<EmbeddedCluster, String> {
+        let own =
+            std::env::current_exe().map_err(|e| format!("finding quire-bench itself: {e}"))?;
+        let bin_dir = own.parent().ok_or("quire-bench has no parent directory")?;
+        // Both run the daemon; of the two, the one built last, since a
+        // target directory can hold a stale one beside a fresh build.
+        let exe = ["quire", "quired"]
+            .iter()
+            .map(|n| bin_dir.join(n))
+            .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+            .max()
+            .map(|(_, p)| p)
+            .ok_or_else(|| {
+                format!(
+                    "--embedded starts the daemon binary next to quire-bench, and neither quired nor quire is in {} (cargo build --bins)",
+                    bin_dir.display()
+                )
+            })?;
+        let dir = directory
+            .map_or_else(std::env::temp_dir, Path::to_path_buf)
+            .join(format!("quire-bench-cluster.{}", std::process::id()));
+        let mut processes = LocalProcesses::prepare(&dir, 3, groups, &exe)?;
+        processes.start_all()?;
+        let cluster = EmbeddedCluster {
+            processes,
+            exe,
+            dir,
+        };
+        let mut c = Client::new(cluster.target().clients, &cluster.processes.token, 1);
+        c.deadline = Duration::from_secs(30);
+        c.append(group, b"quire-bench warm-up").map_err(|e| {
+            format!(
+                "the embedded cluster did not elect a leader: {e} (logs in {})",
+                cluster.dir.display()
+            )
+        })?;
+        Ok(cluster)
+    }
+
+    /// How to reach it.
+    pub fn target(&self) -> ClusterTarget {
+        ClusterTarget {
+            clients: self.processes.client_addrs(),
+            admin: self.processes.nodes.values().map(|n| n.admin).collect(),
+            token: self.processes.token.clone(),
+            device: super::host::device_of(&self.dir),
+            note: Some(format!(
+                "cluster: embedded, 3 daemons of {} in {}",
+                self.exe.display(),
+                self.dir.display()
+            )),
+        }
+    }
+}
+
+impl Drop for EmbeddedCluster {
+    fn drop(&mut self) {
+        self.processes.stop_all();
+        // Only the directory this run named for itself is removed.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The target of `job` when it names servers (not embedded).
+pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
+    let resolve = |list: &[String]| -> Result<Vec<SocketAddr>, String> {
+        let mut out = Vec::new();
+        for a in list {
+            let addr = a
+                .to_socket_addrs()
+                .map_err(|e| format!("address {a:?}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("address {a:?} resolves to nothing"))?;
+            out.push(addr);
+        }
+        Ok(out)
+    };
+    let token_file = job
+        .token_file
+        .as_ref()
+        .ok_or("--servers needs --token_file")?;
+    let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
+    Ok(ClusterTarget {
+        clients: resolve(&job.servers)?,
+        admin: resolve(&job.admin)?,
+        token: token.trim_ascii_end().to_vec(),
+        device: None,
+        note: None,
+    })
+}
+
+/// A point-in-time reading of every node's `/metrics`: (node index, metric
+/// with labels) -> value.
+type MetricsSnapshot = BTreeMap<(usize, String), f64>;
+
+fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.take(16 << 20)
+        .read_to_string(&mut body)
+        .map_err(|e| e.to_string())?;
+    Ok(body
+        .split_once("\r\n\r\n")
+        .map_or(body.clone(), |(_, b)| b.to_string()))
+}
+
+/// Reads every admin endpoint's metrics (nodes that do not answer are left out).
+fn metrics(admin: &[SocketAddr]) -> MetricsSnapshot {
+    let mut out = BTreeMap::new();
+    for (i, &a) in admin.iter().enumerate() {
+        let Ok(text) = http_get(a, "/metrics") else {
+            continue;
+        };
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if let Some((name, value)) = line.rsplit_once(' ') {
+                if let Ok(v) = value.parse::<f64>() {
+                    out.insert((i, name.to_string()), v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Sum over nodes of metric `name` (any labels) in `m`.
+fn sum(m: &MetricsSnapshot, name: &str) -> f64 {
+    m.iter()
+        .filter(|((_, k), _)| k == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn get(m: &MetricsSnapshot, node: usize, key: &str) -> Option<f64> {
+    m.get(&(node, key.to_string())).copied()
+}
+
+/// The cluster engine of one job clone.
+pub struct ClusterEngine {
+    ops: Option<Sender<Op>>,
+    completions: Receiver<Completion>,
+    workers: Vec<JoinHandle<()>>,
+    target: ClusterTarget,
+    group: u32,
+    before: MetricsSnapshot,
+}
+
+impl ClusterEngine {
+    /// Starts `job.iodepth` client workers against `target`.
+    pub fn open(
+        job: &JobOptions,
+        clone_index: u64,
+        target: ClusterTarget,
+    ) -> Result<ClusterEngine, String> {
+        let group = job.group;
+        let highest = Arc::new(AtomicU64::new(0));
+        let client_id = |worker: u64| {
+            (u64::from(std::process::id()) << 32) ^ (clone_index << 16) ^ worker ^ 0x5eed_0000_0000
+        };
+        if matches!(job.rw, Workload::Produce | Workload::Consume) {
+            prepare_queue(job, &target, client_id(0xfffe))?;
+        }
+        if matches!(job.rw, Workload::Read | Workload::Mixed | Workload::Tail) {
+            let mut c = Client::new(target.clients.clone(), &target.token, client_id(0xffff));
+            let records = vec![vec![0xa5u8; job.bs.max_bytes as usize]; PREFILL_RECORDS];
+            let indexes = c
+                .append_all(group, &records, 32, 1)
+                .map_err(|e| format!("prefilling group {group}: {e}"))?;
+            highest.store(indexes.last().copied().unwrap_or(0), Ordering::Relaxed);
+        }
+        let before = metrics(&target.admin);
+        let (op_tx, op_rx) = crossbeam_channel::bounded::<Op>(job.iodepth);
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let mut workers = Vec::new();
+        for w in 0..job.iodepth as u64 {
+            let (op_rx, done_tx, highest) = (op_rx.clone(), done_tx.clone(), highest.clone());
+            let mut client = Client::new(target.clients.clone(), &target.token, client_id(w));
+            let rw = job.rw;
+            let queue = job.queue.clone();
+            let mut rng = ChaCha8Rng::seed_from_u64(job.seed ^ w);
+            let handle = std::thread::Builder::new()
+                .name(format!("bench-client-{w}"))
+                .spawn(move || {
+                    let mut tail_from = highest.load(Ordering::Relaxed) + 1;
+                    for op in op_rx {
+                        let queue = queue.as_str();
+                        let result: Result<u64, String> = match (op.kind, rw) {
+                            (OpKind::Write, Workload::Produce) => client
+                                .produce(group, queue, &[vec![0xa5u8; op.bytes]])
+                                .map(|_| op.bytes as u64)
+                                .map_err(|e| error_kind(&e)),
+                            (OpKind::Read, Workload::Consume) => {
+                                consume_one(&mut client, group, queue)
+                            }
+                            (OpKind::Write, _) => client
+                                .append(group, &vec![0xa5u8; op.bytes])
+                                .map(|index| {
+                                    highest.fetch_max(index, Ordering::Relaxed);
+                                    op.bytes as u64
+                                })
+                                .map_err(|e| error_kind(&e)),
+                            (OpKind::Read, Workload::Tail) => client
+                                .tail(group, tail_from, TAIL_WAIT_MS)
+                                .map(|entries| {
+                                    tail_from += entries.len() as u64;
+                                    entries.iter().map(|e| e.data.len() as u64).sum()
+                                })
+                                .map_err(|e| error_kind(&e)),
+                            (OpKind::Read, _) => {
+                                let top = highest.load(Ordering::Relaxed).max(1);
+                                let at = rng.gen_range(1..=top);
+                                client
+                                    .read(group, at, 1)
+                                    .map(|entries| {
+                                        entries.iter().map(|e| e.data.len() as u64).sum()
+                                    })
+                                    .map_err(|e| error_kind(&e))
+                            }
+                        };
+                        let c = Completion {
+                            id: op.id,
+                            result,
+                            finished: Some(Instant::now()),
+                        };
+                        if done_tx.send(c).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| format!("starting a client thread: {e}"))?;
+            workers.push(handle);
+        }
+        Ok(ClusterEngine {
+            ops: Some(op_tx),
+            completions: done_rx,
+            workers,
+            target,
+            group,
+            before,
+        })
+    }
+}
+
+/// Messages produced before a consume job (unless `number_ios` says how
+/// many it will take), so consumers do not find the queue empty at once.
+const CONSUME_PREFILL_MESSAGES: u64 = 20_000;
+/// Messages per produce call while prefilling.
+const PREFILL_BATCH: usize = 256;
+/// How long a consumed message stays hidden before redelivery; far longer
+/// than a consume + ack takes.
+const VISIBILITY_MS: u64 = 30_000;
+
+/// Creates `job.queue` (an existing one is reused) and, for a consume job,
+/// fills it.
+fn prepare_queue(job: &JobOptions, target: &ClusterTarget, client_id: u64) -> Result<(), String> {
+    let mut c = Client::new(target.clients.clone(), &target.token, client_id);
+    match c.queue_create(job.group, &job.queue, 1000) {
+        Ok(()) => {}
+        Err(ClientError::Refused(_, why)) if why.contains("exists") => {}
+        Err(e) => return Err(format!("creating queue {:?}: {e}", job.queue)),
+    }
+    if job.rw == Workload::Consume {
+        let total = job
+            .number_ios
+            .unwrap_or(CONSUME_PREFILL_MESSAGES)
+            .min(1_000_000);
+        let message = vec![0xa5u8; job.bs.max_bytes as usize];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(PREFILL_BATCH as u64);
+            let batch = vec![message.clone(); n as usize];
+            c.produce(job.group, &job.queue, &batch)
+                .map_err(|e| format!("filling queue {:?}: {e}", job.queue))?;
+            left -= n;
+        }
+    }
+    Ok(())
+}
+
+/// One consume of a single message and its ack; an empty queue is an
+/// error of its own kind (`queue-empty`), so a run that drained the queue
+/// says so.
+fn consume_one(client: &mut Client, group: u32, queue: &str) -> Result<u64, String> {
+    let got = client
+        .consume(group, queue, 1, VISIBILITY_MS)
+        .map_err(|e| error_kind(&e))?;
+    if got.is_empty() {
+        return Err("queue-empty".into());
+    }
+    let ids: Vec<u64> = got.iter().map(|d| d.id).collect();
+    client.ack(group, queue, &ids).map_err(|e| error_kind(&e))?;
+    Ok(got.iter().map(|d| d.data.len() as u64).sum())
+}
+
+/// A short, stable label per kind of client error (errors are counted by it).
+fn error_kind(e: &ClientError) -> String {
+    match e {
+        ClientError::Unavailable(_) => "unavailable".into(),
+        ClientError::Refused(code, _) => format!("refused:{code}"),
+    }
+}
+
+impl Engine for ClusterEngine {
+    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
+        // The runner keeps at most iodepth in flight, so this never blocks.
+        self.ops
+            .as_ref()
+            .ok_or("submit after finish")?
+            .send(op)
+            .map_err(|_| "the client threads stopped".to_string())
+    }
+
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
+        match self.completions.recv_timeout(timeout) {
+            Ok(c) => done.push(c),
+            Err(RecvTimeoutError::Timeout) => return Ok(()),
+            Err(RecvTimeoutError::Disconnected) => return Err("the client threads stopped".into()),
+        }
+        done.extend(self.completions.try_iter());
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<EngineReport, String> {
+        self.ops = None;
+        for w in self.workers.drain(..) {
+            w.join().map_err(|_| "a client thread panicked")?;
+        }
+        let after = metrics(&self.target.admin);
+        let mut report = EngineReport {
+            devices: self.target.device.iter().cloned().collect(),
+            notes: self.target.note.iter().cloned().collect(),
+            ..EngineReport::default()
+        };
+        if after.is_empty() {
+            report.notes.push(
+                "cluster: no admin endpoint answered (give --admin): no replication block".into(),
+            );
+            return Ok(report);
+        }
+        let diff = |name: &str| (sum(&after, name) - sum(&self.before, name)).max(0.0) as u64;
+        let g = self.group;
+        let term_key = format!("quire_raft_term{{group=\"{g}\"}}");
+        let max_term = |m: &MetricsSnapshot| {
+            (0..self.target.admin.len())
+                .filter_map(|i| get(m, i, &term_key))
+                .fold(0.0f64, f64::max)
+        };
+        let leader = (0..self.target.admin.len())
+            .find(|&i| {
+                get(&after, i, &format!("quire_raft_is_leader{{group=\"{g}\"}}")) == Some(1.0)
+            })
+            .map(|i| i as u64 + 1);
+        report.replication = Some(ReplicationBlock {
+            nack_rounds: diff("quire_transport_nack_rounds"),
+            retransmits: None,
+            datagrams_sent: diff("quire_transport_datagrams_sent"),
+            sends_refused: diff("quire_transport_sends_refused"),
+            leader_changes: (max_term(&after) - max_term(&self.before)).max(0.0) as u64,
+            elections: diff("quire_raft_elections_started"),
+            leader,
+            bad_datagrams: diff("quire_transport_mac_failures")
+                + diff("quire_transport_malformed_dropped"),
+        });
+        for i in 0..self.target.admin.len() {
+            let key = |m: &str| format!("quire_{m}{{group=\"{g}\"}}");
+            let (Some(p50), Some(p99)) = (
+                get(&after, i, &key("wal_flush_latency_p50_us")),
+                get(&after, i, &key("wal_flush_latency_p99_us")),
+            ) else {
+                continue;
+            };
+            let flushes = get(&after, i, &key("wal_flushes")).unwrap_or(0.0)
+                - get(&self.before, i, &key("wal_flushes")).unwrap_or(0.0);
+            report.fsync.push(FsyncBlock {
+                disk: format!(
+                    "node {} group {g}{}",
+                    i + 1,
+                    self.target
+                        .device
+                        .as_ref()
+                        .map_or(String::new(), |d| format!(" ({d})"))
+                ),
+                flushes: flushes.max(0.0) as u64,
+                percentiles_ns: vec![(50.0, p50 as u64 * 1000), (99.0, p99 as u64 * 1000)],
+                mean_ns: None,
+                max_ns: None,
+                records_per_flush_p50: None,
+                bytes_per_flush: None,
+            });
+        }
+        report.notes.push(
+            "cluster: fsync percentiles are each node's since it started (admin /metrics)".into(),
+        );
+        Ok(report)
+    }
+}

@@ -1,0 +1,260 @@
+//! `ioengine=udp`: the replication transport alone, between two endpoints
+//! on 127.0.0.1 (`net::UdpDriver` around `transport::Endpoint`, default
+//! configs, as `examples/transport_bench.rs`). The job's thread drives the
+//! sender; a helper thread drives the receiver and stamps each delivery,
+//! so latency is send to in-order delivery at the receiver. Each message
+//! carries its operation id in its first 8 bytes.
+//!
+//! `loss=PCT` installs an nftables rule dropping that share of the
+//! datagrams on the two ports (root and `nft` only; otherwise the job fails
+//! and says why, rather than measuring a loss that is not there).
+
+use super::engine::{Completion, Engine, EngineReport, Op, TransportBlock};
+use super::options::JobOptions;
+use crate::net::nft::NftLoss;
+use crate::net::{PeerMap, UdpConfig, UdpDriver};
+use crate::transport::{ClusterKey, Endpoint, Event, SendError, TransportConfig};
+use crossbeam_channel::{Receiver, TryRecvError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const SENDER: u64 = 1;
+const RECEIVER: u64 = 2;
+const GROUP: u32 = 0;
+/// The longest the sender's socket wait may take before the delivery
+/// channel is checked again.
+const SENDER_TURN: Duration = Duration::from_micros(200);
+
+/// What the receiver thread hands back at the end.
+struct ReceiverEnd {
+    nack_rounds: u64,
+    skipped: u64,
+}
+
+/// The udp engine of one job clone.
+pub struct UdpEngine {
+    sender: UdpDriver,
+    /// Messages refused by a full window, to send on `Writable`.
+    blocked: VecDeque<Vec<u8>>,
+    window_stalls: u64,
+    deliveries: Receiver<(u64, Instant, u64)>,
+    stop: Arc<AtomicBool>,
+    receiver: Option<JoinHandle<ReceiverEnd>>,
+    loss: Option<NftLoss>,
+    loss_percent: u32,
+}
+
+impl UdpEngine {
+    /// Binds both endpoints for `job` and starts the receiver thread.
+    pub fn open(job: &JobOptions) -> Result<UdpEngine, String> {
+        let key = ClusterKey::derive(b"quire-bench udp");
+        let udp = UdpConfig {
+            bind_ip: "127.0.0.1".parse().expect("a literal address"),
+            base_port: 0,
+            groups: vec![GROUP],
+            gso: job.udp_offload,
+            gro: job.udp_offload,
+            ..UdpConfig::default()
+        };
+        let mut drivers = Vec::new();
+        for node in [SENDER, RECEIVER] {
+            let ep = Endpoint::new(
+                TransportConfig::default(),
+                key.clone(),
+                node,
+                node * 7919 + job.seed,
+            )
+            .map_err(|e| format!("transport endpoint: {e}"))?;
+            let (d, _report) = UdpDriver::bind(udp.clone(), ep, PeerMap::new())
+                .map_err(|e| format!("binding UDP on 127.0.0.1: {e}"))?;
+            drivers.push(d);
+        }
+        let mut receiver = drivers.pop().expect("two drivers");
+        let mut sender = drivers.pop().expect("two drivers");
+        let (a, b) = (
+            sender.local_addr(GROUP).ok_or("sender has no socket")?,
+            receiver.local_addr(GROUP).ok_or("receiver has no socket")?,
+        );
+        sender.peers_mut().set_group(RECEIVER, GROUP, b);
+        receiver.peers_mut().set_group(SENDER, GROUP, a);
+        let loss = if job.loss_percent > 0 {
+            Some(
+                NftLoss::install(&[a.port(), b.port()], job.loss_percent).map_err(|e| {
+                    format!(
+                        "loss={} needs root and nft (nftables): {e}",
+                        job.loss_percent
+                    )
+                })?,
+            )
+        } else {
+            None
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_rx = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("bench-udp-rx".into())
+            .spawn(move || {
+                let mut skipped = 0;
+                let run = |receiver: &mut UdpDriver, skipped: &mut u64| {
+                    let _ = receiver.run_once(Duration::from_millis(1));
+                    while let Some(e) = receiver.endpoint_mut().poll_event() {
+                        match e {
+                            Event::Delivered { message, .. } => {
+                                let at = Instant::now();
+                                if let Some(id) = message.get(..8) {
+                                    let id = u64::from_le_bytes(id.try_into().expect("8 bytes"));
+                                    let _ = tx.send((id, at, message.len() as u64));
+                                }
+                            }
+                            Event::Skipped {
+                                first_seq,
+                                last_seq,
+                                ..
+                            } => *skipped += last_seq - first_seq + 1,
+                            _ => {}
+                        }
+                    }
+                };
+                while !stop_rx.load(Ordering::Relaxed) {
+                    run(&mut receiver, &mut skipped);
+                }
+                // A few more turns so the sender's last frames are acknowledged.
+                let until = Instant::now() + Duration::from_millis(20);
+                while Instant::now() < until {
+                    run(&mut receiver, &mut skipped);
+                }
+                let peer = receiver.endpoint().peer_stats(SENDER).unwrap_or_default();
+                ReceiverEnd {
+                    nack_rounds: peer.nack_rounds,
+                    skipped,
+                }
+            })
+            .map_err(|e| format!("starting the receiver thread: {e}"))?;
+        Ok(UdpEngine {
+            sender,
+            blocked: VecDeque::new(),
+            window_stalls: 0,
+            deliveries: rx,
+            stop,
+            receiver: Some(handle),
+            loss,
+            loss_percent: job.loss_percent,
+        })
+    }
+
+    fn send_blocked(&mut self) -> Result<(), String> {
+        while let Some(msg) = self.blocked.front() {
+            match self.sender.endpoint_mut().send(RECEIVER, GROUP, msg) {
+                Ok(_) => {
+                    self.blocked.pop_front();
+                }
+                Err(SendError::WouldBlock) => {
+                    self.window_stalls += 1;
+                    return Ok(());
+                }
+                Err(e) => return Err(format!("send: {e}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Engine for UdpEngine {
+    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
+        let mut msg = vec![0xa5u8; op.bytes.max(8)];
+        msg[..8].copy_from_slice(&op.id.to_le_bytes());
+        self.blocked.push_back(msg);
+        self.send_blocked()
+    }
+
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
+        let until = Instant::now() + timeout;
+        loop {
+            self.send_blocked()?;
+            let wait = until
+                .saturating_duration_since(Instant::now())
+                .min(SENDER_TURN);
+            self.sender
+                .run_once(wait)
+                .map_err(|e| format!("sender socket: {e}"))?;
+            while let Some(e) = self.sender.endpoint_mut().poll_event() {
+                if let Event::Writable { .. } = e {
+                    self.send_blocked()?;
+                }
+            }
+            loop {
+                match self.deliveries.try_recv() {
+                    Ok((id, at, bytes)) => done.push(Completion {
+                        id,
+                        result: Ok(bytes),
+                        finished: Some(at),
+                    }),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        return Err("the receiver thread stopped".into())
+                    }
+                }
+            }
+            if !done.is_empty() || Instant::now() >= until {
+                return Ok(());
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<EngineReport, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        // Keep acknowledging on this side while the receiver winds down.
+        let until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < until {
+            let _ = self.sender.run_once(Duration::from_millis(1));
+            while self.sender.endpoint_mut().poll_event().is_some() {}
+        }
+        let end = self
+            .receiver
+            .take()
+            .ok_or("finish called twice")?
+            .join()
+            .map_err(|_| "the receiver thread panicked")?;
+        let ch = self
+            .sender
+            .endpoint()
+            .channel_stats(RECEIVER, GROUP)
+            .unwrap_or_default();
+        let net = self.sender.stats();
+        Ok(EngineReport {
+            transport: Some(TransportBlock {
+                datagrams_sent: net.datagrams_sent,
+                rexmit_frames: ch.rexmit_frames,
+                rexmit_bytes: ch.rexmit_bytes,
+                nacks_received: ch.nacks_received,
+                nack_rounds: end.nack_rounds,
+                window_stalls: self.window_stalls,
+                skipped: end.skipped,
+                loss_percent: self.loss_percent,
+                nft_dropped: self.loss.as_ref().and_then(|l| l.dropped()),
+            }),
+            notes: vec![format!(
+                "udp: 127.0.0.1, GSO {}",
+                if self.sender.gso().is_on() {
+                    "on"
+                } else {
+                    "off"
+                }
+            )],
+            ..EngineReport::default()
+        })
+    }
+}
+
+impl Drop for UdpEngine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.receiver.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! `ioengine=wal`: the storage path alone. Each job opens its own
+//! `storage::Wal` in `directory/quire-bench.NAME.N` and appends one entry
+//! per operation; completions come from the WAL's durable index, so with
+//! `iodepth` > 1 the appends in flight share fdatasyncs (real group commit,
+//! as a node does). As in `examples/wal_bench.rs`, the log is compacted
+//! behind the writer once per segment written, the steady state of a node
+//! that snapshots, so a long run does not fill the disk.
+
+use super::engine::{Completion, Engine, EngineReport, FsyncBlock, Op, OpKind};
+use super::host;
+use super::options::JobOptions;
+use crate::consensus::{Entry, Membership, Payload, Snapshot};
+use crate::storage::{Wal, WalConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Records written before a read workload starts, when it has nothing to read.
+const PREFILL_RECORDS: u64 = 1024;
+
+/// The wal engine of one job clone.
+pub struct WalEngine {
+    wal: Wal,
+    dir: PathBuf,
+    /// Appends not yet durable: (log index, op id, bytes), in index order.
+    pending: VecDeque<(u64, u64, u64)>,
+    next_index: u64,
+    /// Lowest index still in the log (compaction drops the ones below).
+    oldest_index: u64,
+    trimmed_at_bytes: u64,
+    segment_bytes: u64,
+    rng: ChaCha8Rng,
+    percentiles: Vec<f64>,
+    device: Option<String>,
+}
+
+impl WalEngine {
+    /// Opens a fresh log for clone `clone_index` of `job`.
+    pub fn open(job: &JobOptions, clone_index: u64) -> Result<WalEngine, String> {
+        let base = job
+            .directory
+            .as_ref()
+            .ok_or("ioengine=wal needs --directory")?;
+        std::fs::create_dir_all(base).map_err(|e| format!("{}: {e}", base.display()))?;
+        let dir = base.join(format!("quire-bench.{}.{clone_index}", sanitize(&job.name)));
+        // Only the directory this engine names for itself is cleared.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+        }
+        let cfg = WalConfig {
+            segment_bytes: job.wal_segment_bytes,
+            segments_recycled_max: 4,
+            ..WalConfig::default()
+        };
+        if job.bs.max_bytes as usize + 64 > cfg.flush_bytes_max {
+            return Err(format!(
+                "bs {} is larger than the WAL's flush_bytes_max ({})",
+                job.bs.max_bytes, cfg.flush_bytes_max
+            ));
+        }
+        let (wal, _report) =
+            Wal::open(&dir, cfg).map_err(|e| format!("opening a log in {}: {e}", dir.display()))?;
+        let mut engine = WalEngine {
+            wal,
+            device: host::device_of(base),
+            dir,
+            pending: VecDeque::new(),
+            next_index: 1,
+            oldest_index: 1,
+            trimmed_at_bytes: 0,
+            segment_bytes: job.wal_segment_bytes,
+            rng: ChaCha8Rng::seed_from_u64(job.seed),
+            percentiles: job.percentile_list.clone(),
+        };
+        if job.rw != super::options::Workload::Append {
+            engine.prefill(job.bs.max_bytes as usize)?;
+        }
+        Ok(engine)
+    }
+
+    fn prefill(&mut self, bytes: usize) -> Result<(), String> {
+        for _ in 0..PREFILL_RECORDS {
+            self.append(bytes)?;
+        }
+        self.wal.sync().map_err(|e| format!("prefilling: {e}"))
+    }
+
+    fn append(&mut self, bytes: usize) -> Result<u64, String> {
+        let index = self.next_index;
+        let e = Entry {
+            term: 1,
+            index,
+            payload: Payload::Normal(vec![0xa5; bytes]),
+        };
+        self.wal
+            .append(None, std::slice::from_ref(&e))
+            .map_err(|e| format!("append: {e}"))?;
+        self.next_index += 1;
+        Ok(index)
+    }
+
+    fn complete_durable(&mut self, done: &mut Vec<Completion>) {
+        let durable = self.wal.durable().0;
+        while self.pending.front().is_some_and(|(i, _, _)| *i <= durable) {
+            let (_, id, bytes) = self.pending.pop_front().expect("checked");
+            done.push(Completion {
+                id,
+                result: Ok(bytes),
+                finished: None,
+            });
+        }
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+impl Engine for WalEngine {
+    fn submit(&mut self, op: Op, done: &mut Vec<Completion>) -> Result<(), String> {
+        match op.kind {
+            OpKind::Write => {
+                let index = self.append(op.bytes)?;
+                self.pending.push_back((index, op.id, op.bytes as u64));
+            }
+            OpKind::Read => {
+                let durable = self.wal.durable().0;
+                if durable < self.oldest_index {
+                    done.push(Completion {
+                        id: op.id,
+                        result: Err("read: nothing durable yet".into()),
+                        finished: None,
+                    });
+                    return Ok(());
+                }
+                let index = self.rng.gen_range(self.oldest_index..=durable);
+                let result = match self.wal.read(index, index) {
+                    Ok(entries) => Ok(entries
+                        .iter()
+                        .map(|e| match &e.payload {
+                            Payload::Normal(d) => d.len() as u64,
+                            _ => 0,
+                        })
+                        .sum()),
+                    Err(e) => Err(format!("read: {e}")),
+                };
+                done.push(Completion {
+                    id: op.id,
+                    result,
+                    finished: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, _timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
+        self.wal.poll().map_err(|e| format!("wal: {e}"))?;
+        self.complete_durable(done);
+        if done.is_empty() && !self.pending.is_empty() {
+            // Blocks until a flush completes: bounded by one fdatasync, so
+            // the timeout is not honoured exactly; a flush is the unit of
+            // progress here anyway.
+            self.wal.wait().map_err(|e| format!("wal: {e}"))?;
+            self.complete_durable(done);
+        }
+        if self.wal.metrics().bytes - self.trimmed_at_bytes >= self.segment_bytes {
+            // A snapshot at the durable index frees whole segments behind it.
+            self.trimmed_at_bytes = self.wal.metrics().bytes;
+            let snap = Snapshot {
+                index: self.wal.durable().0,
+                term: 1,
+                membership: Membership::with_voters([1]),
+                data: Vec::new(),
+            };
+            self.wal
+                .compact(&snap)
+                .map_err(|e| format!("compact: {e}"))?;
+            self.oldest_index = snap.index + 1;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<EngineReport, String> {
+        self.wal.sync().map_err(|e| format!("wal: {e}"))?;
+        let m = self.wal.metrics();
+        let h = &m.flush_latency_us;
+        let disk = match &self.device {
+            Some(d) => format!("{d} ({})", self.dir.display()),
+            None => self.dir.display().to_string(),
+        };
+        let block = FsyncBlock {
+            disk,
+            flushes: m.flushes,
+            percentiles_ns: self
+                .percentiles
+                .iter()
+                .map(|&p| (p, h.value_at_percentile(p) * 1000))
+                .collect(),
+            mean_ns: Some(h.mean() * 1000.0),
+            max_ns: Some(h.max() * 1000),
+            records_per_flush_p50: Some(m.records_per_flush.value_at_quantile(0.5)),
+            bytes_per_flush: Some(m.bytes / m.flushes.max(1)),
+        };
+        let report = EngineReport {
+            fsync: vec![block],
+            notes: vec![format!(
+                "wal: {} backend, {}",
+                self.wal.backend_name(),
+                if self.wal.direct_io() {
+                    "O_DIRECT"
+                } else {
+                    "buffered"
+                }
+            )],
+            devices: self.device.iter().cloned().collect(),
+            ..EngineReport::default()
+        };
+        let _ = std::fs::remove_dir_all(&self.dir);
+        Ok(report)
+    }
+}
