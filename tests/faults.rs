@@ -408,6 +408,32 @@ fn unsafe_ack_before_fsync_is_refused_without_the_env_var() {
     assert!(err.contains("QUIRE_ALLOW_UNSAFE=1"), "{err}");
 }
 
+/// What the suite's duplicate check found on real processes: a retried
+/// append (same client id and sequence number) is proposed again, so the
+/// log holds it twice; the dedup table applies it once, and reads must
+/// return it once too, or every reader sees the record twice.
+#[test]
+fn a_retried_append_is_read_back_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = common::single_node(dir.path());
+    let slow = Duration::from_secs(10);
+    let first = node.append(0, 42, 1, b"once".to_vec(), slow).unwrap();
+    let again = node.append(0, 42, 1, b"once".to_vec(), slow).unwrap();
+    assert_eq!(
+        again, first,
+        "the retry is answered with the original index"
+    );
+    let after = node.append(0, 42, 2, b"after".to_vec(), slow).unwrap();
+    let read = node.read(0, 1, 100, slow).unwrap();
+    let data: Vec<&[u8]> = read.iter().map(|(_, _, d)| &d[..]).collect();
+    assert_eq!(
+        data.iter().filter(|d| **d == b"once").count(),
+        1,
+        "read back: {read:?}"
+    );
+    assert_eq!(read.last().map(|e| e.0), Some(after));
+}
+
 // ----- the checks shown to fire on doctored histories and logs --------
 
 fn op(client: u64, seq: u64, outcome: Outcome) -> Op {

@@ -10,7 +10,7 @@ use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
 use crate::transport::GroupId;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// A client waiting for its entry to be applied.
 pub(crate) struct Waiter {
@@ -32,6 +32,12 @@ pub(crate) struct Replica {
     pub(crate) applied_hash: u64,
     /// Client appends applied, for idempotent retries.
     dedup: DedupTable,
+    /// Indexes of client appends the dedup table did not apply (a retry
+    /// of an applied append is proposed again, so the log holds it twice):
+    /// reads skip them as they skip no-ops, so a record is read once.
+    /// Rebuilt by replay after a restart (apply is deterministic) and
+    /// pruned below the snapshot (those indexes are no longer readable).
+    not_applied: BTreeSet<Index>,
     waiters: BTreeMap<Index, Waiter>,
     /// When (node ms) the WAL last made progress, and since when writes
     /// have been pending without any.
@@ -54,6 +60,7 @@ impl Replica {
             applied: 0,
             applied_hash: 0,
             dedup: DedupTable::default(),
+            not_applied: BTreeSet::new(),
             waiters: BTreeMap::new(),
             last_fsync_ms: now_ms,
             pending_since_ms: None,
@@ -84,6 +91,7 @@ impl Replica {
         self.applied = index;
         self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
         self.dedup = table;
+        self.not_applied = self.not_applied.split_off(&(index + 1));
         true
     }
 
@@ -181,6 +189,7 @@ impl Replica {
             if rd.snapshot_wanted {
                 let data = self.state_data();
                 if let Ok(snap) = self.raft.compact(self.applied, data) {
+                    self.not_applied = self.not_applied.split_off(&(snap.index + 1));
                     if let Err(e) = self.wal.compact(&snap) {
                         self.stop(format!("{e}"));
                         return;
@@ -221,9 +230,11 @@ impl Replica {
                     Applied::New => Some(data),
                     Applied::Duplicate(at) => {
                         outcome = Ok(at);
+                        self.not_applied.insert(e.index);
                         None
                     }
                     Applied::Forgotten => {
+                        self.not_applied.insert(e.index);
                         outcome = Err(ProposeError::Unavailable(format!(
                             "client {client} sequence {seq} is older than the dedup window"
                         )));
@@ -323,7 +334,9 @@ impl Replica {
         if let Some(why) = &self.stopped {
             return Err(ProposeError::Unavailable(why.clone()));
         }
-        let commit = self.raft.commit_index();
+        // Up to what is applied, not committed: only apply knows which
+        // entries are retries to skip.
+        let commit = self.raft.commit_index().min(self.applied);
         let first = self.raft.first_index().max(1);
         if from < first {
             return Err(ProposeError::Unavailable(format!(
@@ -344,6 +357,9 @@ impl Replica {
             }
             for e in entries {
                 at = e.index + 1;
+                if self.not_applied.contains(&e.index) {
+                    continue;
+                }
                 if let Payload::Normal(p) = e.payload {
                     let data = match decode_client_entry(&p) {
                         Some((_, _, d)) => d.to_vec(),
