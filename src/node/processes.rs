@@ -167,6 +167,14 @@ impl LocalProcesses {
 
     /// Starts node `id`'s daemon (its output goes to `nodeN/quired.log`).
     pub fn start(&mut self, id: NodeId) -> Result<(), String> {
+        // A killed predecessor left its ends of the cables exclusive.
+        for (&(a, b), cable) in &self.cables {
+            if a == id {
+                cable.release(End::A);
+            } else if b == id {
+                cable.release(End::B);
+            }
+        }
         let node = self.nodes.get_mut(&id).ok_or("no such node")?;
         let log_path = node.config.with_file_name("quired.log");
         let log = std::fs::OpenOptions::new()

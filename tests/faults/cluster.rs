@@ -270,6 +270,19 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A failing run shows what the daemons said: their logs go with
+        // the temp dir.
+        if std::thread::panicking() {
+            for (id, node) in &self.procs.nodes {
+                let log = std::fs::read_to_string(node.config.with_file_name("quired.log"))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                out!("---- node {id}: the last lines of quired.log");
+                for l in &lines[lines.len().saturating_sub(25)..] {
+                    out!("{l}");
+                }
+            }
+        }
         // A stopped process ignores SIGKILL's reaping until continued.
         for id in self.paused.clone() {
             self.resume(id);
