@@ -136,6 +136,17 @@ fn all_requests() -> Vec<Request> {
         },
         Request::Leaders,
         Request::Status,
+        Request::Command {
+            group: 1,
+            client_id: 7,
+            seq: 8,
+            command: vec![1, 2, 3],
+        },
+        Request::Query {
+            group: 0,
+            wait_ms: 100,
+            query: Vec::new(),
+        },
     ]
 }
 
@@ -181,6 +192,10 @@ fn all_responses() -> Vec<Response> {
         Response::StatusJson {
             json: r#"{"node":1,"groups":[]}"#.into(),
         },
+        Response::Outcome {
+            outcome: vec![2, 0, 0, 0, 0, 0, 0, 0, 0],
+        },
+        Response::Answer { answer: Vec::new() },
     ];
     for code in ErrorCode::ALL {
         v.push(Response::Error {
@@ -239,13 +254,13 @@ fn every_response_round_trips_and_is_canonical() {
 #[test]
 fn error_codes_are_stable_and_displayed() {
     let wire: Vec<u16> = ErrorCode::ALL.iter().map(|c| c.to_u16()).collect();
-    assert_eq!(wire, (1..=11).collect::<Vec<u16>>());
+    assert_eq!(wire, (1..=13).collect::<Vec<u16>>());
     for c in ErrorCode::ALL {
         assert_eq!(ErrorCode::from_u16(c.to_u16()), Some(c));
         assert!(!c.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u16(0), None);
-    assert_eq!(ErrorCode::from_u16(12), None);
+    assert_eq!(ErrorCode::from_u16(14), None);
     assert_eq!(ErrorCode::NotLeader.to_string(), "not leader");
 }
 
@@ -293,6 +308,8 @@ fn a_pipelined_session_serves_every_request_and_counts() {
             },
             Request::Leaders => Response::LeaderMap { groups: Vec::new() },
             Request::Status => Response::StatusJson { json: "{}".into() },
+            Request::Command { .. } => Response::Outcome { outcome: vec![5] },
+            Request::Query { .. } => Response::Answer { answer: vec![] },
             Request::Hello { .. } => unreachable!(),
         };
         back.extend_from_slice(&server.respond(*id, &resp));
@@ -464,7 +481,7 @@ fn bad_length_closes() {
 
 #[test]
 fn unknown_opcode_closes_with_the_frames_id() {
-    for op in [0x00, 0x08, 0x42, OP_HELLO_OK, OP_ERROR] {
+    for op in [0x00, 0x0A, 0x42, OP_HELLO_OK, OP_ERROR] {
         let mut s = authed_server();
         let (_, err) = feed(&mut s, &raw_frame(VERSION, op, 77, &[]));
         assert_eq!(

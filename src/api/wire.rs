@@ -30,6 +30,10 @@
 //!  0x05 Tail      group u32 | from u64 | wait_ms u32  (answered with Entries)
 //!  0x06 Leaders   (empty)                    0x86 LeaderMap     list(group u32 | leader u64 | addr string)
 //!  0x07 Status    (empty)                    0x87 StatusJson    json string
+//!  0x08 Command   group u32 | client_id u64  0x88 Outcome       outcome bytes
+//!                 | seq u64 | command bytes
+//!  0x09 Query     group u32 | wait_ms u32    0x89 Answer        answer bytes
+//!                 | query bytes
 //!                                            0xFF Error         code u16 | message string
 //!                                                               | 0 u8, or 1 u8 | leader u64 | addr string
 //! ```
@@ -59,6 +63,14 @@ pub const TOKEN_BYTES_MAX: usize = 4096;
 /// Largest Hello frame: until a Hello succeeds, a server buffers no more.
 pub const HELLO_FRAME_BYTES_MAX: usize = FRAME_BYTES_MIN + 1 + 4 + TOKEN_BYTES_MAX;
 
+/// Opcode of [`Request::Command`].
+pub const OP_COMMAND: u8 = 0x08;
+/// Opcode of [`Request::Query`].
+pub const OP_QUERY: u8 = 0x09;
+/// Opcode of [`Response::Outcome`].
+pub const OP_OUTCOME: u8 = 0x88;
+/// Opcode of [`Response::Answer`].
+pub const OP_ANSWER: u8 = 0x89;
 /// Opcode of [`Request::Hello`].
 pub const OP_HELLO: u8 = 0x01;
 /// Opcode of [`Request::Append`].
@@ -114,11 +126,16 @@ pub enum ErrorCode {
     Timeout = 10,
     /// A bug or an unexpected condition on the node.
     Internal = 11,
+    /// No such ledger or queue.
+    NotFound = 12,
+    /// The ledger or queue is not in a state that allows it (closed, not
+    /// the writer, exists already, a forgotten produce sequence...).
+    Conflict = 13,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::NotLeader,
         ErrorCode::Fenced,
         ErrorCode::TooLarge,
@@ -130,6 +147,8 @@ impl ErrorCode {
         ErrorCode::UnknownGroup,
         ErrorCode::Timeout,
         ErrorCode::Internal,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
     ];
 
     /// The code's stable number on the wire.
@@ -157,6 +176,8 @@ impl fmt::Display for ErrorCode {
             ErrorCode::UnknownGroup => "unknown group",
             ErrorCode::Timeout => "timeout (outcome unknown)",
             ErrorCode::Internal => "internal error",
+            ErrorCode::NotFound => "not found",
+            ErrorCode::Conflict => "conflict",
         })
     }
 }
@@ -239,6 +260,29 @@ pub enum Request {
     Leaders,
     /// The node's status as JSON.
     Status,
+    /// A ledger or queue command (`state::Command::encode`), applied once
+    /// per (client_id, seq) unless client_id is 0.
+    Command {
+        /// Target group.
+        group: GroupId,
+        /// The client's id, for deduplication of retries (0: none).
+        client_id: u64,
+        /// Sequence number of this request for this client.
+        seq: u64,
+        /// The encoded command.
+        command: Vec<u8>,
+    },
+    /// A read-only question (`state::Query::encode`), answered by the
+    /// leader linearizably; a ledger read waits up to `wait_ms` for an
+    /// entry past the LAC (a long poll).
+    Query {
+        /// Target group.
+        group: GroupId,
+        /// Longest wait for a ledger read to find entries, in ms.
+        wait_ms: u32,
+        /// The encoded query.
+        query: Vec<u8>,
+    },
 }
 
 /// A node's answer to a request.
@@ -275,6 +319,16 @@ pub enum Response {
     StatusJson {
         /// A JSON document.
         json: String,
+    },
+    /// A command's outcome (`state::Outcome::encode`).
+    Outcome {
+        /// The encoded outcome.
+        outcome: Vec<u8>,
+    },
+    /// A query's answer (`state::Answer::encode`).
+    Answer {
+        /// The encoded answer.
+        answer: Vec<u8>,
     },
     /// The request failed.
     Error {
@@ -563,6 +617,8 @@ impl Request {
             Request::Tail { .. } => OP_TAIL,
             Request::Leaders => OP_LEADERS,
             Request::Status => OP_STATUS,
+            Request::Command { .. } => OP_COMMAND,
+            Request::Query { .. } => OP_QUERY,
         }
     }
 
@@ -590,6 +646,8 @@ impl Request {
             Request::Read { .. } => 4 + 8 + 4 + 4,
             Request::Tail { .. } => 4 + 8 + 4,
             Request::Leaders | Request::Status => 0,
+            Request::Command { command, .. } => 4 + 8 + 8 + 4 + command.len(),
+            Request::Query { query, .. } => 4 + 4 + 4 + query.len(),
         }
     }
 
@@ -646,6 +704,26 @@ impl Request {
                 out.extend_from_slice(&wait_ms.to_le_bytes());
             }
             Request::Leaders | Request::Status => {}
+            Request::Command {
+                group,
+                client_id,
+                seq,
+                command,
+            } => {
+                out.extend_from_slice(&group.to_le_bytes());
+                out.extend_from_slice(&client_id.to_le_bytes());
+                out.extend_from_slice(&seq.to_le_bytes());
+                put_bytes(out, command);
+            }
+            Request::Query {
+                group,
+                wait_ms,
+                query,
+            } => {
+                out.extend_from_slice(&group.to_le_bytes());
+                out.extend_from_slice(&wait_ms.to_le_bytes());
+                put_bytes(out, query);
+            }
         }
     }
 
@@ -700,6 +778,17 @@ impl Request {
             },
             OP_LEADERS => Request::Leaders,
             OP_STATUS => Request::Status,
+            OP_COMMAND => Request::Command {
+                group: r.u32()?,
+                client_id: r.u64()?,
+                seq: r.u64()?,
+                command: r.bytes()?.to_vec(),
+            },
+            OP_QUERY => Request::Query {
+                group: r.u32()?,
+                wait_ms: r.u32()?,
+                query: r.bytes()?.to_vec(),
+            },
             op => return Err(DecodeError::UnknownOpcode(op)),
         };
         r.finish()?;
@@ -717,6 +806,8 @@ impl Response {
             Response::Entries { .. } => OP_ENTRIES,
             Response::LeaderMap { .. } => OP_LEADER_MAP,
             Response::StatusJson { .. } => OP_STATUS_JSON,
+            Response::Outcome { .. } => OP_OUTCOME,
+            Response::Answer { .. } => OP_ANSWER,
             Response::Error { .. } => OP_ERROR,
         }
     }
@@ -733,6 +824,8 @@ impl Response {
                 | (Response::Entries { .. }, OP_READ | OP_TAIL)
                 | (Response::LeaderMap { .. }, OP_LEADERS)
                 | (Response::StatusJson { .. }, OP_STATUS)
+                | (Response::Outcome { .. }, OP_COMMAND)
+                | (Response::Answer { .. }, OP_QUERY)
         )
     }
 
@@ -767,6 +860,8 @@ impl Response {
                     .sum::<usize>()
             }
             Response::StatusJson { json } => 4 + json.len(),
+            Response::Outcome { outcome } => 4 + outcome.len(),
+            Response::Answer { answer } => 4 + answer.len(),
             Response::Error {
                 message, leader, ..
             } => 2 + 4 + message.len() + 1 + leader.as_ref().map_or(0, |(_, a)| 8 + 4 + a.len()),
@@ -799,6 +894,8 @@ impl Response {
                 }
             }
             Response::StatusJson { json } => put_bytes(out, json.as_bytes()),
+            Response::Outcome { outcome } => put_bytes(out, outcome),
+            Response::Answer { answer } => put_bytes(out, answer),
             Response::Error {
                 code,
                 message,
@@ -854,6 +951,12 @@ impl Response {
                 Response::LeaderMap { groups }
             }
             OP_STATUS_JSON => Response::StatusJson { json: r.string()? },
+            OP_OUTCOME => Response::Outcome {
+                outcome: r.bytes()?.to_vec(),
+            },
+            OP_ANSWER => Response::Answer {
+                answer: r.bytes()?.to_vec(),
+            },
             OP_ERROR => {
                 let code = ErrorCode::from_u16(r.u16()?)
                     .ok_or(DecodeError::Invalid("unknown error code"))?;

@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 
 /// An entry read back: index, term and the appended bytes.
 pub use crate::api::Entry;
+pub use crate::state::ledger::LedgerInfo;
+pub use crate::state::queue::{Delivery, QueueInfo};
+pub use state::LedgerWriter;
+
+mod state;
 
 /// Why a client call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]

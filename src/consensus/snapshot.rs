@@ -6,13 +6,28 @@
 //! is metadata only (ledger table, queue ack state), since the log segments
 //! themselves are the data.
 
-use super::{AppendResult, Body, Index, NodeId, Raft, RaftError, Snapshot};
+use super::{AppendResult, Body, Index, Membership, NodeId, Raft, RaftError, Snapshot, Term};
 
 impl Raft {
     /// The caller captured its state machine at applied index `index` in
     /// `data`: record the snapshot and forget the log up to it. Returns the
     /// snapshot, which the caller persists before trimming its log storage.
     pub fn compact(&mut self, index: Index, data: Vec<u8>) -> Result<Snapshot, RaftError> {
+        let (term, membership) = self.snapshot_meta(index)?;
+        let snapshot = Snapshot {
+            index,
+            term,
+            membership,
+            data,
+        };
+        self.compact_prepared(snapshot.clone())?;
+        Ok(snapshot)
+    }
+
+    /// The term and membership a snapshot at `index` (applied, newer than
+    /// the current snapshot) records: what a caller building the snapshot
+    /// on another thread needs before handing it to `compact_prepared`.
+    pub fn snapshot_meta(&self, index: Index) -> Result<(Term, Membership), RaftError> {
         if index > self.log.applied {
             return Err(RaftError::InvalidIndex(format!(
                 "snapshot at {index} is beyond the applied index {}",
@@ -26,21 +41,30 @@ impl Raft {
             )));
         }
         let term = self.log.term(index).expect("applied entries are held");
-        let membership = self.membership_at(index);
-        let snapshot = Snapshot {
-            index,
-            term,
-            membership: membership.clone(),
-            data,
-        };
+        Ok((term, self.membership_at(index)))
+    }
+
+    /// Compacts the log into `snapshot`, built (perhaps on another thread)
+    /// from `snapshot_meta`; refused if the log moved past it meanwhile
+    /// (a newer snapshot, or one installed from the leader).
+    pub fn compact_prepared(&mut self, snapshot: Snapshot) -> Result<(), RaftError> {
+        let (term, _) = self.snapshot_meta(snapshot.index)?;
+        if term != snapshot.term {
+            return Err(RaftError::InvalidIndex(format!(
+                "snapshot at {} has term {}, the log {term}",
+                snapshot.index, snapshot.term
+            )));
+        }
+        let index = snapshot.index;
+        let membership = snapshot.membership.clone();
         self.log.compact(index);
         // Keep the membership in force at the snapshot and every later one.
         let later = self.memberships.split_off(&(index + 1));
         self.memberships.clear();
         self.memberships.insert(index, membership);
         self.memberships.extend(later);
-        self.snapshot = Some(snapshot.clone());
-        Ok(snapshot)
+        self.snapshot = Some(snapshot);
+        Ok(())
     }
 
     /// Leader: send our latest snapshot to a follower that needs entries we

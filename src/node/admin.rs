@@ -25,6 +25,7 @@ struct GroupLabel {
 type GroupGauge = Family<GroupLabel, Gauge<u64, AtomicU64>>;
 /// A per-group log gauge and the counter it shows.
 type WalGauge = (GroupGauge, fn(&super::WalView) -> u64);
+type SnapshotGauge = (GroupGauge, fn(&super::SnapshotStats) -> u64);
 
 /// Labels of a per-follower metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -165,6 +166,40 @@ pub fn metrics_text(s: &NodeStatus) -> String {
             |w| w.disk_full_refusals,
         ),
     ];
+    let snapshot_gauges: [SnapshotGauge; 5] = [
+        (
+            gauge(&mut reg, "snapshots_taken", "Snapshots written and adopted"),
+            |s| s.taken,
+        ),
+        (
+            gauge(&mut reg, "snapshots_failed", "Snapshots that could not be written"),
+            |s| s.failed,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_bytes",
+                "Bytes of the last snapshot's state-machine data",
+            ),
+            |s| s.last_bytes,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_duration_us",
+                "Last snapshot, capture to adoption (encoding and fsync off the loop), microseconds",
+            ),
+            |s| s.last_us,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_capture_us",
+                "Time the loop spent capturing the last snapshot's view, microseconds",
+            ),
+            |s| s.last_capture_us,
+        ),
+    ];
     let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
         "raft_follower_lag_entries",
@@ -190,6 +225,9 @@ pub fn metrics_text(s: &NodeStatus) -> String {
             .set(u64::from(g.disk == "healthy"));
         for (family, value) in &wal_gauges {
             family.get_or_create(&l).set(value(&g.wal));
+        }
+        for (family, value) in &snapshot_gauges {
+            family.get_or_create(&l).set(value(&g.snapshot));
         }
         for &(peer, n) in &g.follower_lag {
             let label = LagLabel {
@@ -306,6 +344,14 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "voters": g.voters,
             "learners": g.learners,
             "backend": g.backend,
+            "snapshot": {
+                "taken": g.snapshot.taken,
+                "index": g.snapshot.last_index,
+                "bytes": g.snapshot.last_bytes,
+                "duration_us": g.snapshot.last_us,
+                "capture_us": g.snapshot.last_capture_us,
+                "failed": g.snapshot.failed,
+            },
             "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
                 "peer": p,
                 "entries": lag,

@@ -234,11 +234,35 @@ fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response
         ProposeError::DiskFull => (ErrorCode::DiskFull, None),
         ProposeError::Timeout => (ErrorCode::Timeout, None),
         ProposeError::Lost | ProposeError::Unavailable(_) => (ErrorCode::Unavailable, None),
+        ProposeError::Refused(r) => (refusal_code(*r), None),
     };
     Response::Error {
         code,
         message: e.to_string(),
         leader,
+    }
+}
+
+/// The protocol's code for a state-machine refusal.
+fn refusal_code(e: crate::state::Error) -> ErrorCode {
+    use crate::state::Error as E;
+    match e {
+        E::Fenced => ErrorCode::Fenced,
+        E::NoSuchLedger | E::NoSuchQueue => ErrorCode::NotFound,
+        E::NotWriter | E::Closed | E::LacBeyondEnd | E::QueueExists | E::Forgotten => {
+            ErrorCode::Conflict
+        }
+        E::Limit(_) => ErrorCode::TooLarge,
+        E::Invalid => ErrorCode::BadRequest,
+        E::AlreadyApplied => ErrorCode::Internal,
+    }
+}
+
+fn bad_request(message: &str) -> Response {
+    Response::Error {
+        code: ErrorCode::BadRequest,
+        message: message.into(),
+        leader: None,
     }
 }
 
@@ -404,6 +428,74 @@ fn dispatch(
             };
             answer(out, resp);
         }
+        Request::Command {
+            group,
+            client_id,
+            seq,
+            command,
+        } => {
+            let Some(command) = crate::state::Command::decode(&command) else {
+                return answer(out, bad_request("the command does not decode"));
+            };
+            let (out, addrs) = (out.clone(), Arc::clone(addrs));
+            node.state_with(
+                group,
+                client_id,
+                seq,
+                command,
+                Box::new(move |r| {
+                    let resp = match r {
+                        Ok(o) => Response::Outcome {
+                            outcome: o.encode(),
+                        },
+                        Err(e) => error_response(e, &addrs),
+                    };
+                    let _ = out.send(Out::Answer(id, resp));
+                }),
+            );
+        }
+        Request::Query {
+            group,
+            wait_ms,
+            query,
+        } => {
+            let Some(query) = crate::state::Query::decode(&query) else {
+                return answer(out, bad_request("the query does not decode"));
+            };
+            let waits = wait_ms > 0 && matches!(query, crate::state::Query::ReadLedger { .. });
+            if !waits {
+                let (out, addrs) = (out.clone(), Arc::clone(addrs));
+                node.query_with(
+                    group,
+                    query,
+                    Box::new(move |r| {
+                        let _ = out.send(Out::Answer(id, answer_response(r, &addrs)));
+                    }),
+                );
+                return;
+            }
+            // A long poll for entries past the LAC, as Tail does for the log.
+            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
+                let resp = error_response(
+                    ProposeError::Unavailable("too many long polls waiting; retry".into()),
+                    addrs,
+                );
+                return answer(out, resp);
+            };
+            let (out, addrs, node) = (out.clone(), Arc::clone(addrs), Arc::clone(node));
+            let deadline =
+                Instant::now() + Duration::from_millis(wait_ms as u64).min(TAIL_WAIT_MAX);
+            std::thread::spawn(move || loop {
+                let _held = &slot;
+                let r = node.query(group, query.clone(), Duration::from_secs(5));
+                let empty = matches!(&r, Ok(crate::state::Answer::Entries(v)) if v.is_empty());
+                if !empty || Instant::now() >= deadline {
+                    let _ = out.send(Out::Answer(id, answer_response(r, &addrs)));
+                    return;
+                }
+                std::thread::sleep(TAIL_POLL);
+            });
+        }
         Request::Hello { .. } => {} // handled by the session
     }
 }
@@ -413,8 +505,20 @@ fn request_group(req: &Request) -> Option<u32> {
         Request::Append { group, .. }
         | Request::AppendBatch { group, .. }
         | Request::Read { group, .. }
-        | Request::Tail { group, .. } => Some(*group),
+        | Request::Tail { group, .. }
+        | Request::Command { group, .. }
+        | Request::Query { group, .. } => Some(*group),
         _ => None,
+    }
+}
+
+fn answer_response(
+    r: Result<crate::state::Answer, ProposeError>,
+    addrs: &BTreeMap<NodeId, String>,
+) -> Response {
+    match r {
+        Ok(a) => Response::Answer { answer: a.encode() },
+        Err(e) => error_response(e, addrs),
     }
 }
 

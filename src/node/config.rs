@@ -55,7 +55,13 @@ pub struct NodeSpec {
     pub detector: DetectorConfig,
     /// Serial line speed.
     pub serial_baud: u32,
+    /// Take a snapshot at least this often (ms) while entries are applied;
+    /// `raft.snapshot_entries` takes one after that much log growth.
+    pub snapshot_interval_ms: u64,
 }
+
+/// Default `snapshot_interval_ms`: ten minutes.
+pub const SNAPSHOT_INTERVAL_MS: u64 = 600_000;
 
 impl NodeSpec {
     /// A node on 127.0.0.1 with default tunables, small log segments
@@ -88,6 +94,7 @@ impl NodeSpec {
             },
             detector: DetectorConfig::default(),
             serial_baud: 115_200,
+            snapshot_interval_ms: SNAPSHOT_INTERVAL_MS,
         }
     }
 

@@ -187,7 +187,8 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     check::ports(&udp, &groups, listen, &peers)?;
     let mut voters: Vec<NodeId> = peers.iter().map(|p| p.id).chain([id]).collect();
     voters.sort_unstable();
-    let (detector, raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
+    let (detector, mut raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
+    let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
     let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
     let transport = check::transport(raw.transport, peers.len())?;
     let serial_baud = check::serial(
@@ -214,6 +215,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         udp,
         detector,
         serial_baud,
+        snapshot_interval_ms,
     };
     // Everything above covers what this checks; a message from here is a
     // gap in this module, still better than a refusal at spawn.

@@ -170,6 +170,7 @@ impl EventLoop {
             let snapshot = report.restored.snapshot.clone();
             let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
             let mut r = Replica::new(g.group, raft, wal, now);
+            r.snapshot_interval_ms = spec.snapshot_interval_ms;
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
                     return Err(format!(
@@ -305,55 +306,51 @@ impl EventLoop {
     /// Serves queued commands; false once told to stop.
     fn serve_commands(&mut self) -> bool {
         while let Ok(cmd) = self.commands.try_recv() {
+            let group = match &cmd {
+                Command::Status(reply) => {
+                    let _ = reply.send(self.status());
+                    continue;
+                }
+                Command::Stop => return false,
+                Command::Propose { group, .. }
+                | Command::Append { group, .. }
+                | Command::Membership { group, .. }
+                | Command::Read { group, .. }
+                | Command::State { group, .. }
+                | Command::Query { group, .. } => *group,
+            };
+            let Some(&i) = self.by_group.get(&group) else {
+                let why = format!("group {group} is not on this core");
+                cmd.fail(super::ProposeError::Unavailable(why));
+                continue;
+            };
+            let r = &mut self.replicas[i];
             match cmd {
-                Command::Propose { group, data, reply } => match self.by_group.get(&group) {
-                    Some(&i) => self.replicas[i].propose(data, reply),
-                    None => {
-                        let why = format!("group {group} is not on this core");
-                        reply(Err(super::ProposeError::Unavailable(why)));
-                    }
-                },
+                Command::Propose { data, reply, .. } => r.propose(data, reply),
                 Command::Append {
-                    group,
                     client_id,
                     seq,
                     data,
                     reply,
-                } => match self.by_group.get(&group) {
-                    Some(&i) => self.replicas[i].propose_client(client_id, seq, &data, reply),
-                    None => {
-                        let why = format!("group {group} is not on this core");
-                        reply(Err(super::ProposeError::Unavailable(why)));
-                    }
-                },
-                Command::Membership {
-                    group,
-                    change,
-                    reply,
-                } => match self.by_group.get(&group) {
-                    Some(&i) => self.replicas[i].propose_membership(change, reply),
-                    None => {
-                        let why = format!("group {group} is not on this core");
-                        reply(Err(super::ProposeError::Unavailable(why)));
-                    }
-                },
+                    ..
+                } => r.propose_client(client_id, seq, &data, reply),
+                Command::Membership { change, reply, .. } => r.propose_membership(change, reply),
                 Command::Read {
-                    group,
                     from,
                     max_entries,
                     max_bytes,
                     reply,
-                } => match self.by_group.get(&group) {
-                    Some(&i) => reply(self.replicas[i].read(from, max_entries, max_bytes)),
-                    None => {
-                        let why = format!("group {group} is not on this core");
-                        reply(Err(super::ProposeError::Unavailable(why)));
-                    }
-                },
-                Command::Status(reply) => {
-                    let _ = reply.send(self.status());
-                }
-                Command::Stop => return false,
+                    ..
+                } => reply(r.read(from, max_entries, max_bytes)),
+                Command::State {
+                    client_id,
+                    seq,
+                    command,
+                    reply,
+                    ..
+                } => r.propose_command(client_id, seq, command, wall_clock_ms(), reply),
+                Command::Query { query, reply, .. } => r.query(query, reply),
+                Command::Status(_) | Command::Stop => unreachable!("served above"),
             }
         }
         true
@@ -705,6 +702,7 @@ impl EventLoop {
                 learners: r.raft.membership().learners.iter().copied().collect(),
                 disk: r.disk_state(),
                 backend: r.wal.backend_name(),
+                snapshot: r.snapshot_stats,
                 wal: {
                     let m = r.wal.metrics();
                     super::handle::WalView {
@@ -790,4 +788,13 @@ impl EventLoop {
                 .collect(),
         }
     }
+}
+
+/// Wall-clock ms since the Unix epoch: the leader's clock stamped on
+/// ledger and queue commands (creation times, visibility deadlines). The
+/// loop's own clock restarts with the process; these must not.
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -24,6 +24,8 @@ pub enum ProposeError {
     Unavailable(String),
     /// No answer within the caller's timeout: the outcome is unknown.
     Timeout,
+    /// The state machine refused the command (its state is unchanged).
+    Refused(crate::state::Error),
 }
 
 impl std::fmt::Display for ProposeError {
@@ -35,6 +37,7 @@ impl std::fmt::Display for ProposeError {
             ProposeError::DiskFull => write!(f, "disk full"),
             ProposeError::Unavailable(why) => write!(f, "unavailable: {why}"),
             ProposeError::Timeout => write!(f, "no answer in time; outcome unknown"),
+            ProposeError::Refused(e) => write!(f, "refused: {e}"),
         }
     }
 }
@@ -73,6 +76,8 @@ pub struct GroupView {
     pub follower_lag: Vec<(NodeId, u64)>,
     /// The log's counters.
     pub wal: WalView,
+    /// What its snapshots cost.
+    pub snapshot: super::replica::SnapshotStats,
     /// The Raft counters.
     pub stats: crate::consensus::RaftStats,
 }
@@ -187,6 +192,12 @@ pub type Reply = Box<dyn FnOnce(Result<Index, ProposeError>) + Send>;
 /// Where a read's entries go: called once, on the loop's thread.
 pub type ReadReply = Box<dyn FnOnce(Result<Vec<(Index, Term, Vec<u8>)>, ProposeError>) + Send>;
 
+/// Where a state-machine command's outcome goes: called once, on the loop.
+pub type StateReply = Box<dyn FnOnce(Result<crate::state::Outcome, ProposeError>) + Send>;
+
+/// Where a query's answer goes: called once, on the loop's thread.
+pub type QueryReply = Box<dyn FnOnce(Result<crate::state::Answer, ProposeError>) + Send>;
+
 /// A command to the loop.
 pub(crate) enum Command {
     Propose {
@@ -213,8 +224,35 @@ pub(crate) enum Command {
         max_bytes: usize,
         reply: ReadReply,
     },
+    State {
+        group: GroupId,
+        client_id: u64,
+        seq: u64,
+        command: crate::state::Command,
+        reply: StateReply,
+    },
+    Query {
+        group: GroupId,
+        query: crate::state::Query,
+        reply: QueryReply,
+    },
     Status(Sender<NodeStatus>),
     Stop,
+}
+
+impl Command {
+    /// Answers the command's caller with `why` (it could not be served).
+    pub(crate) fn fail(self, why: ProposeError) {
+        match self {
+            Command::Propose { reply, .. }
+            | Command::Append { reply, .. }
+            | Command::Membership { reply, .. } => reply(Err(why)),
+            Command::Read { reply, .. } => reply(Err(why)),
+            Command::State { reply, .. } => reply(Err(why)),
+            Command::Query { reply, .. } => reply(Err(why)),
+            Command::Status(_) | Command::Stop => {}
+        }
+    }
 }
 
 /// One core's loop.
@@ -383,20 +421,35 @@ impl NodeHandle {
 
     /// Sends the command `make` builds to the loop owning `group` and
     /// waits up to `timeout` for its answer.
-    fn call(
+    fn call<T: Send + 'static>(
         &self,
         group: GroupId,
         timeout: Duration,
-        make: impl FnOnce(Reply) -> Command,
-    ) -> Result<Index, ProposeError> {
+        make: impl FnOnce(Box<dyn FnOnce(Result<T, ProposeError>) + Send>) -> Command,
+    ) -> Result<T, ProposeError> {
         let (tx, answer) = bounded(1);
-        let reply: Reply = Box::new(move |r| {
+        let reply: Box<dyn FnOnce(Result<T, ProposeError>) + Send> = Box::new(move |r| {
             let _ = tx.send(r);
         });
         self.submit(group, make(reply))?;
         answer
             .recv_timeout(timeout)
             .unwrap_or(Err(ProposeError::Timeout))
+    }
+
+    /// Hands a command to the loop owning `group` without waiting; if it
+    /// cannot be handed over, its caller is answered here at once.
+    fn dispatch(&self, group: GroupId, cmd: Command) {
+        match self.owner.get(&group) {
+            Some(&core) => {
+                if let Err(cmd) = self.cores[core].send(cmd) {
+                    cmd.fail(ProposeError::Unavailable("node stopped".into()));
+                }
+            }
+            None => cmd.fail(ProposeError::Unavailable(format!(
+                "group {group} is not on this node"
+            ))),
+        }
     }
 
     /// Hands a command to the loop owning `group` without waiting: its
@@ -423,24 +476,81 @@ impl NodeHandle {
         data: Vec<u8>,
         reply: Reply,
     ) {
-        let owner = self.owner.get(&group).copied();
-        match owner {
-            Some(core) => {
-                let cmd = Command::Append {
-                    group,
-                    client_id,
-                    seq,
-                    data,
-                    reply,
-                };
-                if let Err(Command::Append { reply, .. }) = self.cores[core].send(cmd) {
-                    reply(Err(ProposeError::Unavailable("node stopped".into())));
-                }
-            }
-            None => reply(Err(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            )))),
-        }
+        let cmd = Command::Append {
+            group,
+            client_id,
+            seq,
+            data,
+            reply,
+        };
+        self.dispatch(group, cmd);
+    }
+
+    /// Proposes a ledger or queue command as client `client_id`'s request
+    /// `seq` (0: no deduplication), without waiting: `reply` gets the
+    /// outcome once it is applied here. A retry with the same id and seq
+    /// is applied once and answered with the first outcome.
+    pub fn state_with(
+        &self,
+        group: GroupId,
+        client_id: u64,
+        seq: u64,
+        command: crate::state::Command,
+        reply: StateReply,
+    ) {
+        let cmd = Command::State {
+            group,
+            client_id,
+            seq,
+            command,
+            reply,
+        };
+        self.dispatch(group, cmd);
+    }
+
+    /// `state_with`, waiting up to `timeout` for the outcome.
+    pub fn state(
+        &self,
+        group: GroupId,
+        client_id: u64,
+        seq: u64,
+        command: crate::state::Command,
+        timeout: Duration,
+    ) -> Result<crate::state::Outcome, ProposeError> {
+        self.call(group, timeout, |reply| Command::State {
+            group,
+            client_id,
+            seq,
+            command,
+            reply,
+        })
+    }
+
+    /// Answers a query on the leader, linearizably (a read index round),
+    /// without waiting: `reply` gets the answer.
+    pub fn query_with(&self, group: GroupId, query: crate::state::Query, reply: QueryReply) {
+        self.dispatch(
+            group,
+            Command::Query {
+                group,
+                query,
+                reply,
+            },
+        );
+    }
+
+    /// `query_with`, waiting up to `timeout` for the answer.
+    pub fn query(
+        &self,
+        group: GroupId,
+        query: crate::state::Query,
+        timeout: Duration,
+    ) -> Result<crate::state::Answer, ProposeError> {
+        self.call(group, timeout, |reply| Command::Query {
+            group,
+            query,
+            reply,
+        })
     }
 
     /// Changes `group`'s membership (one server at a time: add a learner,
@@ -470,24 +580,14 @@ impl NodeHandle {
         max_bytes: usize,
         reply: ReadReply,
     ) {
-        let owner = self.owner.get(&group).copied();
-        match owner {
-            Some(core) => {
-                let cmd = Command::Read {
-                    group,
-                    from,
-                    max_entries,
-                    max_bytes,
-                    reply,
-                };
-                if let Err(Command::Read { reply, .. }) = self.cores[core].send(cmd) {
-                    reply(Err(ProposeError::Unavailable("node stopped".into())));
-                }
-            }
-            None => reply(Err(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            )))),
-        }
+        let cmd = Command::Read {
+            group,
+            from,
+            max_entries,
+            max_bytes,
+            reply,
+        };
+        self.dispatch(group, cmd);
     }
 
     /// Committed entries of `group` from `from` on, waiting up to `timeout`.

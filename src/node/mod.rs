@@ -28,12 +28,13 @@ pub mod processes;
 mod replica;
 mod waker;
 
-pub use config::{GroupSpec, NodeSpec, PeerSpec};
+pub use config::{GroupSpec, NodeSpec, PeerSpec, SNAPSHOT_INTERVAL_MS};
 pub use handle::{
-    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, ReadReply, Reply,
-    TransportView, WalView,
+    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, QueryReply, ReadReply,
+    Reply, StateReply, TransportView, WalView,
 };
 pub use local::LocalCluster;
+pub use replica::SnapshotStats;
 
 /// A seed from the OS for what must differ at every start (session
 /// epochs, election jitter); falls back to the clock and the pid.

@@ -4,18 +4,68 @@
 //! reports everything queued before them durable, report durability back
 //! with `persisted`, apply what is committed.
 
-use super::handle::ProposeError;
-use super::handle::Reply;
+use super::handle::{ProposeError, QueryReply, Reply, StateReply};
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
+use crate::state::query::{decode_command_entry, encode_command_entry};
+use crate::state::{Command, Error as StateError, Outcome, Query, StateMachine};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
 use crate::transport::GroupId;
+use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
 
 /// A client waiting for its entry to be applied.
 pub(crate) struct Waiter {
     term: Term,
-    reply: Reply,
+    reply: WaiterReply,
+}
+
+/// What a waiter wants to hear: the index its entry was applied at, or
+/// the state machine's outcome.
+enum WaiterReply {
+    Index(Reply),
+    State(StateReply),
+}
+
+impl WaiterReply {
+    fn fail(self, why: ProposeError) {
+        match self {
+            WaiterReply::Index(r) => r(Err(why)),
+            WaiterReply::State(r) => r(Err(why)),
+        }
+    }
+}
+
+/// What applying an entry answers its waiter.
+enum Applied2 {
+    Index(Result<Index, ProposeError>),
+    State(Result<Outcome, ProposeError>),
+}
+
+/// A snapshot being encoded and written on a helper thread.
+struct SnapshotJob {
+    index: Index,
+    started: Instant,
+    done: Receiver<Result<(crate::consensus::Snapshot, usize), WalError>>,
+}
+
+/// What the snapshots of a group cost, for status and metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SnapshotStats {
+    /// Snapshots taken (written and adopted) since start.
+    pub taken: u64,
+    /// Index of the last one.
+    pub last_index: Index,
+    /// Bytes of the last one's state-machine data.
+    pub last_bytes: u64,
+    /// Time from capture to adoption of the last one, in µs (encoding
+    /// and writing run off the loop; only the capture runs on it).
+    pub last_us: u64,
+    /// Time the loop spent capturing the last one's view, in µs.
+    pub last_capture_us: u64,
+    /// Snapshots that failed to be written (the log is kept whole).
+    pub failed: u64,
 }
 
 /// One group on this node.
@@ -38,7 +88,15 @@ pub(crate) struct Replica {
     /// Rebuilt by replay after a restart (apply is deterministic) and
     /// pruned below the snapshot (those indexes are no longer readable).
     not_applied: BTreeSet<Index>,
+    /// The ledgers and queues, applied from committed command entries.
+    pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
+    /// Queries waiting for their read-index round, by request id.
+    reads_pending: BTreeMap<u64, (Query, QueryReply)>,
+    /// Queries whose round confirmed leadership, waiting for the applied
+    /// index to reach the commit index the round saw.
+    reads_confirmed: VecDeque<(Index, Query, QueryReply)>,
+    next_read_id: u64,
     /// When (node ms) the WAL last made progress, and since when writes
     /// have been pending without any.
     pub(crate) last_fsync_ms: u64,
@@ -46,6 +104,14 @@ pub(crate) struct Replica {
     last_durable_ticket: Ticket,
     /// Set once the log stopped (EIO): the group is out of service here.
     pub(crate) stopped: Option<String>,
+    /// A snapshot is wanted: the log grew by `snapshot_entries`.
+    snapshot_due: bool,
+    snapshot_job: Option<SnapshotJob>,
+    /// When (node ms) the last snapshot was started.
+    last_snapshot_ms: u64,
+    /// Take a snapshot at least this often while entries are applied.
+    pub(crate) snapshot_interval_ms: u64,
+    pub(crate) snapshot_stats: SnapshotStats,
 }
 
 impl Replica {
@@ -61,11 +127,20 @@ impl Replica {
             applied_hash: 0,
             dedup: DedupTable::default(),
             not_applied: BTreeSet::new(),
+            machine: StateMachine::new(),
             waiters: BTreeMap::new(),
+            reads_pending: BTreeMap::new(),
+            reads_confirmed: VecDeque::new(),
+            next_read_id: 1,
             last_fsync_ms: now_ms,
             pending_since_ms: None,
             last_durable_ticket: 0,
             stopped: None,
+            snapshot_due: false,
+            snapshot_job: None,
+            last_snapshot_ms: now_ms,
+            snapshot_interval_ms: u64::MAX,
+            snapshot_stats: SnapshotStats::default(),
         }
     }
 
@@ -77,7 +152,9 @@ impl Replica {
     }
 
     /// Restores the state machine from a snapshot's data: the applied
-    /// hash, then the dedup table. False if the data does not decode.
+    /// hash (u64), the dedup table, then the ledgers and queues (as the
+    /// snapshot thread in `snapshot` writes them). False if the data does
+    /// not decode.
     pub(crate) fn restore_state(&mut self, index: Index, data: &[u8]) -> bool {
         let Some(hash) = data.get(..8) else {
             return false;
@@ -85,21 +162,18 @@ impl Replica {
         let Some((table, used)) = DedupTable::decode(&data[8..]) else {
             return false;
         };
-        if 8 + used != data.len() {
+        let Ok(machine) = StateMachine::restore(&data[8 + used..]) else {
+            return false;
+        };
+        if machine.applied_index() > index {
             return false;
         }
         self.applied = index;
         self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
         self.dedup = table;
         self.not_applied = self.not_applied.split_off(&(index + 1));
+        self.machine = machine;
         true
-    }
-
-    /// The state machine as snapshot data (see `restore_state`).
-    fn state_data(&self) -> Vec<u8> {
-        let mut out = self.applied_hash.to_le_bytes().to_vec();
-        self.dedup.encode(&mut out);
-        out
     }
 
     /// Proposes a membership change; the reply comes once it is applied.
@@ -114,6 +188,7 @@ impl Replica {
         }
         match self.raft.propose_membership(change) {
             Ok((index, term)) => {
+                let reply = WaiterReply::Index(reply);
                 self.waiters.insert(index, Waiter { term, reply });
             }
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
@@ -125,12 +200,38 @@ impl Replica {
 
     /// Proposes client data; the reply comes once it is applied.
     pub(crate) fn propose(&mut self, data: Vec<u8>, reply: Reply) {
+        self.propose_entry(data, WaiterReply::Index(reply));
+    }
+
+    /// Proposes a ledger or queue command as client `client_id`'s request
+    /// `seq` (0: not deduplicated); the reply is its outcome once applied.
+    /// The leader's wall clock (`now_ms`) is stamped on the commands that
+    /// carry one: every replica then applies the same time.
+    pub(crate) fn propose_command(
+        &mut self,
+        client_id: u64,
+        seq: u64,
+        mut command: Command,
+        now_ms: u64,
+        reply: StateReply,
+    ) {
+        match &mut command {
+            Command::CreateLedger { now_ms: t, .. } | Command::Consume { now_ms: t, .. } => {
+                *t = now_ms
+            }
+            _ => {}
+        }
+        let entry = encode_command_entry(client_id, seq, &command.encode());
+        self.propose_entry(entry, WaiterReply::State(reply));
+    }
+
+    fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
         if let Some(why) = &self.stopped {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply.fail(ProposeError::Unavailable(why.clone()));
             return;
         }
         if let Err(WalError::DiskFull) = self.wal.admit() {
-            reply(Err(ProposeError::DiskFull));
+            reply.fail(ProposeError::DiskFull);
             return;
         }
         match self.raft.propose(data) {
@@ -138,10 +239,48 @@ impl Replica {
                 self.waiters.insert(index, Waiter { term, reply });
             }
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
+                reply.fail(ProposeError::NotLeader(leader));
+            }
+            Err(e) => reply.fail(ProposeError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Answers `query` linearizably: a read-index round confirms this node
+    /// still leads, then the query waits until the state has applied
+    /// everything committed when it arrived (Raft thesis §6.4).
+    pub(crate) fn query(&mut self, query: Query, reply: QueryReply) {
+        if let Some(why) = &self.stopped {
+            reply(Err(ProposeError::Unavailable(why.clone())));
+            return;
+        }
+        let id = self.next_read_id;
+        self.next_read_id += 1;
+        match self.raft.read_index(id) {
+            Ok(()) => {
+                self.reads_pending.insert(id, (query, reply));
+            }
+            Err(crate::consensus::RaftError::NotLeader { leader }) => {
                 reply(Err(ProposeError::NotLeader(leader)));
             }
-            Err(e) => {
-                reply(Err(ProposeError::Unavailable(e.to_string())));
+            Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
+        }
+    }
+
+    /// Serves the confirmed queries the applied state has caught up with,
+    /// and fails the unconfirmed ones once this node no longer leads.
+    fn serve_reads(&mut self) {
+        while self
+            .reads_confirmed
+            .front()
+            .is_some_and(|(at, _, _)| *at <= self.applied)
+        {
+            let (_, q, reply) = self.reads_confirmed.pop_front().expect("front exists");
+            reply(self.machine.query(&q).map_err(ProposeError::Refused));
+        }
+        if self.raft.role() != Role::Leader && !self.reads_pending.is_empty() {
+            let leader = self.raft.leader();
+            for (_, (_, reply)) in std::mem::take(&mut self.reads_pending) {
+                reply(Err(ProposeError::NotLeader(leader)));
             }
         }
     }
@@ -183,21 +322,106 @@ impl Replica {
             for e in rd.committed {
                 self.apply(&e);
             }
+            for rs in rd.read_states {
+                if let Some((q, reply)) = self.reads_pending.remove(&rs.request_id) {
+                    self.reads_confirmed.push_back((rs.index, q, reply));
+                }
+            }
+            self.serve_reads();
             if self.applied > self.raft.applied_index() {
                 self.raft.applied(self.applied);
             }
-            if rd.snapshot_wanted {
-                let data = self.state_data();
-                if let Ok(snap) = self.raft.compact(self.applied, data) {
-                    self.not_applied = self.not_applied.split_off(&(snap.index + 1));
-                    if let Err(e) = self.wal.compact(&snap) {
-                        self.stop(format!("{e}"));
-                        return;
+            self.snapshot_due |= rd.snapshot_wanted;
+        }
+        self.snapshot(now_ms);
+        self.pump(now_ms, out);
+    }
+
+    /// Starts a snapshot when one is due (log growth or the interval) and
+    /// adopts one that finished. The loop only captures the state: the
+    /// ledgers and queues are persistent maps, so the copy is O(1) and
+    /// shares everything with the live state (copy-on-write); encoding
+    /// and the fsynced file write run on a helper thread, so appends do
+    /// not wait for them.
+    fn snapshot(&mut self, now_ms: u64) {
+        if let Some(job) = &self.snapshot_job {
+            match job.done.try_recv() {
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.snapshot_job = None;
+                    self.snapshot_stats.failed += 1;
+                }
+                Ok(Err(e)) => {
+                    eprintln!(
+                        "group {}: snapshot at {} not written: {e}",
+                        self.group, job.index
+                    );
+                    self.snapshot_job = None;
+                    self.snapshot_stats.failed += 1;
+                }
+                Ok(Ok((snap, bytes))) => {
+                    let job = self.snapshot_job.take().expect("checked above");
+                    let (index, term) = (snap.index, snap.term);
+                    // Refused if the leader installed a newer one meanwhile.
+                    if self.raft.compact_prepared(snap).is_ok() {
+                        self.not_applied = self.not_applied.split_off(&(index + 1));
+                        if let Err(e) = self.wal.adopt_snapshot(index, term) {
+                            self.stop(format!("{e}"));
+                            return;
+                        }
+                        let s = &mut self.snapshot_stats;
+                        s.taken += 1;
+                        s.last_index = index;
+                        s.last_bytes = bytes as u64;
+                        s.last_us = job.started.elapsed().as_micros() as u64;
+                    } else {
+                        self.wal.discard_snapshot_file(index);
                     }
                 }
             }
         }
-        self.pump(now_ms, out);
+        let snapshot_index = self.raft.snapshot().map_or(0, |s| s.index);
+        let interval = now_ms.saturating_sub(self.last_snapshot_ms) >= self.snapshot_interval_ms;
+        if !(self.snapshot_due || interval) || self.applied <= snapshot_index {
+            return;
+        }
+        let Ok((term, membership)) = self.raft.snapshot_meta(self.applied) else {
+            return;
+        };
+        let started = Instant::now();
+        let (index, hash) = (self.applied, self.applied_hash);
+        let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
+        let capture_us = started.elapsed().as_micros() as u64;
+        let dir = self.wal.dir().to_path_buf();
+        let (tx, done) = bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name(format!("quire-snap-g{}", self.group))
+            .spawn(move || {
+                let mut data = hash.to_le_bytes().to_vec();
+                dedup.encode(&mut data);
+                data.extend_from_slice(&machine.snapshot());
+                let bytes = data.len();
+                let snap = crate::consensus::Snapshot {
+                    index,
+                    term,
+                    membership,
+                    data,
+                };
+                let r = crate::storage::write_snapshot_file(&dir, &snap).map(|()| (snap, bytes));
+                let _ = tx.send(r);
+            });
+        if spawned.is_err() {
+            self.snapshot_stats.failed += 1;
+            return;
+        }
+        self.snapshot_due = false;
+        self.last_snapshot_ms = now_ms;
+        self.snapshot_stats.last_capture_us = capture_us;
+        self.snapshot_job = Some(SnapshotJob {
+            index,
+            started,
+            done,
+        });
     }
 
     fn write(
@@ -223,19 +447,24 @@ impl Replica {
 
     fn apply(&mut self, e: &Entry) {
         self.applied = e.index;
-        let mut outcome = Ok(e.index);
+        let mut outcome = Applied2::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
+            if let Some((client, seq, bytes)) = decode_command_entry(payload) {
+                outcome = Applied2::State(self.apply_command(e.index, client, seq, bytes));
+            }
+        }
+        if let (Payload::Normal(payload), Applied2::Index(outcome)) = (&e.payload, &mut outcome) {
             let data = match decode_client_entry(payload) {
                 Some((client, seq, data)) => match self.dedup.apply(client, seq, e.index) {
                     Applied::New => Some(data),
                     Applied::Duplicate(at) => {
-                        outcome = Ok(at);
+                        *outcome = Ok(at);
                         self.not_applied.insert(e.index);
                         None
                     }
                     Applied::Forgotten => {
                         self.not_applied.insert(e.index);
-                        outcome = Err(ProposeError::Unavailable(format!(
+                        *outcome = Err(ProposeError::Unavailable(format!(
                             "client {client} sequence {seq} is older than the dedup window"
                         )));
                         None
@@ -254,12 +483,83 @@ impl Replica {
                 break;
             }
             let (index, w) = entry.remove_entry();
-            let result = if index == e.index && w.term == e.term {
-                outcome.clone()
-            } else {
-                Err(ProposeError::Lost)
-            };
-            (w.reply)(result);
+            if index != e.index || w.term != e.term {
+                w.reply.fail(ProposeError::Lost);
+                continue;
+            }
+            match (w.reply, &outcome) {
+                (WaiterReply::Index(r), Applied2::Index(o)) => r(o.clone()),
+                (WaiterReply::State(r), Applied2::State(o)) => r(o.clone()),
+                (r, _) => r.fail(ProposeError::Unavailable(
+                    "the entry applied is not the kind proposed".into(),
+                )),
+            }
+        }
+    }
+
+    /// Applies a ledger or queue command entry. A retry (same client and
+    /// seq) is not applied again: it is answered as the first one was, as
+    /// far as the state still tells (see `retry_outcome`).
+    fn apply_command(
+        &mut self,
+        index: Index,
+        client: u64,
+        seq: u64,
+        bytes: &[u8],
+    ) -> Result<Outcome, ProposeError> {
+        let Some(command) = Command::decode(bytes) else {
+            // The leader encoded it, so only a bug or a corrupt entry that
+            // passed its checksum gets here: every replica refuses alike.
+            return Err(ProposeError::Refused(StateError::Invalid));
+        };
+        if client != 0 {
+            match self.dedup.apply(client, seq, index) {
+                Applied::New => {}
+                Applied::Duplicate(at) => return Ok(self.retry_outcome(&command, at)),
+                Applied::Forgotten => {
+                    return Err(ProposeError::Unavailable(format!(
+                        "client {client} sequence {seq} is older than the dedup window"
+                    )))
+                }
+            }
+        }
+        self.machine
+            .apply(index, &command)
+            .map_err(ProposeError::Refused)
+    }
+
+    /// The outcome of a retried command first applied at `at`, rebuilt
+    /// from the state (no outcome is stored): an add answers the entry id
+    /// it got, a create the ledger's id; a consume answers no messages (the
+    /// first handed some out; they return after their visibility timeout).
+    fn retry_outcome(&self, command: &Command, at: Index) -> Outcome {
+        let ledgers = self.machine.ledgers();
+        match command {
+            Command::AddEntry { ledger, .. } => match ledgers.entry_added_at(*ledger, at) {
+                Some(id) => Outcome::EntryAdded(id),
+                None => Outcome::Done,
+            },
+            Command::CreateLedger { .. } => match ledgers.created_at(at) {
+                Some(id) => Outcome::LedgerCreated(id),
+                None => Outcome::Done,
+            },
+            Command::CloseLedger { ledger, .. } | Command::OpenRecover { ledger } => {
+                Outcome::Sealed(
+                    ledgers
+                        .info(*ledger)
+                        .ok()
+                        .and_then(|l| l.length.checked_sub(1)),
+                )
+            }
+            Command::SetLac { ledger, .. } => {
+                Outcome::Lac(ledgers.lac(*ledger).ok().flatten().unwrap_or(0))
+            }
+            Command::Consume { .. } => Outcome::Consumed(Vec::new()),
+            Command::Ack { .. } => Outcome::Acked(0),
+            Command::Produce { .. }
+            | Command::DeleteLedger { .. }
+            | Command::CreateQueue { .. }
+            | Command::DeleteQueue { .. } => Outcome::Done,
         }
     }
 
@@ -315,7 +615,13 @@ impl Replica {
             self.raft.step_down();
         }
         for (_, w) in std::mem::take(&mut self.waiters) {
-            (w.reply)(Err(ProposeError::Unavailable(why.clone())));
+            w.reply.fail(ProposeError::Unavailable(why.clone()));
+        }
+        for (_, (_, reply)) in std::mem::take(&mut self.reads_pending) {
+            reply(Err(ProposeError::Unavailable(why.clone())));
+        }
+        for (_, _, reply) in std::mem::take(&mut self.reads_confirmed) {
+            reply(Err(ProposeError::Unavailable(why.clone())));
         }
         self.held.clear();
         self.stopped = Some(why);
@@ -323,8 +629,8 @@ impl Replica {
 
     /// Committed entries from `from` on, at most `max_entries` and about
     /// `max_bytes` (at least one), as (index, term, data): the data of
-    /// client appends without their header; no-ops and membership changes
-    /// are skipped. Only what is committed is served.
+    /// client appends without their header; no-ops, membership changes
+    /// and ledger or queue commands are skipped. Only what is committed is served.
     pub(crate) fn read(
         &mut self,
         from: Index,
@@ -361,6 +667,9 @@ impl Replica {
                     continue;
                 }
                 if let Payload::Normal(p) = e.payload {
+                    if decode_command_entry(&p).is_some() {
+                        continue; // a ledger or queue command, not an append
+                    }
                     let data = match decode_client_entry(&p) {
                         Some((_, _, d)) => d.to_vec(),
                         None => p,

@@ -13,7 +13,7 @@
 
 use super::machine::Error;
 use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
-use std::collections::BTreeMap;
+use imbl::{OrdMap, Vector};
 
 /// Ledgers a group holds at once.
 pub const LEDGERS_MAX: usize = 65_536;
@@ -60,13 +60,39 @@ struct Ledger {
     closed: bool,
     fenced: bool,
     created_ms: u64,
+    /// The log index of the command that created it.
+    created_index: u64,
     /// Entries readers may see: the LAC plus one.
     confirmed: u64,
     bytes: u64,
-    entries: Vec<Vec<u8>>,
+    entries: Vector<StoredEntry>,
+}
+
+/// One entry and the log index it was added at (which answers a retried
+/// add with the entry id it got the first time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct StoredEntry {
+    index: u64,
+    data: Vec<u8>,
 }
 
 impl Ledger {
+    fn info(&self, id: u64) -> LedgerInfo {
+        LedgerInfo {
+            id,
+            state: if self.closed {
+                LedgerState::Closed
+            } else {
+                LedgerState::Open
+            },
+            fenced: self.fenced,
+            length: self.entries.len() as u64,
+            bytes: self.bytes,
+            lac: self.confirmed.checked_sub(1),
+            created_ms: self.created_ms,
+        }
+    }
+
     /// The last entry's id, if any (what close and recovery seal).
     fn last(&self) -> Option<u64> {
         (self.entries.len() as u64).checked_sub(1)
@@ -96,14 +122,19 @@ impl Ledger {
 /// Every ledger of a group, by id.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ledgers {
-    ledgers: BTreeMap<u64, Ledger>,
+    ledgers: OrdMap<u64, Ledger>,
     /// The next id `create` gives; ids are never reused.
     next_id: u64,
 }
 
 impl Ledgers {
     /// Creates a ledger whose writer holds `writer_token`; returns its id.
-    pub(crate) fn create(&mut self, writer_token: u64, now_ms: u64) -> Result<u64, Error> {
+    pub(crate) fn create(
+        &mut self,
+        writer_token: u64,
+        now_ms: u64,
+        index: u64,
+    ) -> Result<u64, Error> {
         if self.ledgers.len() >= LEDGERS_MAX {
             return Err(Error::Limit("ledgers"));
         }
@@ -114,16 +145,23 @@ impl Ledgers {
             closed: false,
             fenced: false,
             created_ms: now_ms,
+            created_index: index,
             confirmed: 0,
             bytes: 0,
-            entries: Vec::new(),
+            entries: Vector::new(),
         };
         self.ledgers.insert(id, ledger);
         Ok(id)
     }
 
     /// Adds an entry by the writer; returns its id (dense from 0).
-    pub(crate) fn add(&mut self, id: u64, token: u64, data: &[u8]) -> Result<u64, Error> {
+    pub(crate) fn add(
+        &mut self,
+        id: u64,
+        token: u64,
+        data: &[u8],
+        index: u64,
+    ) -> Result<u64, Error> {
         let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
         l.writable(token)?;
         if data.len() > ENTRY_BYTES_MAX {
@@ -138,7 +176,10 @@ impl Ledgers {
         let entry = l.entries.len() as u64;
         // Entries before this one are committed: they are confirmed.
         l.confirmed = l.confirmed.max(entry);
-        l.entries.push(data.to_vec());
+        l.entries.push_back(StoredEntry {
+            index,
+            data: data.to_vec(),
+        });
         l.bytes += data.len() as u64;
         Ok(entry)
     }
@@ -196,26 +237,35 @@ impl Ledgers {
         let end = to.saturating_add(1).min(l.confirmed);
         let end = end.min(from.saturating_add(READ_ENTRIES_MAX as u64));
         Ok((from..end.max(from))
-            .map(|e| (e, l.entries[e as usize].as_slice()))
+            .map(|e| (e, l.entries[e as usize].data.as_slice()))
             .collect())
+    }
+
+    /// The id of the entry added by the command at log `index`, if that
+    /// command added one to ledger `id` (answers a retried add).
+    pub fn entry_added_at(&self, id: u64, index: u64) -> Option<u64> {
+        let l = self.ledgers.get(&id)?;
+        let at = l.entries.binary_search_by_key(&index, |e| e.index).ok()?;
+        Some(at as u64)
+    }
+
+    /// The id of the ledger created by the command at log `index`.
+    pub fn created_at(&self, index: u64) -> Option<u64> {
+        self.ledgers
+            .iter()
+            .find(|(_, l)| l.created_index == index)
+            .map(|(id, _)| *id)
+    }
+
+    /// One ledger's metadata.
+    pub fn info(&self, id: u64) -> Result<LedgerInfo, Error> {
+        let l = self.ledgers.get(&id).ok_or(Error::NoSuchLedger)?;
+        Ok(l.info(id))
     }
 
     /// Every ledger's metadata, by id.
     pub fn list(&self) -> Vec<LedgerInfo> {
-        let info = |(&id, l): (&u64, &Ledger)| LedgerInfo {
-            id,
-            state: if l.closed {
-                LedgerState::Closed
-            } else {
-                LedgerState::Open
-            },
-            fenced: l.fenced,
-            length: l.entries.len() as u64,
-            bytes: l.bytes,
-            lac: l.confirmed.checked_sub(1),
-            created_ms: l.created_ms,
-        };
-        self.ledgers.iter().map(info).collect()
+        self.ledgers.iter().map(|(&id, l)| l.info(id)).collect()
     }
 
     /// Appends the ledgers' encoding (for snapshots) to `out`.
@@ -227,10 +277,12 @@ impl Ledgers {
             put_u64(out, l.writer_token);
             put_u8(out, u8::from(l.closed) | u8::from(l.fenced) << 1);
             put_u64(out, l.created_ms);
+            put_u64(out, l.created_index);
             put_u64(out, l.confirmed);
             put_u32(out, l.entries.len() as u32);
             for e in &l.entries {
-                put_bytes(out, e);
+                put_u64(out, e.index);
+                put_bytes(out, &e.data);
             }
         }
     }
@@ -239,11 +291,11 @@ impl Ledgers {
     /// built (bounds, order, a LAC past the end, a fence on an open one).
     pub(crate) fn decode(r: &mut Reader<'_>) -> Option<Ledgers> {
         let next_id = r.u64()?;
-        let n = r.count(LEDGERS_MAX, 8 + 8 + 1 + 8 + 8 + 4)?;
-        let mut ledgers = BTreeMap::new();
+        let n = r.count(LEDGERS_MAX, 8 + 8 + 1 + 8 + 8 + 8 + 4)?;
+        let mut ledgers = OrdMap::new();
         for _ in 0..n {
             let id = r.u64()?;
-            let in_order = ledgers.last_key_value().is_none_or(|(&prev, _)| prev < id);
+            let in_order = ledgers.get_max().is_none_or(|(prev, _)| *prev < id);
             if id >= next_id || !in_order {
                 return None;
             }
@@ -254,14 +306,26 @@ impl Ledgers {
                 return None;
             }
             let created_ms = r.u64()?;
+            let created_index = r.u64()?;
             let confirmed = r.u64()?;
-            let k = r.count(LEDGER_ENTRIES_MAX as usize, 4)?;
-            let mut entries = Vec::with_capacity(k);
+            let k = r.count(LEDGER_ENTRIES_MAX as usize, 8 + 4)?;
+            let mut entries = Vector::new();
             let mut bytes = 0u64;
             for _ in 0..k {
-                let e = r.bytes(ENTRY_BYTES_MAX)?;
-                bytes += e.len() as u64;
-                entries.push(e.to_vec());
+                let index = r.u64()?;
+                // Added in log order, after the ledger's creation.
+                let after = entries
+                    .back()
+                    .map_or(created_index, |e: &StoredEntry| e.index);
+                if index <= after {
+                    return None;
+                }
+                let data = r.bytes(ENTRY_BYTES_MAX)?;
+                bytes += data.len() as u64;
+                entries.push_back(StoredEntry {
+                    index,
+                    data: data.to_vec(),
+                });
             }
             let full = k as u64;
             if confirmed > full || (closed && confirmed != full) || bytes > LEDGER_BYTES_MAX {
@@ -272,6 +336,7 @@ impl Ledgers {
                 closed,
                 fenced,
                 created_ms,
+                created_index,
                 confirmed,
                 bytes,
                 entries,
@@ -285,27 +350,34 @@ impl Ledgers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fresh, increasing log index for each command.
+    fn ix() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
 
     fn one_ledger() -> (Ledgers, u64) {
         let mut ls = Ledgers::default();
-        let id = ls.create(42, 1_000).unwrap();
+        let id = ls.create(42, 1_000, ix()).unwrap();
         (ls, id)
     }
 
     #[test]
     fn ids_are_dense_and_only_the_writer_adds() {
         let mut ls = Ledgers::default();
-        assert_eq!(ls.create(1, 0), Ok(0));
-        assert_eq!(ls.create(2, 0), Ok(1));
+        assert_eq!(ls.create(1, 0, ix()), Ok(0));
+        assert_eq!(ls.create(2, 0, ix()), Ok(1));
         ls.delete(0).unwrap();
-        assert_eq!(ls.create(3, 0), Ok(2), "a deleted id is not reused");
+        assert_eq!(ls.create(3, 0, ix()), Ok(2), "a deleted id is not reused");
         for e in 0..5 {
-            assert_eq!(ls.add(1, 2, b"x"), Ok(e));
+            assert_eq!(ls.add(1, 2, b"x", ix()), Ok(e));
         }
-        assert_eq!(ls.add(1, 3, b"x"), Err(Error::NotWriter));
-        assert_eq!(ls.add(0, 1, b"x"), Err(Error::NoSuchLedger));
+        assert_eq!(ls.add(1, 3, b"x", ix()), Err(Error::NotWriter));
+        assert_eq!(ls.add(0, 1, b"x", ix()), Err(Error::NoSuchLedger));
         assert_eq!(
-            ls.add(1, 2, &vec![0; ENTRY_BYTES_MAX + 1]),
+            ls.add(1, 2, &vec![0; ENTRY_BYTES_MAX + 1], ix()),
             Err(Error::Limit("entry bytes"))
         );
         assert_eq!(ls.list()[0].length, 5, "a refused add takes no id");
@@ -315,14 +387,14 @@ mod tests {
     fn reads_stop_at_the_lac_which_never_goes_back() {
         let (mut ls, id) = one_ledger();
         assert_eq!(ls.lac(id), Ok(None));
-        ls.add(id, 42, b"a").unwrap();
+        ls.add(id, 42, b"a", ix()).unwrap();
         assert_eq!(
             ls.read(id, 0, 10).unwrap(),
             vec![],
             "entry 0 not confirmed yet"
         );
-        ls.add(id, 42, b"b").unwrap();
-        ls.add(id, 42, b"c").unwrap();
+        ls.add(id, 42, b"b", ix()).unwrap();
+        ls.add(id, 42, b"c", ix()).unwrap();
         assert_eq!(ls.lac(id), Ok(Some(1)), "adding 2 confirms 0 and 1");
         assert_eq!(
             ls.read(id, 0, 10).unwrap(),
@@ -344,10 +416,10 @@ mod tests {
     fn recovery_fences_the_writer_and_seals_the_last_entry() {
         let (mut ls, id) = one_ledger();
         for _ in 0..3 {
-            ls.add(id, 42, b"e").unwrap();
+            ls.add(id, 42, b"e", ix()).unwrap();
         }
         assert_eq!(ls.recover(id), Ok(Some(2)));
-        assert_eq!(ls.add(id, 42, b"late"), Err(Error::Fenced));
+        assert_eq!(ls.add(id, 42, b"late", ix()), Err(Error::Fenced));
         assert_eq!(ls.set_lac(id, 42, 2), Err(Error::Fenced));
         assert_eq!(ls.close(id, 42), Err(Error::Fenced));
         assert_eq!(
@@ -368,10 +440,10 @@ mod tests {
     fn close_seals_and_later_adds_fail_closed() {
         let (mut ls, id) = one_ledger();
         assert_eq!(ls.close(id, 42), Ok(None), "an empty ledger seals no entry");
-        assert_eq!(ls.add(id, 42, b"x"), Err(Error::Closed));
-        let id2 = ls.create(9, 0).unwrap();
-        ls.add(id2, 9, b"x").unwrap();
-        ls.add(id2, 9, b"yy").unwrap();
+        assert_eq!(ls.add(id, 42, b"x", ix()), Err(Error::Closed));
+        let id2 = ls.create(9, 0, ix()).unwrap();
+        ls.add(id2, 9, b"x", ix()).unwrap();
+        ls.add(id2, 9, b"yy", ix()).unwrap();
         assert_eq!(ls.close(id2, 9), Ok(Some(1)));
         assert_eq!(ls.close(id2, 9), Ok(Some(1)), "a retried close");
         assert_eq!(ls.recover(id2), Ok(Some(1)));
@@ -382,9 +454,9 @@ mod tests {
     #[test]
     fn ledgers_survive_a_snapshot_and_garbage_is_refused() {
         let (mut ls, id) = one_ledger();
-        ls.add(id, 42, b"abc").unwrap();
-        ls.add(id, 42, b"").unwrap();
-        let id2 = ls.create(5, 7).unwrap();
+        ls.add(id, 42, b"abc", ix()).unwrap();
+        ls.add(id, 42, b"", ix()).unwrap();
+        let id2 = ls.create(5, 7, ix()).unwrap();
         ls.recover(id2).unwrap();
         let mut bytes = Vec::new();
         ls.encode(&mut bytes);

@@ -17,8 +17,8 @@ use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 use crate::consensus::Index;
 use std::ops::Range;
 
-/// First bytes of a snapshot (format version 1).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM1";
+/// First bytes of a snapshot (format version 2: entries carry their index).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM2";
 
 /// A state-machine command, as proposed to the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -412,13 +412,13 @@ impl StateMachine {
         let (ls, qs) = (&mut self.ledgers, &mut self.queues);
         Ok(match cmd {
             Command::CreateLedger { writer_token, .. } => {
-                Outcome::LedgerCreated(ls.create(*writer_token, now_ms)?)
+                Outcome::LedgerCreated(ls.create(*writer_token, now_ms, index)?)
             }
             Command::AddEntry {
                 ledger,
                 writer_token,
                 data,
-            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data)?),
+            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data, index)?),
             Command::SetLac {
                 ledger,
                 writer_token,

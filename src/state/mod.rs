@@ -4,7 +4,9 @@
 pub mod dedup;
 pub mod ledger;
 pub mod machine;
+pub mod query;
 pub mod queue;
 mod wire;
 
 pub use machine::{BadSnapshot, Command, Error, Outcome, StateMachine};
+pub use query::{Answer, Query};

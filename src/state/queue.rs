@@ -14,7 +14,8 @@
 
 use super::machine::Error;
 use super::wire::{put_bytes, put_u32, put_u64, Reader};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use imbl::{OrdMap, OrdSet};
+use std::collections::VecDeque;
 use std::ops::Range;
 
 /// Queues a group holds at once.
@@ -84,7 +85,7 @@ struct Producer {
 
 /// Acked ids as disjoint, non-adjacent ranges `start -> end` (exclusive).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Ranges(BTreeMap<u64, u64>);
+struct Ranges(OrdMap<u64, u64>);
 
 impl Ranges {
     fn contains(&self, id: u64) -> bool {
@@ -114,13 +115,13 @@ struct Queue {
     max_deliveries: u32,
     next_id: u64,
     /// Messages neither acked nor dead-lettered.
-    live: BTreeMap<u64, Message>,
+    live: OrdMap<u64, Message>,
     /// (visible_at_ms, id) of every live message: the delivery order.
     /// Derived from `live`, so not in snapshots.
-    order: BTreeSet<(u64, u64)>,
-    dead: BTreeMap<u64, Message>,
+    order: OrdSet<(u64, u64)>,
+    dead: OrdMap<u64, Message>,
     acked: Ranges,
-    producers: BTreeMap<u64, Producer>,
+    producers: OrdMap<u64, Producer>,
 }
 
 impl Queue {
@@ -128,11 +129,11 @@ impl Queue {
         Queue {
             max_deliveries,
             next_id: 0,
-            live: BTreeMap::new(),
-            order: BTreeSet::new(),
-            dead: BTreeMap::new(),
+            live: OrdMap::new(),
+            order: OrdSet::new(),
+            dead: OrdMap::new(),
             acked: Ranges::default(),
-            producers: BTreeMap::new(),
+            producers: OrdMap::new(),
         }
     }
 }
@@ -140,7 +141,7 @@ impl Queue {
 /// Every queue of a group, by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Queues {
-    queues: BTreeMap<String, Queue>,
+    queues: OrdMap<String, Queue>,
 }
 
 /// Checks a queue name: UTF-8 is checked by the type, the length here.
@@ -253,7 +254,7 @@ impl Queues {
         let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
         let mut out = Vec::new();
         while out.len() < max as usize {
-            let Some(&(at, id)) = q.order.first() else {
+            let Some(&(at, id)) = q.order.get_min() else {
                 break;
             };
             if at > now_ms {
@@ -340,7 +341,7 @@ impl Queues {
 
     /// Appends the queues' encoding (for snapshots) to `out`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        let messages = |out: &mut Vec<u8>, ms: &BTreeMap<u64, Message>| {
+        let messages = |out: &mut Vec<u8>, ms: &OrdMap<u64, Message>| {
             put_u32(out, ms.len() as u32);
             for (&id, m) in ms {
                 put_u64(out, id);
@@ -379,7 +380,7 @@ impl Queues {
     /// built (bounds, order, an id both acked and unacked, ...).
     pub(crate) fn decode(r: &mut Reader<'_>) -> Option<Queues> {
         let n = r.count(QUEUES_MAX, 4 + 4 + 8 + 4 * 4)?;
-        let mut queues = BTreeMap::new();
+        let mut queues = OrdMap::new();
         for _ in 0..n {
             let name = std::str::from_utf8(r.bytes(QUEUE_NAME_BYTES_MAX)?).ok()?;
             let in_order = queues
@@ -398,15 +399,15 @@ impl Queues {
 }
 
 /// Decodes messages with ascending ids below `next_id`.
-fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<BTreeMap<u64, Message>> {
+fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<OrdMap<u64, Message>> {
     let n = r.count(QUEUE_MESSAGES_MAX, 8 + 4 + 8 + 4)?;
-    let mut ms = BTreeMap::new();
+    let mut ms = OrdMap::new();
     for _ in 0..n {
         let id = r.u64()?;
         let deliveries = r.u32()?;
         let visible_at_ms = r.u64()?;
         let data = r.bytes(MESSAGE_BYTES_MAX)?.to_vec();
-        let in_order = ms.last_key_value().is_none_or(|(&prev, _)| prev < id);
+        let in_order = ms.get_max().is_none_or(|(prev, _)| *prev < id);
         if !in_order || id >= q.next_id || deliveries > q.max_deliveries {
             return None;
         }
@@ -458,10 +459,7 @@ fn decode_queue(r: &mut Reader<'_>) -> Option<Queue> {
     for _ in 0..k {
         let id = r.u64()?;
         let last_index = r.u64()?;
-        let in_order = q
-            .producers
-            .last_key_value()
-            .is_none_or(|(&prev, _)| prev < id);
+        let in_order = q.producers.get_max().is_none_or(|(prev, _)| *prev < id);
         let j = r.count(PRODUCE_WINDOW, 24)?;
         if !in_order {
             return None;

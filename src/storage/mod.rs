@@ -10,4 +10,6 @@ pub mod recovery;
 pub mod superblock;
 pub mod wal;
 
-pub use wal::{DiskState, OpenReport, Ticket, Wal, WalConfig, WalError, WalMetrics};
+pub use wal::{
+    write_snapshot_file, DiskState, OpenReport, Ticket, Wal, WalConfig, WalError, WalMetrics,
+};

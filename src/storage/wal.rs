@@ -305,6 +305,30 @@ fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
     dir.join(format!("snapshot-{index:020}.bin"))
 }
 
+/// Writes `snap` as log `dir`'s snapshot file, durably (a temporary file,
+/// fsync, rename, directory fsync). Blocking and self-contained, so a
+/// replica runs it on a helper thread; `Wal::adopt_snapshot` then makes it
+/// the log's snapshot.
+pub fn write_snapshot_file(dir: &Path, snap: &Snapshot) -> Result<(), WalError> {
+    let path = snapshot_path(dir, snap.index);
+    let tmp = path.with_extension("tmp");
+    let write = || -> io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&encode_snapshot(snap))?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        sync_dir(dir)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        if is_enospc(&e) {
+            WalError::DiskFull
+        } else {
+            WalError::Io("writing a snapshot".into(), e)
+        }
+    })
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -1147,29 +1171,43 @@ impl Wal {
     }
 
     fn store_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
-        let path = snapshot_path(&self.dir, snap.index);
-        let tmp = path.with_extension("tmp");
-        let write = || -> io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&encode_snapshot(snap))?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            sync_dir(&self.dir)
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            if is_enospc(&e) {
-                WalError::DiskFull
-            } else {
-                WalError::Io("writing a snapshot".into(), e)
-            }
-        })?;
+        write_snapshot_file(&self.dir, snap)?;
+        self.record_snapshot(snap.index, snap.term)
+    }
+
+    /// Makes the snapshot file `write_snapshot_file` wrote (on another
+    /// thread) the log's snapshot, and trims the segments below it.
+    pub fn adopt_snapshot(&mut self, index: Index, term: Term) -> Result<(), WalError> {
+        if index <= self.snapshot_index {
+            self.discard_snapshot_file(index);
+            return Ok(());
+        }
+        self.sync()?;
+        self.record_snapshot(index, term)?;
+        self.trim_segments(index)
+    }
+
+    /// Removes a snapshot file written but not adopted (the log moved
+    /// past it), unless it is the log's snapshot.
+    pub fn discard_snapshot_file(&mut self, index: Index) {
+        if index != self.snapshot_index {
+            let _ = fs::remove_file(snapshot_path(&self.dir, index));
+        }
+    }
+
+    /// Where snapshots of this log are written (`write_snapshot_file`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn record_snapshot(&mut self, index: Index, term: Term) -> Result<(), WalError> {
+        let snap_index = index;
         let old = self.snapshot_index;
-        self.sb.snapshot_index = snap.index;
-        self.sb.snapshot_term = snap.term;
-        self.snapshot_index = snap.index;
+        self.sb.snapshot_index = snap_index;
+        self.sb.snapshot_term = term;
+        self.snapshot_index = snap_index;
         self.write_superblock_now()?;
-        if old > 0 && old != snap.index {
+        if old > 0 && old != snap_index {
             let _ = fs::remove_file(snapshot_path(&self.dir, old));
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! first fault, naming its key.
 
 use super::raw::{
-    RawDisk, RawNode, RawPeer, RawSerial, RawStorage, RawTimers, RawTransport, RawUdp,
+    RawDisk, RawNode, RawPeer, RawSerial, RawSnapshot, RawStorage, RawTimers, RawTransport, RawUdp,
 };
 use super::{
     bad, Bad, ADMIN_LISTEN_DEFAULT, CLIENT_LISTEN_DEFAULT, CLUSTER_KEY_BYTES_MIN,
@@ -347,6 +347,22 @@ pub(super) fn timers(
         ));
     }
     Ok((detector, raft))
+}
+
+/// `[snapshot]`: when to take one (`entries` of log growth, and at least
+/// every `interval_ms`); returns the interval.
+pub(super) fn snapshot(raw: RawSnapshot, raft: &mut RaftConfig) -> Result<u64, Bad> {
+    if let Some(n) = raw.entries {
+        if n == 0 {
+            return Err(bad("snapshot.entries", "must be at least 1"));
+        }
+        raft.snapshot_entries = n;
+    }
+    match raw.interval_ms {
+        Some(0) => Err(bad("snapshot.interval_ms", "must be at least 1")),
+        Some(ms) => Ok(ms),
+        None => Ok(crate::node::config::SNAPSHOT_INTERVAL_MS),
+    }
 }
 
 /// `[storage]`: the WAL's rules, caught before any disk is touched.

@@ -26,6 +26,15 @@ pub(super) struct RawFile {
     pub(super) transport: RawTransport,
     #[serde(default)]
     pub(super) serial: RawSerial,
+    #[serde(default)]
+    pub(super) snapshot: RawSnapshot,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSnapshot {
+    pub(super) interval_ms: Option<u64>,
+    pub(super) entries: Option<u64>,
 }
 
 #[derive(Deserialize)]

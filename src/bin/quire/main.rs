@@ -8,7 +8,12 @@
 //!   link table;
 //! - `quire append|read|tail --addr .. --token-file F --group G ...`: the
 //!   raw group log;
+//! - `quire ledger create|append|close|open|read|tail|delete|list` and
+//!   `quire queue create|produce|consume|ack|list|dead|delete`: ledgers
+//!   and queues (state.rs), with `--json`;
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
+
+mod state;
 
 use clap::{Parser, Subcommand};
 use quire::client::Client;
@@ -117,6 +122,16 @@ enum Cmd {
         /// The node to change.
         #[arg(long)]
         node: u64,
+    },
+    /// Ledgers: a single writer, dense entry ids, LAC, close, fencing.
+    Ledger {
+        #[command(subcommand)]
+        what: state::LedgerCmd,
+    },
+    /// Queues: produce, consume with a visibility timeout, replicated acks.
+    Queue {
+        #[command(subcommand)]
+        what: state::QueueCmd,
     },
     /// Run the daemon (as `quired` does).
     Daemon {
@@ -254,6 +269,8 @@ fn main() -> ExitCode {
             demo_only,
         } => up(nodes, groups, dir, demo_only),
         Cmd::Status { target } => status(&target),
+        Cmd::Ledger { what } => state::ledger(what),
+        Cmd::Queue { what } => state::queue(what),
         Cmd::Member {
             admin,
             group,
