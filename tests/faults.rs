@@ -42,6 +42,8 @@ mod cluster;
 mod history;
 #[path = "faults/nemesis.rs"]
 mod nemesis;
+#[path = "faults/state.rs"]
+mod state;
 #[path = "faults/stats.rs"]
 mod stats;
 
@@ -49,6 +51,7 @@ use cluster::Cluster;
 use common::LoopFs;
 use history::{History, Op, Outcome, Workload};
 use quire::consensus::NodeId;
+use state::StateWorkload;
 use stats::Measurements;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -58,6 +61,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// How long each fault of the default schedule holds.
 const HOLD: Duration = Duration::from_secs(2);
+
+/// How often the ledger fencer opens the writer's ledger with recovery.
+const FENCE_EVERY: Duration = Duration::from_secs(3);
 
 /// Failover trials in the default run (the issue asks for at least 20).
 const FAILOVER_TRIALS: usize = 20;
@@ -119,6 +125,7 @@ fn default_schedule(n: u64) {
         Duration::from_secs(3),
         Duration::from_millis(5),
     );
+    let ledgers_and_queue = StateWorkload::start(&c, Duration::from_secs(3), FENCE_EVERY);
 
     let l = nemesis::leader(&c);
     nemesis::kill(&mut c, &mut m, l, HOLD);
@@ -208,8 +215,10 @@ fn default_schedule(n: u64) {
     }
 
     w.stop();
+    let (ledgers, queue) = ledgers_and_queue.finish(&c);
     m.print(&title);
     check_everything(&c, &h);
+    check::assert_state(&ledgers, &queue);
     out!("{title}: done in {:.1?}", started.elapsed());
 }
 
@@ -528,6 +537,71 @@ fn order_check_catches_a_client_confirmed_out_of_order() {
     let mut ops = sample_ops();
     ops[3].outcome = Outcome::Ok(2);
     assert!(!check::client_order(&ops).is_empty());
+}
+
+fn doctored_ledger() -> state::LedgerRun {
+    let t0 = Instant::now();
+    let adds: Vec<state::Add> = (0..4)
+        .map(|k| state::Add {
+            k,
+            data: format!("l9-e{k}").into_bytes(),
+            sent: t0 + Duration::from_millis(k),
+            outcome: Ok(k),
+        })
+        .collect();
+    state::LedgerRun {
+        id: 9,
+        read_back: adds.iter().map(|a| (a.k, a.data.clone())).collect(),
+        adds,
+        fenced: Some((t0 + Duration::from_millis(10), 4)),
+    }
+}
+
+#[test]
+fn fencing_check_catches_an_add_confirmed_after_the_fence() {
+    assert!(check::ledger_fencing(&[doctored_ledger()]).is_empty());
+    let mut l = doctored_ledger();
+    let fenced_at = l.fenced.unwrap().0;
+    l.adds.push(state::Add {
+        k: 4,
+        data: b"l9-e4".to_vec(),
+        sent: fenced_at + Duration::from_millis(1),
+        outcome: Ok(4),
+    });
+    let v = check::ledger_fencing(&[l]);
+    assert!(
+        v.iter().any(|x| x.contains("sent after the fence")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter().any(|x| x.contains("beyond the sealed length")),
+        "{v:?}"
+    );
+    // A confirmed entry missing from the sealed ledger.
+    let mut l = doctored_ledger();
+    l.read_back.truncate(3);
+    l.fenced = Some((l.fenced.unwrap().0, 3));
+    assert!(!check::ledger_fencing(&[l]).is_empty());
+}
+
+#[test]
+fn redelivery_check_catches_an_acked_message_delivered_again() {
+    let t0 = Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let mut q = state::QueueRun {
+        produced: vec![(1, b"m1".to_vec()), (2, b"m2".to_vec())],
+        delivered: vec![(1, ms(1)), (2, ms(1))],
+        acked: vec![(vec![1, 2], ms(2))],
+    };
+    assert!(check::queue_redelivery(&q).is_empty());
+    q.delivered.push((2, ms(3)));
+    let v = check::queue_redelivery(&q);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("message 2 delivered again"), "{v:?}");
+    // A confirmed produce never delivered.
+    q.delivered.pop();
+    q.produced.push((3, b"m3".to_vec()));
+    assert!(!check::queue_redelivery(&q).is_empty());
 }
 
 /// Random faults for `QUIRE_FAULTS_LONG_SECS` seconds (default 600) on 3

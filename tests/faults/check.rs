@@ -3,14 +3,15 @@
 //! log in a test of its own and shown to fire. Each returns the violations
 //! it found, one line each (empty: the property holds).
 //!
-//! Adding a check (ledger fencing, queue redelivery, once the client has
-//! ledgers and queues): record the ledger/queue operations in the history
-//! (`history::Outcome` per op), write the check here as a function of the
-//! history and what is read back, add it to `all`, and give it a planted-
-//! fault test in tests/faults.rs next to the others.
+//! The ledger and queue checks (`ledger_fencing`, `queue_redelivery`)
+//! judge the records of `state::StateWorkload`. Adding a check: record
+//! what it needs, write it here as a function of the records and what is
+//! read back, call it from the schedule, and give it a test in
+//! tests/faults.rs that feeds it a doctored record and shows it fires.
 
 use super::cluster::LogEntry;
 use super::history::{Op, Outcome};
+use super::state::{LedgerRun, QueueRun};
 use quire::consensus::NodeId;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -210,4 +211,131 @@ fn show(v: &[u8]) -> String {
     } else {
         format!("{s:?}")
     }
+}
+
+/// Ledger fencing holds: once an open with recovery returned, no add sent
+/// after it is confirmed; every confirmed add lies within the sealed
+/// length and reads back with its data at its entry id; the sealed ledger
+/// holds nothing its writer did not add, and nothing twice.
+pub fn ledger_fencing(ledgers: &[LedgerRun]) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in ledgers {
+        let Some((fenced_at, len)) = l.fenced else {
+            out.push(format!("ledger {}: never fenced", l.id));
+            continue;
+        };
+        let read: BTreeMap<u64, &[u8]> = l.read_back.iter().map(|(i, d)| (*i, &d[..])).collect();
+        for a in &l.adds {
+            let Ok(id) = a.outcome else { continue };
+            if a.sent > fenced_at {
+                out.push(format!(
+                    "ledger {}: add {} sent after the fence was confirmed as entry {id}",
+                    l.id, a.k
+                ));
+            }
+            if id >= len {
+                out.push(format!(
+                    "ledger {}: add {} confirmed as entry {id}, beyond the sealed length {len}",
+                    l.id, a.k
+                ));
+            } else if read.get(&id) != Some(&&a.data[..]) {
+                out.push(format!(
+                    "ledger {}: confirmed entry {id} ({}) reads back as {:?}",
+                    l.id,
+                    show(&a.data),
+                    read.get(&id).map(|d| show(d))
+                ));
+            }
+        }
+        let written: BTreeSet<&[u8]> = l.adds.iter().map(|a| &a.data[..]).collect();
+        let mut seen = BTreeSet::new();
+        for (i, (id, data)) in l.read_back.iter().enumerate() {
+            if *id != i as u64 {
+                out.push(format!("ledger {}: entry ids not dense at {id}", l.id));
+            }
+            if !written.contains(&data[..]) {
+                out.push(format!(
+                    "ledger {}: entry {id} holds {}, never added",
+                    l.id,
+                    show(data)
+                ));
+            }
+            if !seen.insert(&data[..]) {
+                out.push(format!("ledger {}: {} sealed twice", l.id, show(data)));
+            }
+        }
+    }
+    out
+}
+
+/// No acked queue message is redelivered: no delivery of an id comes from
+/// a pull sent after an ack of that id was confirmed. And no confirmed
+/// produce is lost: after draining, every one was delivered.
+pub fn queue_redelivery(q: &QueueRun) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut acked_at: BTreeMap<u64, std::time::Instant> = BTreeMap::new();
+    for (ids, at) in &q.acked {
+        for &id in ids {
+            let t = acked_at.entry(id).or_insert(*at);
+            *t = (*t).min(*at);
+        }
+    }
+    for &(id, sent) in &q.delivered {
+        if acked_at.get(&id).is_some_and(|&a| sent > a) {
+            out.push(format!(
+                "message {id} delivered again after its ack was confirmed"
+            ));
+        }
+    }
+    let delivered: BTreeSet<u64> = q.delivered.iter().map(|d| d.0).collect();
+    let lost: Vec<u64> = q
+        .produced
+        .iter()
+        .map(|p| p.0)
+        .filter(|id| !delivered.contains(id))
+        .collect();
+    if !lost.is_empty() {
+        out.push(format!(
+            "{} confirmed messages never delivered, e.g. {:?}",
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        ));
+    }
+    out
+}
+
+/// Runs the ledger and queue checks, prints their verdicts, panics on a
+/// violation.
+pub fn assert_state(ledgers: &[LedgerRun], q: &QueueRun) {
+    let adds: usize = ledgers.iter().map(|l| l.adds.len()).sum();
+    let confirmed: usize = ledgers
+        .iter()
+        .map(|l| l.adds.iter().filter(|a| a.outcome.is_ok()).count())
+        .sum();
+    out!(
+        "ledgers: {} fenced, {adds} adds, {confirmed} confirmed; queue: {} produced, {} deliveries, {} acks",
+        ledgers.len(),
+        q.produced.len(),
+        q.delivered.len(),
+        q.acked.len()
+    );
+    let mut failed = Vec::new();
+    for (name, v) in [
+        ("ledger fencing holds", ledger_fencing(ledgers)),
+        (
+            "no acked queue message redelivered, none lost",
+            queue_redelivery(q),
+        ),
+    ] {
+        if v.is_empty() {
+            out!("check: {name}: ok");
+        } else {
+            out!("check: {name}: {} VIOLATIONS", v.len());
+            for line in v.iter().take(10) {
+                out!("  {line}");
+            }
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "checks failed: {failed:?}");
 }

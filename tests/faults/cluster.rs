@@ -42,6 +42,19 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("a temp dir");
         let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
         let mut procs = LocalProcesses::prepare(dir.path(), n, 1, &exe).expect("cluster prepared");
+        for node in procs.nodes.values() {
+            // No snapshots: the checks read every node's log from index 1,
+            // which compaction would cut (a long run passes 100k entries).
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&node.config)
+                .expect("the node config");
+            writeln!(
+                f,
+                "\n[snapshot]\nentries = 1000000000\ninterval_ms = 86400000"
+            )
+            .expect("write the node config");
+        }
         setup(&mut procs);
         procs.start_all().expect("daemons start");
         Cluster {
