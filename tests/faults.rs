@@ -443,6 +443,27 @@ fn a_retried_append_is_read_back_once() {
     assert_eq!(read.last().map(|e| e.0), Some(after));
 }
 
+/// The duplicate check on real processes: a client that retries with a
+/// new sequence number (planted here: the same value sent by two client
+/// ids, which the dedup table cannot recognise) gets its append applied
+/// twice, and the check reads it back twice from every node's log.
+#[test]
+fn duplicate_check_fires_on_a_retry_with_a_new_sequence_number() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(3, |_| {});
+    c.wait_healthy("start");
+    let h = History::new();
+    let same = history::value(1, 1, 0);
+    for client in [1, 2] {
+        let mut cl = c.client(client, Duration::from_secs(10));
+        let o = h.append(&mut cl, client, 1, same.clone());
+        assert!(matches!(o, Outcome::Ok(_)), "{o:?}");
+    }
+    let logs = c.read_all_logs(h.max_confirmed_index());
+    let v = check::duplicates(&logs);
+    assert_eq!(v.len(), 3, "one per node: {v:?}");
+}
+
 // ----- the checks shown to fire on doctored histories and logs --------
 
 fn op(client: u64, seq: u64, outcome: Outcome) -> Op {
