@@ -82,10 +82,10 @@ fn check_everything(c: &Cluster, h: &History) {
     check::assert_all(&h.ops(), &logs);
 }
 
-/// A 64 MiB loop-mounted filesystem for one node's log, so that its disk
-/// can be filled; None (and why) when not root.
-fn small_fs() -> Option<LoopFs> {
-    match LoopFs::new(64) {
+/// A loop-mounted filesystem of `mib` MiB for one node's log, so that its
+/// disk can be filled; None (and why) when not root.
+fn small_fs(mib: u64) -> Option<LoopFs> {
+    match LoopFs::new(mib) {
         Ok(fs) => Some(fs),
         Err(why) => {
             out!("skipping the disk-full fault: {why}");
@@ -106,12 +106,18 @@ fn skipped(what: &str, r: Result<(), String>) {
 fn default_schedule(n: u64) {
     let title = format!("default schedule, {n} nodes");
     let started = Instant::now();
-    let fs = small_fs();
-    // Node 1 keeps its log on the small filesystem (1 MiB segments, so a
-    // few large appends fill what is left after the ballast).
+    // Every node keeps its log on a small filesystem of its own (1 MiB
+    // segments, so a few large appends fill what is left after the
+    // ballast), so that the disk-full fault can hit whichever node leads.
+    let fss: Vec<LoopFs> = (0..n).map_while(|_| small_fs(64)).collect();
+    let fss = if fss.len() == n as usize {
+        fss
+    } else {
+        Vec::new()
+    };
     let mut c = Cluster::start(n, |p| {
-        if let Some(fs) = &fs {
-            Cluster::set_log_dir(p, 1, fs.path(), 1 << 20);
+        for (i, fs) in fss.iter().enumerate() {
+            Cluster::set_log_dir(p, i as NodeId + 1, fs.path(), 1 << 20);
         }
     });
     c.wait_healthy("start");
@@ -210,8 +216,9 @@ fn default_schedule(n: u64) {
     let f = nemesis::follower(&c, l);
     nemesis::unplug(&mut c, &mut m, l, f, HOLD);
 
-    if let Some(fs) = &fs {
-        nemesis::disk_full(&mut c, &mut m, &h, 1, fs.path(), HOLD);
+    if !fss.is_empty() {
+        let l = nemesis::leader(&c);
+        nemesis::disk_full(&mut c, &mut m, &h, l, fss[l as usize - 1].path(), HOLD);
     }
 
     w.stop();
@@ -652,10 +659,16 @@ fn long() {
         rng ^= rng << 17;
         rng % below
     };
-    let fs = small_fs();
+    // Room for every entry of a long run (each node's log holds them all).
+    let fss: Vec<LoopFs> = (0..n).map_while(|_| small_fs(64 + secs)).collect();
+    let fss = if fss.len() == n as usize {
+        fss
+    } else {
+        Vec::new()
+    };
     let mut c = Cluster::start(n, |p| {
-        if let Some(fs) = &fs {
-            Cluster::set_log_dir(p, 1, fs.path(), 1 << 20);
+        for (i, fs) in fss.iter().enumerate() {
+            Cluster::set_log_dir(p, i as NodeId + 1, fs.path(), 1 << 20);
         }
     });
     c.wait_healthy("start");
@@ -669,6 +682,7 @@ fn long() {
         Duration::from_secs(3),
         Duration::from_millis(5),
     );
+    let ledgers_and_queue = StateWorkload::start(&c, Duration::from_secs(3), FENCE_EVERY);
     let until = Instant::now() + Duration::from_secs(secs);
     let mut faults = 0;
     while Instant::now() < until {
@@ -707,15 +721,17 @@ fn long() {
                 nemesis::loss(&mut c, &mut m, &h, 1 + next(30) as u32, hold),
             ),
             5 => nemesis::unplug(&mut c, &mut m, a, b, hold),
-            _ => match &fs {
-                Some(fs) => nemesis::disk_full(&mut c, &mut m, &h, 1, fs.path(), hold),
-                None => nemesis::kill(&mut c, &mut m, l, hold),
-            },
+            _ if !fss.is_empty() => {
+                nemesis::disk_full(&mut c, &mut m, &h, a, fss[a as usize - 1].path(), hold)
+            }
+            _ => nemesis::kill(&mut c, &mut m, l, hold),
         }
     }
     w.stop();
+    let (ledgers, queue) = ledgers_and_queue.finish(&c);
     m.print(&format!(
         "long run, {n} nodes, {faults} faults, seed {seed}"
     ));
     check_everything(&c, &h);
+    check::assert_state(&ledgers, &queue);
 }

@@ -168,7 +168,7 @@ impl Cluster {
     /// Waits until `healthy` and an append confirms; returns how long it
     /// took. Panics past `SERVE_BOUND`: the cluster must serve again.
     pub fn wait_healthy(&self, what: &str) -> Duration {
-        let mut c = self.client(0xfa17_0000, Duration::from_secs(2));
+        let mut c = self.client(fresh_client_id(), Duration::from_secs(2));
         // Unique values: the duplicate check judges these appends too.
         static CHECKS: AtomicU64 = AtomicU64::new(0);
         common::wait_for(
@@ -222,7 +222,7 @@ impl Cluster {
     /// entries), up to `commit` as it stands when each page is served.
     pub fn read_log(&self, id: NodeId) -> Result<Vec<LogEntry>, String> {
         let i = self.ids().iter().position(|&n| n == id).expect("a node");
-        let mut c = self.client(0xfa17_0001, Duration::from_secs(5));
+        let mut c = self.client(fresh_client_id(), Duration::from_secs(5));
         let mut out = Vec::new();
         let mut from = 1;
         loop {
@@ -238,16 +238,22 @@ impl Cluster {
     /// Every live node's log, once every live node has committed at least
     /// `commit_min` (the highest index any client saw confirmed).
     pub fn read_all_logs(&self, commit_min: u64) -> BTreeMap<NodeId, Vec<LogEntry>> {
-        common::wait_for(
-            "every node to commit everything confirmed",
-            SERVE_BOUND,
-            || {
-                self.live()
-                    .into_iter()
-                    .all(|id| self.group0(id).is_some_and(|g| g.2 >= commit_min))
-                    .then_some(())
-            },
-        );
+        let started = std::time::Instant::now();
+        while !self
+            .live()
+            .into_iter()
+            .all(|id| self.group0(id).is_some_and(|g| g.2 >= commit_min))
+        {
+            if started.elapsed() > SERVE_BOUND {
+                for id in self.live() {
+                    out!(
+                        "node {id}: group 0 (role, term, commit, disk) {:?}",
+                        self.group0(id)
+                    );
+                }
+                panic!("timed out waiting for every node to commit {commit_min}");
+            }
+        }
         self.live()
             .into_iter()
             .map(|id| {
@@ -301,6 +307,15 @@ impl Drop for Cluster {
             self.resume(id);
         }
     }
+}
+
+/// A client id no other client of this process has used. A client id
+/// must not be reused by a new `Client` (its sequence numbers start at 1
+/// again, so its appends look like retries of the old one's and are
+/// answered with the old indexes without being applied).
+pub fn fresh_client_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0xfa17_0000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// GET `path` from an admin endpoint as JSON; None if it does not answer

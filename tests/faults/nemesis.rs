@@ -262,7 +262,8 @@ pub fn disk_full(
     let ballast = fs.join("ballast");
     let started = Instant::now();
     fill(&ballast);
-    let mut filler = c.client(900, Duration::from_secs(2));
+    let id = super::cluster::fresh_client_id();
+    let mut filler = c.client(id, Duration::from_secs(2));
     let mut seq = 0;
     let full = super::common::wait_for(
         "the node to report its disk full",
@@ -273,7 +274,7 @@ pub fn disk_full(
             }
             seq += 1;
             // Large appends fill the node's last free segment quickly.
-            h.append(&mut filler, 900, seq, history::value(900, seq, 60 << 10));
+            h.append(&mut filler, id, seq, history::value(id, seq, 60 << 10));
             None
         },
     );
