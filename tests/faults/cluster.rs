@@ -251,6 +251,15 @@ impl Cluster {
                         self.group0(id)
                     );
                 }
+                // The loop-mounted log filesystems, if any: is a full one
+                // really full?
+                if let Ok(df) = std::process::Command::new("df").arg("-k").output() {
+                    for l in String::from_utf8_lossy(&df.stdout).lines() {
+                        if l.contains("/mnt") {
+                            out!("{l}");
+                        }
+                    }
+                }
                 panic!("timed out waiting for every node to commit {commit_min}");
             }
         }
