@@ -43,7 +43,7 @@
 //! Setup:
 //! - `cluster n=3 [pre_vote=true] [check_quorum=true] [election=150]
 //!   [heartbeat=30] [append_bytes=1048576] [snapshot_entries=100000]
-//!   [inflight_msgs=64]` starts a fresh world (a file may hold several);
+//!   [snapshot_chunk=1048576] [inflight_msgs=64]` starts a fresh world (a file may hold several);
 //! - `log N terms=1,1,4 [term=T] [vote=V] [commit=C]` replaces node N's
 //!   durable state with that log (entry data is `index@term`) and restarts
 //!   it from it; `term` defaults to the last entry's term.
@@ -114,6 +114,7 @@ scenarios!(
     transfer,
     membership,
     snapshot,
+    snapshot_chunks,
     read_index,
 );
 
@@ -299,6 +300,7 @@ const MSG_TYPES: &[&str] = &[
     "Heartbeat",
     "HeartbeatResponse",
     "InstallSnapshot",
+    "SnapshotAck",
     "TimeoutNow",
 ];
 
@@ -313,6 +315,7 @@ fn msg_type(b: &Body) -> &'static str {
         Body::Heartbeat { .. } => "Heartbeat",
         Body::HeartbeatResponse { .. } => "HeartbeatResponse",
         Body::InstallSnapshot { .. } => "InstallSnapshot",
+        Body::SnapshotAck { .. } => "SnapshotAck",
         Body::TimeoutNow => "TimeoutNow",
     }
 }
@@ -470,9 +473,15 @@ fn describe(m: &Message) -> String {
         }) => format!("rejected {rejected_index} hint={hint_index}@{hint_term}"),
         Body::Heartbeat { commit, read_round } => format!("commit={commit} round={read_round}"),
         Body::HeartbeatResponse { read_round } => format!("round={read_round}"),
-        Body::InstallSnapshot { snapshot } => {
-            format!("snapshot={}@{}", snapshot.index, snapshot.term)
+        Body::InstallSnapshot {
+            snapshot,
+            offset,
+            total,
+        } => {
+            let (i, t, n) = (snapshot.index, snapshot.term, snapshot.data.len());
+            format!("snapshot={i}@{t} bytes={offset}+{n}/{total}")
         }
+        Body::SnapshotAck { index, received } => format!("snapshot={index} received={received}"),
         Body::TimeoutNow => String::new(),
     };
     format!(
@@ -495,6 +504,7 @@ struct Settings {
     heartbeat_ms: u64,
     append_bytes: usize,
     snapshot_entries: u64,
+    snapshot_chunk: usize,
     inflight_msgs: usize,
 }
 
@@ -577,6 +587,7 @@ impl World {
             heartbeat_ms: a.u64_or("heartbeat", 30)?,
             append_bytes: a.u64_or("append_bytes", 1 << 20)? as usize,
             snapshot_entries: a.u64_or("snapshot_entries", 100_000)?,
+            snapshot_chunk: a.u64_or("snapshot_chunk", 1 << 20)? as usize,
             inflight_msgs: a.u64_or("inflight_msgs", 64)? as usize,
         };
         let mut w = World {
@@ -608,6 +619,7 @@ impl World {
         cfg.heartbeat_interval_ms = s.heartbeat_ms;
         cfg.append_bytes_max = s.append_bytes;
         cfg.snapshot_entries = s.snapshot_entries;
+        cfg.snapshot_chunk_bytes = s.snapshot_chunk;
         cfg.inflight_msgs_max = s.inflight_msgs;
         cfg
     }

@@ -93,6 +93,9 @@ pub struct RaftConfig {
     pub apply_bytes_max: usize,
     /// Ask for a snapshot once this many applied entries follow the last one.
     pub snapshot_entries: u64,
+    /// Bytes of snapshot data per InstallSnapshot message (well below the
+    /// transport's `message_bytes_max`).
+    pub snapshot_chunk_bytes: usize,
     /// When the failure detector declares the leader down, campaign after
     /// a delay staggered by rank in slots of this length instead of an
     /// election timeout; a few network round trips (pre-vote and vote).
@@ -116,6 +119,7 @@ impl RaftConfig {
             append_bytes_max: 1 << 20,
             apply_bytes_max: 4 << 20,
             snapshot_entries: 100_000,
+            snapshot_chunk_bytes: 1 << 20,
             fast_campaign_jitter_ms: 30,
             planted_bug: None,
         }
@@ -130,6 +134,7 @@ impl RaftConfig {
         );
         assert!(self.inflight_msgs_max > 0 && self.inflight_bytes_max > 0);
         assert!(self.snapshot_entries > 0);
+        assert!(self.snapshot_chunk_bytes > 0);
     }
 }
 
@@ -295,6 +300,8 @@ pub struct Raft {
     messages: Vec<Message>,
     messages_after_persist: Vec<Message>,
     pending_snapshot_install: Option<Snapshot>,
+    /// Follower: the snapshot being received, chunk by chunk.
+    snapshot_receiving: Option<Snapshot>,
     persisted_hard_state: HardState,
     read_states: Vec<ReadState>,
     /// A leader has new entries or acks to turn into appends at `ready()`.
@@ -372,6 +379,7 @@ impl Raft {
             messages: Vec::new(),
             messages_after_persist: Vec::new(),
             pending_snapshot_install: None,
+            snapshot_receiving: None,
             persisted_hard_state: hs,
             read_states: Vec::new(),
             replication_dirty: false,
@@ -533,7 +541,14 @@ impl Raft {
             Body::HeartbeatResponse { read_round } => {
                 self.handle_heartbeat_response(msg.from, read_round)
             }
-            Body::InstallSnapshot { snapshot } => self.handle_install_snapshot(msg.from, snapshot),
+            Body::InstallSnapshot {
+                snapshot,
+                offset,
+                total,
+            } => self.handle_install_snapshot(msg.from, snapshot, offset, total),
+            Body::SnapshotAck { index, received } => {
+                self.handle_snapshot_ack(msg.from, index, received)
+            }
             Body::TimeoutNow => self.handle_timeout_now(msg.from),
         }
     }

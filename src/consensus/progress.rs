@@ -20,7 +20,7 @@ pub enum ReplicationState {
     Snapshot {
         /// Index of the snapshot sent.
         index: Index,
-        /// When it was sent, for resending if it was lost.
+        /// When its last chunk was sent, for resending if it was lost.
         sent_ms: u64,
     },
 }

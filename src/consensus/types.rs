@@ -230,10 +230,27 @@ pub enum Body {
         /// Echo of the heartbeat's read round.
         read_round: u64,
     },
-    /// InstallSnapshot RPC (§5.3); the transport fragments it.
+    /// InstallSnapshot RPC (thesis figure 5.3), one chunk of the data: the
+    /// leader's latest snapshot with `data` holding bytes `offset..` of
+    /// its whole data, `total` bytes long. Chunks are bounded by
+    /// `snapshot_chunk_bytes`, so a snapshot of any size fits the
+    /// transport's message limit; the leader sends the next chunk once the
+    /// follower acknowledges this one (stop and wait: flow control).
     InstallSnapshot {
-        /// The leader's latest snapshot.
+        /// The snapshot's metadata, and this chunk as `data`.
         snapshot: Snapshot,
+        /// Where the chunk starts in the whole data.
+        offset: u64,
+        /// Bytes of the whole data.
+        total: u64,
+    },
+    /// A follower holds the first `received` bytes of the snapshot at
+    /// `index`: send from there (0: start over).
+    SnapshotAck {
+        /// The snapshot's index.
+        index: Index,
+        /// Bytes of its data received in order.
+        received: u64,
     },
     /// "Start an election now": leadership transfer (§3.10).
     TimeoutNow,

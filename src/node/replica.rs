@@ -363,8 +363,15 @@ impl Replica {
                     let job = self.snapshot_job.take().expect("checked above");
                     let (index, term) = (snap.index, snap.term);
                     // Refused if the leader installed a newer one meanwhile.
-                    if self.raft.compact_prepared(snap).is_ok() {
+                    if let Ok(replaced) = self.raft.compact_prepared(snap) {
                         self.not_applied = self.not_applied.split_off(&(index + 1));
+                        if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
+                            // Freed off the loop: returning tens of MB to
+                            // the OS (munmap) takes milliseconds.
+                            let _ = std::thread::Builder::new()
+                                .name("quire-free".into())
+                                .spawn(move || drop(old));
+                        }
                         if let Err(e) = self.wal.adopt_snapshot(index, term) {
                             self.stop(format!("{e}"));
                             return;
@@ -397,6 +404,7 @@ impl Replica {
         let spawned = std::thread::Builder::new()
             .name(format!("quire-snap-g{}", self.group))
             .spawn(move || {
+                lower_priority();
                 let mut data = hash.to_le_bytes().to_vec();
                 dedup.encode(&mut data);
                 data.extend_from_slice(&machine.snapshot());
@@ -694,6 +702,33 @@ impl Replica {
             (None, DiskState::Full) => "full".into(),
             (None, DiskState::Failed(why)) => format!("failed: {why}"),
         }
+    }
+}
+
+/// Makes the calling (snapshot) thread yield the CPU and the disk to the
+/// event loops: the idle scheduling class (on Linux a thread's own) and
+/// the lowest best-effort I/O priority. Best effort: a refusal
+/// leaves the thread as it was.
+fn lower_priority() {
+    // SAFETY: setpriority and ioprio_set on the calling thread (who = 0)
+    // take plain integers.
+    unsafe {
+        // SCHED_IDLE: runs only on a core nothing else wants, and any
+        // waking loop thread preempts it at once (nice 19 as a fallback).
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+        }
+        const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+        const IOPRIO_CLASS_BE: libc::c_long = 2;
+        const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
+        let lowest_best_effort = IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT | 7;
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            lowest_best_effort,
+        );
     }
 }
 

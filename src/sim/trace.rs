@@ -152,7 +152,8 @@ pub(crate) fn describe(msg: &Message) -> (&'static str, u64) {
         },
         Body::Heartbeat { commit, .. } => ("Heartbeat", *commit),
         Body::HeartbeatResponse { read_round } => ("HeartbeatResp", *read_round),
-        Body::InstallSnapshot { snapshot } => ("Snapshot", snapshot.index),
+        Body::InstallSnapshot { snapshot, .. } => ("Snapshot", snapshot.index),
+        Body::SnapshotAck { index, .. } => ("SnapshotAck", *index),
         Body::TimeoutNow => ("TimeoutNow", 0),
     }
 }

@@ -294,6 +294,9 @@ impl World {
         cfg.election_timeout_ms = self.p.election_timeout_ms;
         cfg.heartbeat_interval_ms = self.p.heartbeat_ms;
         cfg.snapshot_entries = self.p.snapshot_entries;
+        // Small chunks, so every snapshot sent is several InstallSnapshot
+        // messages and their loss, reordering and duplication are tested.
+        cfg.snapshot_chunk_bytes = 64;
         cfg.append_bytes_max = self.p.append_bytes_max;
         cfg.inflight_msgs_max = self.p.inflight_msgs_max;
         cfg.pre_vote = self.p.pre_vote;

@@ -96,7 +96,18 @@ impl Superblock {
 
 /// Encodes a snapshot file.
 pub fn encode_snapshot(s: &Snapshot) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64 + s.data.len());
+    let mut b = snapshot_header(s);
+    b.extend_from_slice(&s.data);
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The bytes of a snapshot file before its data: `encode_snapshot` is
+/// this header, the data, then the CRC32C of both (little-endian u32), so
+/// a writer can stream the data without copying it.
+pub fn snapshot_header(s: &Snapshot) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&SNAP_MAGIC.to_le_bytes());
     b.extend_from_slice(&s.index.to_le_bytes());
     b.extend_from_slice(&s.term.to_le_bytes());
@@ -111,9 +122,6 @@ pub fn encode_snapshot(s: &Snapshot) -> Vec<u8> {
         b.extend_from_slice(&id.to_le_bytes());
     }
     b.extend_from_slice(&(s.data.len() as u64).to_le_bytes());
-    b.extend_from_slice(&s.data);
-    let crc = crc32c::crc32c(&b);
-    b.extend_from_slice(&crc.to_le_bytes());
     b
 }
 

@@ -18,7 +18,7 @@
 
 use super::format::{align_up, decode_batch, BatchBuilder, Placement, BLOCK_BYTES};
 use super::recovery::{scan, BatchLocation, Corruption, SegmentImage, TornTail};
-use super::superblock::{decode_snapshot, encode_snapshot, Superblock};
+use super::superblock::{decode_snapshot, snapshot_header, Superblock};
 use crate::consensus::{Entry, HardState, Index, RestoredState, Snapshot, Term};
 use crate::io::{
     open_backend, AlignedBuf, BackendChoice, IoBackend, IoCompletion, IoOp, IoRequest,
@@ -271,6 +271,10 @@ pub struct Wal {
     ready_spares: std::collections::BTreeSet<u64>,
     /// Spares that are recycled files (they may hold old batches).
     recycled_spares: std::collections::BTreeSet<u64>,
+    /// The directory fsync after a trim, run on a thread of its own: it
+    /// must be done before a recycled spare is written (its new name must
+    /// be durable), not before the loop goes on.
+    dir_sync: Option<JoinHandle<io::Result<()>>>,
     /// The active segment is a recycled file.
     active_recycled: bool,
     next_seq: u64,
@@ -305,6 +309,9 @@ fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
     dir.join(format!("snapshot-{index:020}.bin"))
 }
 
+/// Bytes of a snapshot file written back at a time.
+const SNAPSHOT_WRITEBACK_BYTES: usize = 1 << 20;
+
 /// Writes `snap` as log `dir`'s snapshot file, durably (a temporary file,
 /// fsync, rename, directory fsync). Blocking and self-contained, so a
 /// replica runs it on a helper thread; `Wal::adopt_snapshot` then makes it
@@ -314,7 +321,32 @@ pub fn write_snapshot_file(dir: &Path, snap: &Snapshot) -> Result<(), WalError> 
     let tmp = path.with_extension("tmp");
     let write = || -> io::Result<()> {
         let mut f = File::create(&tmp)?;
-        f.write_all(&encode_snapshot(snap))?;
+        // The data is streamed, not copied into one buffer with its header.
+        let header = snapshot_header(snap);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &snap.data);
+        let crc = crc.to_le_bytes();
+        // Written back a piece at a time (sync_file_range), never tens of
+        // megabytes at once: one big writeback sits in the disk's queue
+        // ahead of the log's fdatasync and stalls commits for its whole
+        // length; small pieces let the log's flushes in between.
+        let mut at = 0usize;
+        let pieces = std::iter::once(&header[..])
+            .chain(snap.data.chunks(SNAPSHOT_WRITEBACK_BYTES))
+            .chain(std::iter::once(&crc[..]));
+        for piece in pieces {
+            f.write_all(piece)?;
+            let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            // SAFETY: a range of a file descriptor we own; no memory is passed.
+            let r = unsafe {
+                libc::sync_file_range(f.as_raw_fd(), at as i64, piece.len() as i64, flags)
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            at += piece.len();
+        }
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
         sync_dir(dir)
@@ -525,6 +557,7 @@ impl Wal {
                 .copied()
                 .filter(|&id| id > active && !found.zeroed_segments.contains(&id))
                 .collect(),
+            dir_sync: None,
             active_recycled: !fresh_segment
                 && !found.zeroed_segments.contains(&active)
                 && found.append_recycled,
@@ -884,6 +917,11 @@ impl Wal {
     /// Moves writing to the next segment; false if there is no space for
     /// one (the disk is full).
     fn roll_segment(&mut self) -> Result<bool, WalError> {
+        if let Some(job) = self.dir_sync.take() {
+            job.join()
+                .unwrap_or_else(|_| Err(io::Error::other("the directory sync thread panicked")))
+                .map_err(io_err("syncing the log directory"))?;
+        }
         // The lowest ready spare; else wait for the one being prepared;
         // else prepare one now.
         self.collect_spare(self.ready_spares.is_empty())?;
@@ -1208,7 +1246,21 @@ impl Wal {
         self.snapshot_index = snap_index;
         self.write_superblock_now()?;
         if old > 0 && old != snap_index {
-            let _ = fs::remove_file(snapshot_path(&self.dir, old));
+            // Unlinking a file of tens of megabytes frees its extents for
+            // milliseconds; the superblock no longer names it, so it goes
+            // on a thread of its own rather than the loop's.
+            let path = snapshot_path(&self.dir, old);
+            let removed = std::thread::Builder::new()
+                .name("quire-unlink".into())
+                .spawn({
+                    let path = path.clone();
+                    move || {
+                        let _ = fs::remove_file(path);
+                    }
+                });
+            if removed.is_err() {
+                let _ = fs::remove_file(path);
+            }
         }
         Ok(())
     }
@@ -1284,7 +1336,22 @@ impl Wal {
             }
         }
         if !doomed.is_empty() {
-            sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
+            // Off the loop: right after a snapshot the journal is busy and
+            // a directory fsync can take many milliseconds. `roll_segment`
+            // waits for it before writing into a renamed spare.
+            if let Some(job) = self.dir_sync.take() {
+                job.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("the directory sync thread panicked")))
+                    .map_err(io_err("syncing the log directory"))?;
+            }
+            let dir = self.dir.clone();
+            match std::thread::Builder::new()
+                .name("quire-dirsync".into())
+                .spawn(move || sync_dir(&dir))
+            {
+                Ok(job) => self.dir_sync = Some(job),
+                Err(_) => sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?,
+            }
         }
         self.index.retain(|b| !doomed.contains(&b.segment));
         Ok(())

@@ -17,14 +17,15 @@
 //! entry    = term index payload
 //! payload  = 0 (noop) | 1 bytes (normal) | 2 membership
 //! membership = count id* count id*                  (voters, then learners)
-//! snapshot = index term membership bytes
+//! snapshot = index term membership offset total bytes   (one chunk of the data)
+//! snapshot ack = index received
 //! ```
 
 use crate::consensus::{AppendResult, Body, Entry, Membership, Message, Payload, Snapshot};
 use std::collections::BTreeSet;
 
 /// Version byte at the start of every encoded message.
-pub const CODEC_VERSION: u8 = 1;
+pub const CODEC_VERSION: u8 = 2;
 /// Most members in one set of a membership; a cluster has 3 or 5 nodes.
 pub const MEMBERS_MAX: usize = 1024;
 /// Smallest encoding of one entry (term, index, payload tag), in bytes;
@@ -142,14 +143,25 @@ pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
             out.push(8);
             put_varint(out, *read_round);
         }
-        Body::InstallSnapshot { snapshot } => {
+        Body::InstallSnapshot {
+            snapshot,
+            offset,
+            total,
+        } => {
             out.push(9);
             put_varint(out, snapshot.index);
             put_varint(out, snapshot.term);
             put_membership(out, &snapshot.membership);
+            put_varint(out, *offset);
+            put_varint(out, *total);
             put_bytes(out, &snapshot.data);
         }
         Body::TimeoutNow => out.push(10),
+        Body::SnapshotAck { index, received } => {
+            out.push(11);
+            put_varint(out, *index);
+            put_varint(out, *received);
+        }
     }
 }
 
@@ -213,15 +225,25 @@ pub fn decode_message(bytes: &[u8]) -> Result<Message, CodecError> {
         8 => Body::HeartbeatResponse {
             read_round: r.varint()?,
         },
-        9 => Body::InstallSnapshot {
-            snapshot: Snapshot {
-                index: r.varint()?,
-                term: r.varint()?,
-                membership: r.membership()?,
-                data: r.bytes()?,
-            },
-        },
+        9 => {
+            let (index, term, membership) = (r.varint()?, r.varint()?, r.membership()?);
+            let (offset, total) = (r.varint()?, r.varint()?);
+            Body::InstallSnapshot {
+                snapshot: Snapshot {
+                    index,
+                    term,
+                    membership,
+                    data: r.bytes()?,
+                },
+                offset,
+                total,
+            }
+        }
         10 => Body::TimeoutNow,
+        11 => Body::SnapshotAck {
+            index: r.varint()?,
+            received: r.varint()?,
+        },
         _ => return Err(CodecError::BadTag("body")),
     };
     if !r.bytes.is_empty() {
@@ -404,7 +426,7 @@ mod tests {
 
     /// A random message; every body variant and payload kind occurs.
     pub(crate) fn random_message(rng: &mut ChaCha8Rng) -> Message {
-        let body = match rng.gen_range(0..11) {
+        let body = match rng.gen_range(0..12) {
             0 => Body::PreVote {
                 last_index: big(rng),
                 last_term: big(rng),
@@ -454,6 +476,12 @@ mod tests {
                     membership: membership(rng),
                     data: bytes(rng),
                 },
+                offset: big(rng),
+                total: big(rng),
+            },
+            10 => Body::SnapshotAck {
+                index: big(rng),
+                received: big(rng),
             },
             _ => Body::TimeoutNow,
         };
@@ -475,7 +503,7 @@ mod tests {
             tags.insert(body_tag(&m));
             assert_eq!(decode_message(&enc), Ok(m.clone()), "{m:?}");
         }
-        assert_eq!(tags.len(), 11, "every body tag exercised");
+        assert_eq!(tags.len(), 12, "every body tag exercised");
     }
 
     fn body_tag(m: &Message) -> usize {
@@ -491,6 +519,7 @@ mod tests {
             Body::HeartbeatResponse { .. } => 8,
             Body::InstallSnapshot { .. } => 9,
             Body::TimeoutNow => 10,
+            Body::SnapshotAck { .. } => 11,
         }
     }
 
@@ -532,7 +561,7 @@ mod tests {
         put_varint(&mut b, 1 << 62);
         assert_eq!(decode_message(&b), Err(CodecError::TooLong("entries")));
         // A snapshot whose data claims 1 GiB.
-        let mut b = vec![CODEC_VERSION, 1, 1, 2, 9, 0, 0, 0, 0];
+        let mut b = vec![CODEC_VERSION, 1, 1, 2, 9, 0, 0, 0, 0, 0, 0];
         put_varint(&mut b, 1 << 30);
         assert_eq!(decode_message(&b), Err(CodecError::TooLong("byte string")));
         // Duplicate voters are not canonical.
@@ -552,7 +581,7 @@ mod tests {
             if i % 2 == 0 && !b.is_empty() {
                 b[0] = CODEC_VERSION;
                 if b.len() > 4 {
-                    b[4] = rng.gen_range(0..11);
+                    b[4] = rng.gen_range(0..12);
                 }
             }
             if let Ok(m) = decode_message(&b) {
