@@ -10,8 +10,16 @@ struct Args {
     /// The node's config file (TOML; see the README's "Node config file").
     #[arg(long)]
     config: PathBuf,
+    /// TEST-ONLY FAULT: followers acknowledge before fsync, so a crash can
+    /// lose confirmed appends. Refused unless QUIRE_ALLOW_UNSAFE=1.
+    #[arg(long, hide = true)]
+    unsafe_ack_before_fsync: bool,
 }
 
 fn main() -> ExitCode {
-    quire::node::daemon::run(&Args::parse().config)
+    let args = Args::parse();
+    let opts = quire::node::daemon::DaemonOptions {
+        unsafe_ack_before_fsync: args.unsafe_ack_before_fsync,
+    };
+    quire::node::daemon::run_with(&args.config, opts)
 }

@@ -17,7 +17,7 @@ pub struct NftLoss {
 }
 
 /// An nftables table dropping every UDP packet between two loopback ports,
-/// both ways (a partition between two sockets); deleted on drop.
+/// both ways or one way (a partition between two sockets); deleted on drop.
 pub struct NftCut {
     _loss: NftLoss,
 }
@@ -32,6 +32,16 @@ impl NftCut {
         );
         Ok(NftCut {
             _loss: NftLoss::install_rules(&rules)?,
+        })
+    }
+
+    /// Cuts UDP from the socket on port `from` to the one on port `to`
+    /// only (a one-way partition: `to` still reaches `from`), or says why
+    /// it cannot.
+    pub fn one_way(from: u16, to: u16) -> Result<NftCut, String> {
+        let rule = format!("ip saddr 127.0.0.0/8 udp sport {from} udp dport {to} counter drop");
+        Ok(NftCut {
+            _loss: NftLoss::install_rules(&rule)?,
         })
     }
 

@@ -41,15 +41,49 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     }
 }
 
+/// The environment variable that must be `1` for the daemon to accept an
+/// unsafe, test-only option.
+pub const ALLOW_UNSAFE_ENV: &str = "QUIRE_ALLOW_UNSAFE";
+
+/// Command-line options of the daemon beyond its config file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DaemonOptions {
+    /// TEST-ONLY FAULT (`--unsafe-ack-before-fsync`): followers acknowledge
+    /// appended entries before they are durable (the consensus core's
+    /// `PlantedBug::AckBeforeFsync`), so a crash can lose a confirmed
+    /// append. It exists so the fault-injection suite (tests/faults.rs) can
+    /// show that its lost-append check fires; refused unless
+    /// `QUIRE_ALLOW_UNSAFE=1` is set.
+    pub unsafe_ack_before_fsync: bool,
+}
+
 /// Runs the daemon with the config at `config` until a stop signal.
 pub fn run(config: &Path) -> ExitCode {
-    let cfg = match config_file::load(config) {
+    run_with(config, DaemonOptions::default())
+}
+
+/// [`run`] with command-line options; an unsafe option without
+/// `QUIRE_ALLOW_UNSAFE=1` in the environment exits with code 2.
+pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
+    let allowed = std::env::var(ALLOW_UNSAFE_ENV).is_ok_and(|v| v == "1");
+    if opts.unsafe_ack_before_fsync && !allowed {
+        eprintln!(
+            "quired: --unsafe-ack-before-fsync is a test-only fault that can lose confirmed \
+             appends; it is refused unless {ALLOW_UNSAFE_ENV}=1"
+        );
+        return ExitCode::from(config_file::EXIT_CODE_BAD_CONFIG as u8);
+    }
+    let mut cfg = match config_file::load(config) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("quired: {e}");
             return ExitCode::from(e.exit_code() as u8);
         }
     };
+    if opts.unsafe_ack_before_fsync {
+        eprintln!("quired: WARNING: --unsafe-ack-before-fsync: a crash can lose confirmed appends");
+        cfg.node.raft.planted_bug = Some(crate::consensus::PlantedBug::AckBeforeFsync);
+    }
     for w in &cfg.warnings {
         eprintln!("quired: warning: {w}");
     }

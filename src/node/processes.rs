@@ -27,6 +27,11 @@ pub struct NodeProcess {
     pub udp: u16,
     /// The running process, if started.
     pub child: Option<Child>,
+    /// Extra arguments for its daemon's command line (the fault-injection
+    /// suite passes test-only options this way); empty by default.
+    pub args: Vec<String>,
+    /// Extra environment variables for its daemon; empty by default.
+    pub env: Vec<(String, String)>,
 }
 
 /// The cluster: its directory, nodes and cables.
@@ -40,7 +45,9 @@ pub struct LocalProcesses {
     pub nodes: BTreeMap<NodeId, NodeProcess>,
     /// The client token.
     pub token: Vec<u8>,
-    _cables: Vec<NullModem>,
+    /// The null-modem cable between each pair of nodes, keyed (lower id,
+    /// higher id); it runs in this process, so a test can unplug it.
+    cables: BTreeMap<(NodeId, NodeId), NullModem>,
 }
 
 fn free_tcp() -> std::io::Result<u16> {
@@ -86,7 +93,7 @@ impl LocalProcesses {
         std::fs::write(dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
         std::fs::write(dir.join("client.token"), &token).map_err(io("client.token"))?;
         let ids: Vec<NodeId> = (1..=n).collect();
-        let mut cables = Vec::new();
+        let mut cables = BTreeMap::new();
         let mut ends: BTreeMap<(NodeId, NodeId), PathBuf> = BTreeMap::new();
         for &a in &ids {
             for &b in ids.iter().filter(|&&b| b > a) {
@@ -95,7 +102,7 @@ impl LocalProcesses {
                 let cable = NullModem::new(&cdir).map_err(io("a PTY null-modem cable"))?;
                 ends.insert((a, b), cable.path(End::A).to_path_buf());
                 ends.insert((b, a), cable.path(End::B).to_path_buf());
-                cables.push(cable);
+                cables.insert((a, b), cable);
             }
         }
         let mut nodes = BTreeMap::new();
@@ -114,6 +121,8 @@ impl LocalProcesses {
                     admin,
                     udp,
                     child: None,
+                    args: Vec::new(),
+                    env: Vec::new(),
                 },
             );
         }
@@ -146,12 +155,26 @@ impl LocalProcesses {
             exe: exe.to_path_buf(),
             nodes,
             token: token.into_bytes(),
-            _cables: cables,
+            cables,
         })
+    }
+
+    /// The cable between nodes `a` and `b` (either order), to unplug and
+    /// replug it.
+    pub fn cable(&self, a: NodeId, b: NodeId) -> Option<&NullModem> {
+        self.cables.get(&(a.min(b), a.max(b)))
     }
 
     /// Starts node `id`'s daemon (its output goes to `nodeN/quired.log`).
     pub fn start(&mut self, id: NodeId) -> Result<(), String> {
+        // A killed predecessor left its ends of the cables exclusive.
+        for (&(a, b), cable) in &self.cables {
+            if a == id {
+                cable.release(End::A);
+            } else if b == id {
+                cable.release(End::B);
+            }
+        }
         let node = self.nodes.get_mut(&id).ok_or("no such node")?;
         let log_path = node.config.with_file_name("quired.log");
         let log = std::fs::OpenOptions::new()
@@ -167,6 +190,8 @@ impl LocalProcesses {
         let child = cmd
             .arg("--config")
             .arg(&node.config)
+            .args(&node.args)
+            .envs(node.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)

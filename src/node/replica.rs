@@ -12,7 +12,7 @@ use crate::state::{Command, Error as StateError, Outcome, Query, StateMachine};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
 use crate::transport::GroupId;
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 /// A client waiting for its entry to be applied.
@@ -82,6 +82,12 @@ pub(crate) struct Replica {
     pub(crate) applied_hash: u64,
     /// Client appends applied, for idempotent retries.
     dedup: DedupTable,
+    /// Indexes of client appends the dedup table did not apply (a retry
+    /// of an applied append is proposed again, so the log holds it twice):
+    /// reads skip them as they skip no-ops, so a record is read once.
+    /// Rebuilt by replay after a restart (apply is deterministic) and
+    /// pruned below the snapshot (those indexes are no longer readable).
+    not_applied: BTreeSet<Index>,
     /// The ledgers and queues, applied from committed command entries.
     pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
@@ -120,6 +126,7 @@ impl Replica {
             applied: 0,
             applied_hash: 0,
             dedup: DedupTable::default(),
+            not_applied: BTreeSet::new(),
             machine: StateMachine::new(),
             waiters: BTreeMap::new(),
             reads_pending: BTreeMap::new(),
@@ -164,6 +171,7 @@ impl Replica {
         self.applied = index;
         self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
         self.dedup = table;
+        self.not_applied = self.not_applied.split_off(&(index + 1));
         self.machine = machine;
         true
     }
@@ -356,6 +364,7 @@ impl Replica {
                     let (index, term) = (snap.index, snap.term);
                     // Refused if the leader installed a newer one meanwhile.
                     if let Ok(replaced) = self.raft.compact_prepared(snap) {
+                        self.not_applied = self.not_applied.split_off(&(index + 1));
                         if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
                             // Freed off the loop: returning tens of MB to
                             // the OS (munmap) takes milliseconds.
@@ -458,9 +467,11 @@ impl Replica {
                     Applied::New => Some(data),
                     Applied::Duplicate(at) => {
                         *outcome = Ok(at);
+                        self.not_applied.insert(e.index);
                         None
                     }
                     Applied::Forgotten => {
+                        self.not_applied.insert(e.index);
                         *outcome = Err(ProposeError::Unavailable(format!(
                             "client {client} sequence {seq} is older than the dedup window"
                         )));
@@ -637,7 +648,9 @@ impl Replica {
         if let Some(why) = &self.stopped {
             return Err(ProposeError::Unavailable(why.clone()));
         }
-        let commit = self.raft.commit_index();
+        // Up to what is applied, not committed: only apply knows which
+        // entries are retries to skip.
+        let commit = self.raft.commit_index().min(self.applied);
         let first = self.raft.first_index().max(1);
         if from < first {
             return Err(ProposeError::Unavailable(format!(
@@ -658,6 +671,9 @@ impl Replica {
             }
             for e in entries {
                 at = e.index + 1;
+                if self.not_applied.contains(&e.index) {
+                    continue;
+                }
                 if let Payload::Normal(p) = e.payload {
                     if decode_command_entry(&p).is_some() {
                         continue; // a ledger or queue command, not an append

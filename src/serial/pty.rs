@@ -68,6 +68,7 @@ enum Command {
     Garbage(usize, Vec<u8>),
     Vanish(usize),
     Reappear(usize, Pty),
+    Release(usize),
 }
 
 struct Shared {
@@ -81,7 +82,7 @@ struct Shared {
 /// open so that the master never reads EIO while the endpoint is closed.
 struct Pty {
     master: OwnedFd,
-    _slave: OwnedFd,
+    slave: OwnedFd,
     path: PathBuf,
 }
 
@@ -163,6 +164,15 @@ impl NullModem {
         relink(&pty.path, &self.links[end.index()])?;
         self.command(Command::Reappear(end.index(), pty));
         Ok(())
+    }
+
+    /// Clears exclusive mode on `end`'s tty. The serial driver sets it
+    /// (TIOCEXCL) when an endpoint opens the port, and the tty forgets it
+    /// only on its last close, which never comes here since this emulator
+    /// keeps the slave open: without this, an endpoint killed and started
+    /// again gets EBUSY unless it runs as root. Call before a restart.
+    pub fn release(&self, end: End) {
+        self.command(Command::Release(end.index()));
     }
 
     /// The counters.
@@ -273,6 +283,12 @@ fn forward(shared: Arc<Shared>, mut ptys: [Option<Pty>; 2], wake: OwnedFd) {
                 }
                 Command::Vanish(end) => ptys[end] = None,
                 Command::Reappear(end, pty) => ptys[end] = Some(pty),
+                Command::Release(end) => {
+                    if let Some(p) = &ptys[end] {
+                        // SAFETY: an ioctl without arguments on a tty we hold.
+                        unsafe { libc::ioctl(p.slave.as_raw_fd(), libc::TIOCNXCL) };
+                    }
+                }
             }
             let _ = done.send(());
         }
@@ -352,7 +368,7 @@ fn open_pty() -> io::Result<Pty> {
         check(libc::fcntl(m, libc::F_SETFL, fl | libc::O_NONBLOCK))?;
         Ok(Pty {
             master,
-            _slave: slave,
+            slave,
             path,
         })
     }

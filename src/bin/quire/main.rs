@@ -138,6 +138,10 @@ enum Cmd {
         /// The node's config file.
         #[arg(long)]
         config: PathBuf,
+        /// TEST-ONLY FAULT: followers acknowledge before fsync, so a crash
+        /// can lose confirmed appends. Refused unless QUIRE_ALLOW_UNSAFE=1.
+        #[arg(long, hide = true)]
+        unsafe_ack_before_fsync: bool,
     },
 }
 
@@ -244,7 +248,15 @@ fn client(t: &Target) -> Result<Client, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Daemon { config } => return daemon::run(&config),
+        Cmd::Daemon {
+            config,
+            unsafe_ack_before_fsync,
+        } => {
+            let opts = daemon::DaemonOptions {
+                unsafe_ack_before_fsync,
+            };
+            return daemon::run_with(&config, opts);
+        }
         Cmd::Tune { what } => match tune(what) {
             Ok(true) => return ExitCode::SUCCESS,
             Ok(false) => return ExitCode::from(1),
