@@ -376,28 +376,19 @@ fn dispatch(
             from,
             wait_ms,
         } => {
-            // A long poll: look again until entries arrive or the wait ends
-            // (on a thread of its own, so the connection keeps serving).
-            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let resp = error_response(
-                    ProposeError::Unavailable("too many Tail requests waiting; retry".into()),
-                    addrs,
-                );
-                return answer(out, resp);
+            let node = Arc::clone(node);
+            let poll = LongPoll {
+                id,
+                wait_ms,
+                out,
+                addrs,
+                tails,
             };
-            let (out, addrs, node) = (out.clone(), Arc::clone(addrs), Arc::clone(node));
-            let deadline =
-                Instant::now() + Duration::from_millis(wait_ms as u64).min(TAIL_WAIT_MAX);
-            std::thread::spawn(move || loop {
-                let _held = &slot;
-                let r = node.read(group, from, READ_ENTRIES_MAX, Duration::from_secs(5));
-                let empty = matches!(&r, Ok(v) if v.is_empty());
-                if !empty || Instant::now() >= deadline {
-                    let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
-                    return;
-                }
-                std::thread::sleep(TAIL_POLL);
-            });
+            poll.run(
+                move || node.read(group, from, READ_ENTRIES_MAX, Duration::from_secs(5)),
+                |r| matches!(r, Ok(v) if v.is_empty()),
+                entries_response,
+            );
         }
         Request::Leaders => {
             let resp = match node.status() {
@@ -475,26 +466,19 @@ fn dispatch(
                 return;
             }
             // A long poll for entries past the LAC, as Tail does for the log.
-            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let resp = error_response(
-                    ProposeError::Unavailable("too many long polls waiting; retry".into()),
-                    addrs,
-                );
-                return answer(out, resp);
+            let node = Arc::clone(node);
+            let poll = LongPoll {
+                id,
+                wait_ms,
+                out,
+                addrs,
+                tails,
             };
-            let (out, addrs, node) = (out.clone(), Arc::clone(addrs), Arc::clone(node));
-            let deadline =
-                Instant::now() + Duration::from_millis(wait_ms as u64).min(TAIL_WAIT_MAX);
-            std::thread::spawn(move || loop {
-                let _held = &slot;
-                let r = node.query(group, query.clone(), Duration::from_secs(5));
-                let empty = matches!(&r, Ok(crate::state::Answer::Entries(v)) if v.is_empty());
-                if !empty || Instant::now() >= deadline {
-                    let _ = out.send(Out::Answer(id, answer_response(r, &addrs)));
-                    return;
-                }
-                std::thread::sleep(TAIL_POLL);
-            });
+            poll.run(
+                move || node.query(group, query.clone(), Duration::from_secs(5)),
+                |r| matches!(r, Ok(crate::state::Answer::Entries(v)) if v.is_empty()),
+                answer_response,
+            );
         }
         Request::Hello { .. } => {} // handled by the session
     }
@@ -509,6 +493,47 @@ fn request_group(req: &Request) -> Option<u32> {
         | Request::Command { group, .. }
         | Request::Query { group, .. } => Some(*group),
         _ => None,
+    }
+}
+
+/// A request answered by looking again until there is something to say
+/// or `wait_ms` ends (at most `TAIL_WAIT_MAX`): Tail, and ledger reads
+/// that wait for the LAC. Each waits on a thread of its own, so the
+/// connection keeps serving, and holds one of `TAILS_MAX` slots.
+struct LongPoll<'a> {
+    id: u64,
+    wait_ms: u32,
+    out: &'a Sender<Out>,
+    addrs: &'a Arc<BTreeMap<NodeId, String>>,
+    tails: &'a Arc<AtomicUsize>,
+}
+
+impl LongPoll<'_> {
+    fn run<T: Send + 'static>(
+        self,
+        look: impl Fn() -> Result<T, ProposeError> + Send + 'static,
+        empty: fn(&Result<T, ProposeError>) -> bool,
+        respond: fn(Result<T, ProposeError>, &BTreeMap<NodeId, String>) -> Response,
+    ) {
+        let Some(slot) = Slot::take(self.tails, TAILS_MAX) else {
+            let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+            let _ = self
+                .out
+                .send(Out::Answer(self.id, error_response(why, self.addrs)));
+            return;
+        };
+        let (id, out, addrs) = (self.id, self.out.clone(), Arc::clone(self.addrs));
+        let wait = Duration::from_millis(self.wait_ms as u64).min(TAIL_WAIT_MAX);
+        let deadline = Instant::now() + wait;
+        std::thread::spawn(move || loop {
+            let _held = &slot;
+            let r = look();
+            if !empty(&r) || Instant::now() >= deadline {
+                let _ = out.send(Out::Answer(id, respond(r, &addrs)));
+                return;
+            }
+            std::thread::sleep(TAIL_POLL);
+        });
     }
 }
 
