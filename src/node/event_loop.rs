@@ -170,7 +170,7 @@ impl EventLoop {
             let snapshot = report.restored.snapshot.clone();
             let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
             let mut r = Replica::new(g.group, raft, wal, now);
-            r.snapshot_interval_ms = spec.snapshot_interval_ms;
+            r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
                     return Err(format!(

@@ -107,10 +107,10 @@ pub(crate) struct Replica {
     /// A snapshot is wanted: the log grew by `snapshot_entries`.
     snapshot_due: bool,
     snapshot_job: Option<SnapshotJob>,
-    /// When (node ms) the last snapshot was started.
-    last_snapshot_ms: u64,
+    /// When (node ms) the next snapshot is due by time.
+    next_snapshot_ms: u64,
     /// Take a snapshot at least this often while entries are applied.
-    pub(crate) snapshot_interval_ms: u64,
+    snapshot_interval_ms: u64,
     pub(crate) snapshot_stats: SnapshotStats,
 }
 
@@ -138,10 +138,20 @@ impl Replica {
             stopped: None,
             snapshot_due: false,
             snapshot_job: None,
-            last_snapshot_ms: now_ms,
+            next_snapshot_ms: u64::MAX,
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
         }
+    }
+
+    /// Takes a snapshot at least every `interval_ms`, the first one at a
+    /// random point (from `seed`) between half and one and a half
+    /// intervals from `now_ms`: replicas started together do not all
+    /// snapshot at once, and a commit needs only a majority of them.
+    pub(crate) fn set_snapshot_interval(&mut self, interval_ms: u64, now_ms: u64, seed: u64) {
+        self.snapshot_interval_ms = interval_ms;
+        let phase = seed % interval_ms.max(1);
+        self.next_snapshot_ms = now_ms.saturating_add(interval_ms / 2).saturating_add(phase);
     }
 
     /// Proposes a client append with its client id and sequence number:
@@ -388,7 +398,7 @@ impl Replica {
             }
         }
         let snapshot_index = self.raft.snapshot().map_or(0, |s| s.index);
-        let interval = now_ms.saturating_sub(self.last_snapshot_ms) >= self.snapshot_interval_ms;
+        let interval = now_ms >= self.next_snapshot_ms;
         if !(self.snapshot_due || interval) || self.applied <= snapshot_index {
             return;
         }
@@ -423,7 +433,7 @@ impl Replica {
             return;
         }
         self.snapshot_due = false;
-        self.last_snapshot_ms = now_ms;
+        self.next_snapshot_ms = now_ms.saturating_add(self.snapshot_interval_ms);
         self.snapshot_stats.last_capture_us = capture_us;
         self.snapshot_job = Some(SnapshotJob {
             index,
