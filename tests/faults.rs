@@ -95,6 +95,36 @@ fn small_fs(mib: u64) -> Option<LoopFs> {
 }
 
 /// Prints why a root-only fault was skipped.
+/// A healthy cluster of `n` nodes, each keeping its log (1 MiB segments)
+/// on a small filesystem of `mib` MiB of its own, so that the disk-full
+/// fault can hit whichever node leads. Without root (no loop mounts) the
+/// logs stay in the cluster's directory and the list is empty.
+fn cluster_on_small_filesystems(n: u64, mib: u64) -> (Vec<LoopFs>, Cluster) {
+    let fss: Vec<LoopFs> = (0..n).map_while(|_| small_fs(mib)).collect();
+    let fss = if fss.len() == n as usize {
+        fss
+    } else {
+        Vec::new()
+    };
+    let c = Cluster::start(n, |p| {
+        for (i, fs) in fss.iter().enumerate() {
+            Cluster::set_log_dir(p, i as NodeId + 1, fs.path(), 1 << 20);
+        }
+    });
+    c.wait_healthy("start");
+    (fss, c)
+}
+
+/// The schedules' clients: three appending clients, a ledger writer
+/// fenced every `FENCE_EVERY`, and a queue producer and consumer.
+fn start_workloads(c: &Cluster, h: &History) -> (Workload, StateWorkload) {
+    let w = Workload::start(c, h, 1, 3, Duration::from_secs(3), Duration::from_millis(5));
+    (
+        w,
+        StateWorkload::start(c, Duration::from_secs(3), FENCE_EVERY),
+    )
+}
+
 fn skipped(what: &str, r: Result<(), String>) {
     if let Err(why) = r {
         out!("skipping {what}: {why}");
@@ -106,32 +136,12 @@ fn skipped(what: &str, r: Result<(), String>) {
 fn default_schedule(n: u64) {
     let title = format!("default schedule, {n} nodes");
     let started = Instant::now();
-    // Every node keeps its log on a small filesystem of its own (1 MiB
-    // segments, so a few large appends fill what is left after the
-    // ballast), so that the disk-full fault can hit whichever node leads.
-    let fss: Vec<LoopFs> = (0..n).map_while(|_| small_fs(64)).collect();
-    let fss = if fss.len() == n as usize {
-        fss
-    } else {
-        Vec::new()
-    };
-    let mut c = Cluster::start(n, |p| {
-        for (i, fs) in fss.iter().enumerate() {
-            Cluster::set_log_dir(p, i as NodeId + 1, fs.path(), 1 << 20);
-        }
-    });
-    c.wait_healthy("start");
+    // 1 MiB segments, so a few large appends fill what is left after the
+    // ballast.
+    let (fss, mut c) = cluster_on_small_filesystems(n, 64);
     let h = History::new();
     let mut m = Measurements::default();
-    let w = Workload::start(
-        &c,
-        &h,
-        1,
-        3,
-        Duration::from_secs(3),
-        Duration::from_millis(5),
-    );
-    let ledgers_and_queue = StateWorkload::start(&c, Duration::from_secs(3), FENCE_EVERY);
+    let (w, ledgers_and_queue) = start_workloads(&c, &h);
 
     let l = nemesis::leader(&c);
     nemesis::kill(&mut c, &mut m, l, HOLD);
@@ -660,29 +670,10 @@ fn long() {
         rng % below
     };
     // Room for every entry of a long run (each node's log holds them all).
-    let fss: Vec<LoopFs> = (0..n).map_while(|_| small_fs(64 + secs)).collect();
-    let fss = if fss.len() == n as usize {
-        fss
-    } else {
-        Vec::new()
-    };
-    let mut c = Cluster::start(n, |p| {
-        for (i, fs) in fss.iter().enumerate() {
-            Cluster::set_log_dir(p, i as NodeId + 1, fs.path(), 1 << 20);
-        }
-    });
-    c.wait_healthy("start");
+    let (fss, mut c) = cluster_on_small_filesystems(n, 64 + secs);
     let h = History::new();
     let mut m = Measurements::default();
-    let w = Workload::start(
-        &c,
-        &h,
-        1,
-        3,
-        Duration::from_secs(3),
-        Duration::from_millis(5),
-    );
-    let ledgers_and_queue = StateWorkload::start(&c, Duration::from_secs(3), FENCE_EVERY);
+    let (w, ledgers_and_queue) = start_workloads(&c, &h);
     let until = Instant::now() + Duration::from_secs(secs);
     let mut faults = 0;
     while Instant::now() < until {

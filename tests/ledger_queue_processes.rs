@@ -13,6 +13,7 @@
 
 mod common;
 
+use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
 use quire::node::processes::LocalProcesses;
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,8 +71,7 @@ fn recovery_fences_the_writer_and_the_reader_sees_every_confirmed_entry() {
         for k in 0u64.. {
             let sent = Instant::now();
             let r = writer.ledger_append(0, w, format!("e{k}").as_bytes());
-            let fenced =
-                matches!(&r, Err(ClientError::Refused(code, _)) if code.to_string() == "fenced");
+            let fenced = matches!(&r, Err(ClientError::Refused(ErrorCode::Fenced, _)));
             if r.is_ok() {
                 count.fetch_add(1, Ordering::Relaxed);
             }
@@ -95,7 +95,7 @@ fn recovery_fences_the_writer_and_the_reader_sees_every_confirmed_entry() {
     assert!(info.fenced, "{info:?}");
     let (_, _, last) = log.last().unwrap();
     assert!(
-        matches!(last, Err(ClientError::Refused(code, _)) if code.to_string() == "fenced"),
+        matches!(last, Err(ClientError::Refused(ErrorCode::Fenced, _))),
         "the writer ends fenced: {last:?}"
     );
     // Confirmed adds got dense ids in order, all within the sealed range,
