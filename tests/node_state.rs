@@ -162,7 +162,8 @@ fn ledgers_and_queues_survive_snapshots_and_a_restart_of_every_node() {
     let want: Vec<(u64, Vec<u8>)> = (0..39)
         .map(|e| (e, format!("entry {e}").into_bytes()))
         .collect();
-    assert_eq!(es, want, "read up to the LAC, every entry once");
+    let got: Vec<(u64, Vec<u8>)> = es.into_iter().map(|e| (e.id, e.data)).collect();
+    assert_eq!(got, want, "read up to the LAC, every entry once");
     let Ok(Answer::Queues(qs)) = n.query(0, Query::ListQueues, SLOW) else {
         panic!("list");
     };
@@ -226,4 +227,184 @@ fn a_fenced_writer_gets_no_confirm_after_recovery() {
     let sealed = n.state(0, 2, 1, Command::OpenRecover { ledger }, SLOW);
     assert_eq!(sealed, Ok(Outcome::Sealed(Some(1))));
     assert_eq!(add(4), Err(ProposeError::Refused(Error::Fenced)));
+}
+
+/// Ids of the log segment files in `dir` (spares included), ascending.
+fn segment_ids(dir: &std::path::Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            u64::from_str_radix(name.strip_suffix(".seg")?, 16).ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The bytes of ledger entries and messages live in the log, not in the
+/// state: the log keeps the segment of an unacked message through every
+/// snapshot and releases it once the message is acked; a follower that
+/// fell behind the trimmed log gets the snapshot together with the entries
+/// its state refers to, and holds them in its own log afterwards.
+#[test]
+fn the_log_keeps_what_the_state_refers_to_and_a_lagging_follower_gets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs: Vec<_> = (1..=3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let mut c = LocalCluster::start(&logs, &[0], &[], dir.path(), |spec| {
+        spec.raft.snapshot_entries = 16;
+        spec.snapshot_interval_ms = 100;
+        spec.wal.segment_bytes = 512 << 10;
+    })
+    .expect("cluster starts");
+    let l = leader(&c);
+    let log_of = |c: &LocalCluster, id: u64| c.spec(id).unwrap().groups[0].dir.clone();
+    let queue = || "q".to_string();
+    let produce = |c: &LocalCluster, seq: u64, messages: Vec<Vec<u8>>| {
+        let p = Command::Produce {
+            queue: queue(),
+            producer_id: 1,
+            seq,
+            messages,
+        };
+        let r = c.nodes[&l].state(0, 0, 0, p, SLOW);
+        assert!(matches!(r, Ok(Outcome::Produced { .. })), "{r:?}");
+    };
+    let create = Command::CreateQueue {
+        name: queue(),
+        max_deliveries: 100,
+    };
+    assert_eq!(c.nodes[&l].state(0, 0, 0, create, SLOW), Ok(Outcome::Done));
+    let pinned: Vec<Vec<u8>> = (0..4).map(|i| format!("pinned {i}").into_bytes()).collect();
+    produce(&c, 0, pinned.clone());
+
+    // A follower stops; about 2 MB more is produced, consumed and acked,
+    // all but the first four messages.
+    let f = (1..=3).find(|&id| id != l).unwrap();
+    c.stop_node(f);
+    for b in 1..=200u64 {
+        let big = (0..8).map(|m| {
+            let mut v = format!("bulk {b}.{m} ").into_bytes();
+            v.resize(1200, b as u8);
+            v
+        });
+        produce(&c, b, big.collect());
+    }
+    let mut seq = 1;
+    loop {
+        let consume = Command::Consume {
+            queue: queue(),
+            consumer: 1,
+            max: 1024,
+            visibility_ms: 600_000,
+            now_ms: 0,
+        };
+        seq += 1;
+        let Ok(Outcome::Consumed(got)) = c.nodes[&l].state(0, 9, seq, consume, SLOW) else {
+            panic!("consume");
+        };
+        if got.is_empty() {
+            break;
+        }
+        for d in &got {
+            let want = if d.id < 4 {
+                pinned[d.id as usize].clone()
+            } else {
+                let (b, m) = ((d.id - 4) / 8 + 1, (d.id - 4) % 8);
+                let mut v = format!("bulk {b}.{m} ").into_bytes();
+                v.resize(1200, b as u8);
+                v
+            };
+            assert_eq!(d.data, want, "message {} read back from the log", d.id);
+        }
+        let ids: Vec<u64> = got.iter().map(|d| d.id).filter(|&id| id >= 4).collect();
+        seq += 1;
+        let ack = Command::Ack {
+            queue: queue(),
+            ids,
+        };
+        assert!(matches!(
+            c.nodes[&l].state(0, 9, seq, ack, SLOW),
+            Ok(Outcome::Acked(_))
+        ));
+    }
+
+    // Snapshots came and went past several segments; the first one, which
+    // holds the unacked messages, stays.
+    let commit = c.nodes[&l].status().unwrap().groups[0].commit;
+    wait_for("the leader to snapshot past the bulk", || {
+        let s = c.nodes[&l].status()?.groups[0].snapshot;
+        (s.last_index >= commit).then_some(())
+    });
+    let ids = segment_ids(&log_of(&c, l));
+    assert_eq!(
+        ids[0], 1,
+        "the segment the unacked messages are in is kept: {ids:?}"
+    );
+    assert!(ids.len() >= 4, "the log spans several segments: {ids:?}");
+    let pinned_from = c.nodes[&l].status().unwrap().groups[0]
+        .snapshot
+        .retained_from;
+    assert!(
+        (1..commit / 2).contains(&pinned_from),
+        "status shows where the kept log starts: {pinned_from}"
+    );
+
+    // The follower comes back behind the leader's snapshot: it installs
+    // the snapshot and the entries from the unacked messages' on.
+    c.restart_node(f).unwrap();
+    wait_for("the follower to catch up", || {
+        let s = c.nodes[&f].status()?;
+        let g = &s.groups[0];
+        (g.stats.snapshots_installed >= 1 && g.applied >= commit).then_some(())
+    });
+    c.stop_node(f);
+    let spec = c.spec(f).unwrap().clone();
+    let (mut wal, report) = quire::storage::Wal::open(&log_of(&c, f), spec.wal.clone()).unwrap();
+    let snapshot_index = report.restored.snapshot.as_ref().unwrap().index;
+    let held = (1..snapshot_index)
+        .filter_map(|i| wal.read(i, i).ok()?.pop())
+        .find_map(|e| match e.payload {
+            quire::consensus::Payload::Normal(p) => {
+                match quire::state::query::decode_command(&p)? {
+                    Command::Produce {
+                        messages, seq: 0, ..
+                    } => Some((e.index, messages)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        });
+    let (at, messages) = held.expect("the follower's log holds the unacked messages' produce");
+    assert!(
+        at < snapshot_index,
+        "kept below the snapshot ({at} < {snapshot_index})"
+    );
+    assert_eq!(messages, pinned);
+    drop(wal);
+    c.restart_node(f).unwrap();
+
+    // Once acked, the messages' segment goes at the next snapshot.
+    let ack = Command::Ack {
+        queue: queue(),
+        ids: (0..4).collect(),
+    };
+    let l = leader(&c);
+    assert_eq!(
+        c.nodes[&l].state(0, 10, 1, ack, SLOW),
+        Ok(Outcome::Acked(4))
+    );
+    let commit = c.nodes[&l].status().unwrap().groups[0].commit;
+    wait_for("the acked prefix's segments to be released", || {
+        let s = c.nodes[&l].status()?.groups[0].snapshot;
+        let first = segment_ids(&log_of(&c, l))[0];
+        (s.last_index >= commit && first > 1).then_some(())
+    });
+    let from = c.nodes[&l].status().unwrap().groups[0]
+        .snapshot
+        .retained_from;
+    assert!(
+        from == 0 || from > pinned_from,
+        "moved past the acked messages: {from}"
+    );
 }

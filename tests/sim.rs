@@ -340,6 +340,7 @@ fn every_planted_workload_bug_is_caught_by_its_checker() {
         ("ack-not-replicated", "acked-not-redelivered"),
         ("produce-no-dedup", "produce-not-duplicated"),
         ("dedup-ignores-producer", "confirmed-produce-delivered"),
+        ("snapshot-without-entries", "stored-bytes-readable"),
     ];
     assert_eq!(expected.len(), sim::WORKLOAD_BUGS.len(), "every bug listed");
     for (name, invariant) in expected {

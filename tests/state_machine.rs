@@ -5,16 +5,19 @@
 //! random bytes, which `Command::decode` and `restore` must refuse without
 //! panicking.
 
+use quire::state::query::{decode_command, encode_command_entry, Answer, Query};
 use quire::state::queue::Delivery;
-use quire::state::{Command, Error, Outcome, StateMachine};
+use quire::state::{Command, Error, Outcome, StateMachine, Stored};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Applies commands at consecutive indexes.
+/// Applies commands at consecutive indexes, keeping the log they form
+/// (the bytes of entries and messages are read back from it).
 struct Driver {
     sm: StateMachine,
     index: u64,
+    log: Vec<Vec<u8>>,
 }
 
 impl Driver {
@@ -22,14 +25,24 @@ impl Driver {
         Driver {
             sm: StateMachine::new(),
             index: 0,
+            log: Vec::new(),
         }
     }
 
     fn apply(&mut self, cmd: Command) -> Result<Outcome, Error> {
         self.index += 1;
         // Every command goes through its encoding, as it would via the log.
-        let cmd = Command::decode(&cmd.encode()).expect("a valid command decodes");
-        self.sm.apply(self.index, &cmd)
+        let payload = encode_command_entry(0, 0, &cmd.encode());
+        let cmd = decode_command(&payload).expect("a valid command decodes");
+        self.log.push(payload);
+        let mut out = self.sm.apply(self.index, &cmd)?;
+        out.fill(&mut self.payload_at())
+            .expect("the log holds every stored message");
+        Ok(out)
+    }
+
+    fn payload_at(&self) -> impl FnMut(u64) -> Option<Vec<u8>> + '_ {
+        |i| self.log.get(i.checked_sub(1)? as usize).cloned()
     }
 
     fn consume(&mut self, queue: &str, max: u32, visibility_ms: u64, now_ms: u64) -> Vec<u64> {
@@ -98,17 +111,22 @@ fn a_recovered_ledger_fences_its_writer_and_readers_see_the_sealed_entries() {
         Err(Error::Fenced),
         "fenced after restore"
     );
-    let read: Vec<u64> =
-        d.sm.ledgers()
-            .read(0, 0, 99)
-            .unwrap()
-            .iter()
-            .map(|e| e.0)
-            .collect();
+    let query = Query::ReadLedger {
+        ledger: 0,
+        from: 0,
+        to: 99,
+    };
+    let mut read = d.sm.query(&query).unwrap();
+    read.fill(&mut d.payload_at())
+        .expect("the log holds every entry");
+    let Answer::Entries(read) = read else {
+        panic!("{read:?}")
+    };
+    let read: Vec<(u64, Vec<u8>)> = read.into_iter().map(|e| (e.id, e.data)).collect();
     assert_eq!(
         read,
-        vec![0, 1, 2, 3],
-        "exactly the entries up to the sealed id"
+        (0..4).map(|e| (e, vec![e as u8])).collect::<Vec<_>>(),
+        "exactly the entries up to the sealed id, with their bytes from the log"
     );
     let close = Command::CloseLedger {
         ledger: 1,
@@ -207,14 +225,17 @@ fn a_message_is_dead_lettered_after_max_deliveries() {
         assert_eq!(d.consume("q", 1, 10, t * 10), vec![0], "delivery {}", t + 1);
     }
     assert_eq!(d.consume("q", 1, 10, 30), Vec::<u64>::new());
-    let dead = d.sm.queues().dead_letters("q").unwrap();
+    let query = Query::DeadLetters { queue: "q".into() };
+    let mut dead = d.sm.query(&query).unwrap();
+    dead.fill(&mut d.payload_at()).unwrap();
     assert_eq!(
         dead,
-        vec![Delivery {
+        Answer::Deliveries(vec![Delivery {
             id: 0,
             data: b"m".to_vec(),
-            deliveries: 3
-        }]
+            deliveries: 3,
+            stored: Stored { index: 2, slot: 0 },
+        }])
     );
 }
 

@@ -66,6 +66,7 @@ both_backends!(
     compaction_trims_segments_and_install_replaces_the_log,
     trimmed_segments_are_recycled_instead_of_zero_filled,
     backend_in_use_is_the_one_asked_for,
+    entries_the_state_refers_to_stay_below_the_snapshot,
 );
 
 fn roundtrip_across_segments_and_reopen(b: BackendChoice) {
@@ -307,7 +308,7 @@ fn compaction_trims_segments_and_install_replaces_the_log(b: BackendChoice) {
         membership: Membership::with_voters([1, 2, 3]),
         data: b"state at 5000".to_vec(),
     };
-    wal.install_snapshot(&ahead).unwrap();
+    wal.install_snapshot(&ahead, &[]).unwrap();
     append_range(&mut wal, 5001, 5003, 4);
     wal.sync().unwrap();
     drop(wal);
@@ -384,4 +385,69 @@ fn backend_in_use_is_the_one_asked_for(b: BackendChoice) {
     assert_eq!(wal.backend_name(), want);
     assert!(report.backend.contains(want), "{}", report.backend);
     assert_eq!(*wal.state(), DiskState::Healthy);
+}
+
+/// Adopting a snapshot keeps every segment from the oldest entry its state
+/// refers to; installing one with the entries below it stores them in the
+/// fresh log, readable after a reopen, with the log resuming after it.
+fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wal, _) = open(dir.path(), b);
+    append_range(&mut wal, 1, 2000, 1);
+    wal.sync().unwrap();
+    let before = segment_files(dir.path()).len();
+    let snap = |index| Snapshot {
+        index,
+        term: 1,
+        membership: Membership::with_voters([1, 2, 3]),
+        data: b"meta".to_vec(),
+    };
+    quire::storage::write_snapshot_file(dir.path(), &snap(1500)).unwrap();
+    wal.adopt_snapshot(1500, 1, Some(10)).unwrap();
+    assert_eq!(
+        wal.read(10, 12).unwrap(),
+        vec![entry(10, 1), entry(11, 1), entry(12, 1)]
+    );
+    assert_eq!(
+        segment_files(dir.path()).len(),
+        before,
+        "nothing trimmed below 10"
+    );
+    quire::storage::write_snapshot_file(dir.path(), &snap(1900)).unwrap();
+    wal.adopt_snapshot(1900, 1, Some(1800)).unwrap();
+    assert!(
+        wal.read(10, 10).is_err(),
+        "trimmed once nothing refers to it"
+    );
+    assert_eq!(wal.read(1800, 1800).unwrap(), vec![entry(1800, 1)]);
+
+    // A leader's snapshot at 5000 with the entries 4990..=5000 it refers to.
+    let ahead = Snapshot {
+        term: 4,
+        ..snap(5000)
+    };
+    let below: Vec<Entry> = (4990..=5000).map(|i| entry(i, 4)).collect();
+    let gap = [entry(4990, 4), entry(4992, 4)];
+    assert!(
+        wal.install_snapshot(&ahead, &gap).is_err(),
+        "not consecutive"
+    );
+    wal.install_snapshot(&ahead, &below).unwrap();
+    append_range(&mut wal, 5001, 5003, 4);
+    wal.sync().unwrap();
+    drop(wal);
+    let (mut wal, report) = open(dir.path(), b);
+    assert_eq!(report.restored.snapshot.as_ref(), Some(&ahead));
+    let idx: Vec<Index> = report.restored.entries.iter().map(|e| e.index).collect();
+    assert_eq!(
+        idx,
+        vec![5001, 5002, 5003],
+        "the log resumes after the snapshot"
+    );
+    assert_eq!(
+        wal.read(4990, 5000).unwrap(),
+        below,
+        "kept below it, readable"
+    );
+    assert!(wal.read(1800, 1800).is_err(), "the old log is gone");
 }

@@ -35,7 +35,8 @@ struct Args {
     /// Plant a bug to see the checkers catch it (fault injection):
     /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing;
     /// with --workload ledger: ledger-no-fence, stale-lac; with --workload
-    /// queue: ack-not-replicated, produce-no-dedup.
+    /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
+    /// snapshot-without-entries.
     #[arg(long)]
     bug: Option<String>,
     /// What the clients do: log (raw appends), ledger or queue (through

@@ -171,7 +171,7 @@ impl Client {
         to: u64,
     ) -> Result<Vec<(u64, Vec<u8>)>, ClientError> {
         match self.query(group, &Query::ReadLedger { ledger, from, to }, 0)? {
-            Answer::Entries(es) => Ok(es),
+            Answer::Entries(es) => Ok(pairs(es)),
             other => Err(unexpected("read", other)),
         }
     }
@@ -195,7 +195,7 @@ impl Client {
                 to: u64::MAX,
             };
             match self.query(group, &q, wait)? {
-                Answer::Entries(es) if !es.is_empty() || left.is_zero() => return Ok(es),
+                Answer::Entries(es) if !es.is_empty() || left.is_zero() => return Ok(pairs(es)),
                 Answer::Entries(_) => {}
                 other => return Err(unexpected("tail", other)),
             }
@@ -310,4 +310,9 @@ impl Client {
             other => Err(unexpected("dead letters", other)),
         }
     }
+}
+
+/// Entries as (entry id, data).
+fn pairs(es: Vec<crate::state::ledger::LedgerEntry>) -> Vec<(u64, Vec<u8>)> {
+    es.into_iter().map(|e| (e.id, e.data)).collect()
 }

@@ -34,6 +34,7 @@ mod progress;
 mod read_index;
 mod replication;
 mod snapshot;
+pub use snapshot::{decode_image, encode_image};
 mod transfer;
 pub mod types;
 
@@ -96,6 +97,13 @@ pub struct RaftConfig {
     /// Bytes of snapshot data per InstallSnapshot message (well below the
     /// transport's `message_bytes_max`).
     pub snapshot_chunk_bytes: usize,
+    /// The state machine refers to log entries at or below its snapshot
+    /// (quire keeps entry and message bytes in the log): a snapshot sent
+    /// to a follower carries those entries too. The caller supplies them
+    /// when asked ([`Ready::snapshot_entries_wanted`],
+    /// [`Raft::set_snapshot_entries`]) and stores those it receives
+    /// ([`Ready::snapshot_entries`]). Every member must agree on it.
+    pub snapshot_with_entries: bool,
     /// When the failure detector declares the leader down, campaign after
     /// a delay staggered by rank in slots of this length instead of an
     /// election timeout; a few network round trips (pre-vote and vote).
@@ -120,6 +128,7 @@ impl RaftConfig {
             apply_bytes_max: 4 << 20,
             snapshot_entries: 100_000,
             snapshot_chunk_bytes: 1 << 20,
+            snapshot_with_entries: false,
             fast_campaign_jitter_ms: 30,
             planted_bug: None,
         }
@@ -162,6 +171,14 @@ pub struct Ready {
     /// A snapshot from the leader to persist in place of the whole log and
     /// to restore into the state machine before applying anything else.
     pub snapshot: Option<Snapshot>,
+    /// With `snapshot`: the entries at or below its index that its state
+    /// machine still refers to, consecutive, to store with it (only with
+    /// `snapshot_with_entries`).
+    pub snapshot_entries: Vec<Entry>,
+    /// A follower needs the snapshot at this index: call
+    /// [`Raft::set_snapshot_entries`] with the entries its state machine
+    /// refers to (only with `snapshot_with_entries`).
+    pub snapshot_entries_wanted: Option<Index>,
     /// Storage must drop every entry at or after this index before
     /// appending `entries` (a conflicting suffix, thesis §3.5). The core
     /// owns this rule: the driver only carries it out.
@@ -195,6 +212,7 @@ impl Ready {
             && self.committed.is_empty()
             && self.read_states.is_empty()
             && !self.snapshot_wanted
+            && self.snapshot_entries_wanted.is_none()
     }
 }
 
@@ -248,6 +266,8 @@ pub struct RaftStats {
     pub snapshots_sent: u64,
     /// Snapshots installed from a leader.
     pub snapshots_installed: u64,
+    /// Received snapshots refused because their entries did not decode.
+    pub snapshots_refused: u64,
     /// Fast campaigns scheduled because the detector declared the leader down.
     pub fast_campaigns: u64,
     /// Times the serial heartbeat vouched for a leader not heard over IP.
@@ -276,6 +296,11 @@ pub struct Raft {
     memberships: BTreeMap<Index, Membership>,
     /// Latest snapshot (metadata and data) to send to lagging followers.
     snapshot: Option<Snapshot>,
+    /// With `snapshot_with_entries`: what InstallSnapshot carries for the
+    /// snapshot at this index (its data and the entries it refers to).
+    snapshot_image: Option<(Index, Vec<u8>)>,
+    /// The snapshot whose entries were asked of the caller.
+    snapshot_entries_wanted: Option<Index>,
     /// See [`RestoredState::repair_until`]; 0 when the log is whole.
     repair_until: Index,
 
@@ -299,7 +324,7 @@ pub struct Raft {
     // output
     messages: Vec<Message>,
     messages_after_persist: Vec<Message>,
-    pending_snapshot_install: Option<Snapshot>,
+    pending_snapshot_install: Option<(Snapshot, Vec<Entry>)>,
     /// Follower: the snapshot being received, chunk by chunk.
     snapshot_receiving: Option<Snapshot>,
     persisted_hard_state: HardState,
@@ -366,6 +391,8 @@ impl Raft {
             log,
             memberships,
             snapshot: state.snapshot,
+            snapshot_image: None,
+            snapshot_entries_wanted: None,
             repair_until,
             election_deadline_ms: 0,
             leader_contact_ms: None,
@@ -601,7 +628,10 @@ impl Raft {
         if self.role == Role::Leader && self.replication_dirty {
             self.broadcast_append();
         }
-        let snapshot = self.pending_snapshot_install.take();
+        let (snapshot, snapshot_entries) = match self.pending_snapshot_install.take() {
+            Some((s, entries)) => (Some(s), entries),
+            None => (None, Vec::new()),
+        };
         let (truncate_from, entries) = self.log.take_unstable();
         let hs = self.hard_state();
         let mut persisted_hs = hs;
@@ -625,6 +655,8 @@ impl Raft {
         Ready {
             hard_state,
             snapshot,
+            snapshot_entries,
+            snapshot_entries_wanted: self.snapshot_entries_wanted.take(),
             truncate_from,
             entries,
             messages: std::mem::take(&mut self.messages),

@@ -4,12 +4,111 @@
 //!
 //! The snapshot's `data` is whatever the state machine encodes; in quire it
 //! is metadata only (ledger table, queue ack state), since the log segments
-//! themselves are the data.
+//! themselves are the data. So a follower that installs a snapshot also
+//! needs the entries at or below it that the metadata refers to: with
+//! `snapshot_with_entries`, what InstallSnapshot carries is an *image*,
+//! the snapshot's data followed by those entries (asked of the caller,
+//! who reads them from its log), sent in chunks like any snapshot.
 
 use super::{
-    AppendResult, Body, Index, Membership, NodeId, Raft, RaftError, ReplicationState, Snapshot,
-    Term,
+    AppendResult, Body, Entry, Index, Membership, NodeId, Payload, Raft, RaftError,
+    ReplicationState, Snapshot, Term,
 };
+
+/// First bytes of a snapshot image.
+const IMAGE_MAGIC: [u8; 4] = *b"QTI1";
+
+/// A snapshot image: `IMAGE_MAGIC | data_len u64 | data | count u64 |
+/// entries`, each entry `term u64 | index u64 | kind u8 | payload`, all
+/// little-endian; a payload is `len u32 | bytes` (normal), nothing (noop)
+/// or two id sets `count u32 | ids u64...` (membership).
+pub fn encode_image(data: &[u8], entries: &[Entry]) -> Vec<u8> {
+    let size: usize = entries.iter().map(|e| e.size_bytes() + 32).sum();
+    let mut out = Vec::with_capacity(data.len() + size + 24);
+    out.extend_from_slice(&IMAGE_MAGIC);
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    let ids = |out: &mut Vec<u8>, set: &std::collections::BTreeSet<NodeId>| {
+        out.extend_from_slice(&(set.len() as u32).to_le_bytes());
+        set.iter()
+            .for_each(|id| out.extend_from_slice(&id.to_le_bytes()));
+    };
+    for e in entries {
+        out.extend_from_slice(&e.term.to_le_bytes());
+        out.extend_from_slice(&e.index.to_le_bytes());
+        match &e.payload {
+            Payload::Noop => out.push(0),
+            Payload::Normal(b) => {
+                out.push(1);
+                out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                out.extend_from_slice(b);
+            }
+            Payload::Membership(m) => {
+                out.push(2);
+                ids(&mut out, &m.voters);
+                ids(&mut out, &m.learners);
+            }
+        }
+    }
+    out
+}
+
+/// Splits an image into the snapshot's data and its entries; `None`
+/// unless it is exactly one image whose entries are consecutive and end
+/// at or below `index` (it came over the network: nothing is trusted).
+pub fn decode_image(bytes: &[u8], index: Index) -> Option<(Vec<u8>, Vec<Entry>)> {
+    let mut r = bytes;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, rest) = (r.get(..n)?, r.get(n..)?);
+        r = rest;
+        Some(head)
+    };
+    if take(4)? != IMAGE_MAGIC {
+        return None;
+    }
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+    let data_len = usize::try_from(u64_at(take(8)?)).ok()?;
+    let data = take(data_len)?.to_vec();
+    let count = u64_at(take(8)?);
+    let mut entries: Vec<Entry> = Vec::new();
+    for _ in 0..count {
+        // Each entry takes at least 17 bytes: a count past the end is
+        // refused here, before anything is allocated for it.
+        let term = u64_at(take(8)?);
+        let at = u64_at(take(8)?);
+        let payload = match take(1)?[0] {
+            0 => Payload::Noop,
+            1 => {
+                let len = u32_at(take(4)?) as usize;
+                Payload::Normal(take(len)?.to_vec())
+            }
+            2 => {
+                let mut sets = [Default::default(), Default::default()];
+                for set in &mut sets {
+                    let n = u32_at(take(4)?);
+                    for _ in 0..n {
+                        std::collections::BTreeSet::insert(set, u64_at(take(8)?));
+                    }
+                }
+                let [voters, learners] = sets;
+                Payload::Membership(Membership { voters, learners })
+            }
+            _ => return None,
+        };
+        let next = entries.last().map(|e| e.index + 1);
+        if next.is_some_and(|n| n != at) || at == 0 || at > index {
+            return None;
+        }
+        entries.push(Entry {
+            term,
+            index: at,
+            payload,
+        });
+    }
+    r.is_empty().then_some((data, entries))
+}
 
 impl Raft {
     /// The caller captured its state machine at applied index `index` in
@@ -63,6 +162,7 @@ impl Raft {
         let index = snapshot.index;
         let membership = snapshot.membership.clone();
         self.log.compact(index);
+        self.snapshot_image = None;
         // Keep the membership in force at the snapshot and every later one.
         let later = self.memberships.split_off(&(index + 1));
         self.memberships.clear();
@@ -82,24 +182,71 @@ impl Raft {
             pr.become_snapshot(index, now);
         }
         self.stats.snapshots_sent += 1;
-        self.send_snapshot_chunk(peer, 0);
+        if self.transfer().is_some() {
+            self.send_snapshot_chunk(peer, 0);
+        } else {
+            // Sent once the caller supplies the entries; if it never does,
+            // the resend timer asks again.
+            self.snapshot_entries_wanted = Some(index);
+        }
     }
 
-    /// Leader: the chunk of our snapshot's data that starts at `offset`.
+    /// The caller's answer to [`Ready::snapshot_entries_wanted`]: the
+    /// entries at or below the snapshot at `index` that its state machine
+    /// refers to, consecutive. Followers waiting for that snapshot get it.
+    ///
+    /// [`Ready::snapshot_entries_wanted`]: super::Ready::snapshot_entries_wanted
+    pub fn set_snapshot_entries(&mut self, index: Index, entries: &[Entry]) {
+        let Some(s) = self.snapshot.as_ref().filter(|s| s.index == index) else {
+            return; // compacted again since: asked anew when needed
+        };
+        self.snapshot_image = Some((index, encode_image(&s.data, entries)));
+        let now = self.now_ms;
+        let waiting: Vec<NodeId> = self
+            .progress
+            .iter_mut()
+            .filter(|(_, pr)| {
+                matches!(pr.state, ReplicationState::Snapshot { index: i, acked: 0, .. } if i == index)
+            })
+            .map(|(&id, pr)| {
+                pr.become_snapshot(index, now);
+                id
+            })
+            .collect();
+        for peer in waiting {
+            self.send_snapshot_chunk(peer, 0);
+        }
+    }
+
+    /// What InstallSnapshot carries for the current snapshot: its data,
+    /// or its image; `None` while the image is not built.
+    fn transfer(&self) -> Option<(&Snapshot, &[u8])> {
+        let s = self.snapshot.as_ref()?;
+        if !self.cfg.snapshot_with_entries {
+            return Some((s, &s.data));
+        }
+        match &self.snapshot_image {
+            Some((i, image)) if *i == s.index => Some((s, image)),
+            _ => None,
+        }
+    }
+
+    /// Leader: the chunk of what the snapshot transfer carries that starts
+    /// at `offset`.
     fn send_snapshot_chunk(&mut self, peer: NodeId, offset: u64) {
-        let Some(s) = self.snapshot.as_ref() else {
+        let Some((s, bytes)) = self.transfer() else {
             return;
         };
-        let total = s.data.len() as u64;
+        let total = bytes.len() as u64;
         let start = offset.min(total) as usize;
         let end = start
             .saturating_add(self.cfg.snapshot_chunk_bytes)
-            .min(s.data.len());
+            .min(bytes.len());
         let chunk = Snapshot {
             index: s.index,
             term: s.term,
             membership: s.membership.clone(),
-            data: s.data[start..end].to_vec(),
+            data: bytes[start..end].to_vec(),
         };
         let body = Body::InstallSnapshot {
             snapshot: chunk,
@@ -113,10 +260,7 @@ impl Raft {
     /// `index`: send the next chunk, or start over if ours changed.
     pub(super) fn handle_snapshot_ack(&mut self, from: NodeId, index: Index, received: u64) {
         let now = self.now_ms;
-        let ours = self
-            .snapshot
-            .as_ref()
-            .map(|s| (s.index, s.data.len() as u64));
+        let ours = self.transfer().map(|(s, b)| (s.index, b.len() as u64));
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
         };
@@ -235,17 +379,75 @@ impl Raft {
     }
 
     /// Replaces the log with a whole snapshot received from the leader.
-    fn install_snapshot(&mut self, from: NodeId, snapshot: Snapshot) {
+    fn install_snapshot(&mut self, from: NodeId, mut snapshot: Snapshot) {
         let index = snapshot.index;
+        let mut entries = Vec::new();
+        if self.cfg.snapshot_with_entries {
+            let Some((data, below)) = decode_image(&snapshot.data, index) else {
+                // Whole but not an image: start over rather than install
+                // a state whose entries are missing.
+                self.stats.snapshots_refused += 1;
+                self.send(from, Body::SnapshotAck { index, received: 0 });
+                return;
+            };
+            // The image stays, to send on if this node leads.
+            let image = std::mem::replace(&mut snapshot.data, data);
+            self.snapshot_image = Some((index, image));
+            entries = below;
+        }
         self.log.reset_to_snapshot(index, snapshot.term);
         self.memberships.clear();
         self.memberships.insert(index, snapshot.membership.clone());
         self.snapshot = Some(snapshot.clone());
-        self.pending_snapshot_install = Some(snapshot);
+        self.pending_snapshot_install = Some((snapshot, entries));
         self.stats.snapshots_installed += 1;
         self.send(
             from,
             Body::AppendResponse(AppendResult::Accepted { match_index: index }),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_round_trips_and_every_cut_or_gap_is_refused() {
+        let entries = vec![
+            Entry {
+                term: 2,
+                index: 7,
+                payload: Payload::Normal(b"bytes".to_vec()),
+            },
+            Entry {
+                term: 2,
+                index: 8,
+                payload: Payload::Noop,
+            },
+            Entry {
+                term: 3,
+                index: 9,
+                payload: Payload::Membership(Membership::with_voters([1, 2, 3])),
+            },
+        ];
+        let image = encode_image(b"meta", &entries);
+        assert_eq!(
+            decode_image(&image, 9),
+            Some((b"meta".to_vec(), entries.clone()))
+        );
+        assert_eq!(decode_image(&image, 8), None, "an entry past the snapshot");
+        for cut in 0..image.len() {
+            assert_eq!(decode_image(&image[..cut], 9), None, "cut {cut}");
+        }
+        let mut longer = image.clone();
+        longer.push(0);
+        assert_eq!(decode_image(&longer, 9), None, "a trailing byte");
+        let gap = encode_image(b"", &[entries[0].clone(), entries[2].clone()]);
+        assert_eq!(decode_image(&gap, 9), None, "entries not consecutive");
+        assert_eq!(
+            decode_image(&encode_image(b"m", &[]), 0),
+            Some((b"m".to_vec(), vec![]))
         );
     }
 }

@@ -166,7 +166,7 @@ pub fn metrics_text(s: &NodeStatus) -> String {
             |w| w.disk_full_refusals,
         ),
     ];
-    let snapshot_gauges: [SnapshotGauge; 5] = [
+    let snapshot_gauges: [SnapshotGauge; 6] = [
         (
             gauge(&mut reg, "snapshots_taken", "Snapshots written and adopted"),
             |s| s.taken,
@@ -198,6 +198,14 @@ pub fn metrics_text(s: &NodeStatus) -> String {
                 "Time the loop spent capturing the last snapshot's view, microseconds",
             ),
             |s| s.last_capture_us,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_retained_from_index",
+                "Lowest log index the state at the snapshot refers to (an old ledger entry or unacked message); segments from it on are kept; 0 for none",
+            ),
+            |s| s.retained_from,
         ),
     ];
     let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
@@ -351,6 +359,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
                 "duration_us": g.snapshot.last_us,
                 "capture_us": g.snapshot.last_capture_us,
                 "failed": g.snapshot.failed,
+                "retained_from": g.snapshot.retained_from,
             },
             "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
                 "peer": p,

@@ -162,9 +162,12 @@ impl EventLoop {
             wal.notify_completions(waker.fd())
                 .map_err(|e| format!("group {} log: {e}", g.group))?;
             eprintln!("node {id} group {}: {report}", g.group);
+            // The ledgers and queues refer to entries at or below their
+            // snapshot, so a snapshot sent carries those entries.
             let cfg = RaftConfig {
                 id,
                 initial_voters: spec.voters.clone(),
+                snapshot_with_entries: true,
                 ..spec.raft.clone()
             };
             let snapshot = report.restored.snapshot.clone();

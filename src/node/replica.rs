@@ -43,11 +43,15 @@ enum Applied2 {
     State(Result<Outcome, ProposeError>),
 }
 
+/// A snapshot written by the helper thread: the snapshot, its bytes, and
+/// the lowest log index its state refers to.
+type SnapshotWritten = (crate::consensus::Snapshot, usize, Option<Index>);
+
 /// A snapshot being encoded and written on a helper thread.
 struct SnapshotJob {
     index: Index,
     started: Instant,
-    done: Receiver<Result<(crate::consensus::Snapshot, usize), WalError>>,
+    done: Receiver<Result<SnapshotWritten, WalError>>,
 }
 
 /// What the snapshots of a group cost, for status and metrics.
@@ -66,6 +70,10 @@ pub struct SnapshotStats {
     pub last_capture_us: u64,
     /// Snapshots that failed to be written (the log is kept whole).
     pub failed: u64,
+    /// The lowest log index the state at the snapshot refers to (a ledger
+    /// entry's or an unacked message's bytes); 0 for none. The log keeps
+    /// every segment from there on.
+    pub retained_from: Index,
 }
 
 /// One group on this node.
@@ -112,6 +120,10 @@ pub(crate) struct Replica {
     /// Take a snapshot at least this often while entries are applied.
     snapshot_interval_ms: u64,
     pub(crate) snapshot_stats: SnapshotStats,
+    /// The lowest log index the state at Raft's snapshot refers to: the
+    /// log keeps every entry from there on (a follower that installs the
+    /// snapshot gets them with it).
+    snapshot_keep_from: Option<Index>,
 }
 
 impl Replica {
@@ -141,6 +153,7 @@ impl Replica {
             next_snapshot_ms: u64::MAX,
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
+            snapshot_keep_from: None,
         }
     }
 
@@ -182,6 +195,7 @@ impl Replica {
         self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
         self.dedup = table;
         self.not_applied = self.not_applied.split_off(&(index + 1));
+        self.set_keep_from(machine.oldest_stored());
         self.machine = machine;
         true
     }
@@ -285,7 +299,13 @@ impl Replica {
             .is_some_and(|(at, _, _)| *at <= self.applied)
         {
             let (_, q, reply) = self.reads_confirmed.pop_front().expect("front exists");
-            reply(self.machine.query(&q).map_err(ProposeError::Refused));
+            let answer = self.machine.query(&q).map_err(ProposeError::Refused);
+            let group = self.group;
+            reply(answer.and_then(|mut a| {
+                a.fill(&mut payload_at(&self.raft, &mut self.wal))
+                    .map_err(|i| stored_missing(group, i))?;
+                Ok(a)
+            }));
         }
         if self.raft.role() != Role::Leader && !self.reads_pending.is_empty() {
             let leader = self.raft.leader();
@@ -307,7 +327,8 @@ impl Replica {
                 break;
             }
             out.extend(rd.messages);
-            if let Err(e) = self.write(&rd.snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
+            let snapshot = rd.snapshot.as_ref().map(|s| (s, &rd.snapshot_entries[..]));
+            if let Err(e) = self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
                 self.stop(format!("{e}"));
                 return;
             }
@@ -342,6 +363,9 @@ impl Replica {
                 self.raft.applied(self.applied);
             }
             self.snapshot_due |= rd.snapshot_wanted;
+            if let Some(index) = rd.snapshot_entries_wanted {
+                self.supply_snapshot_entries(index);
+            }
         }
         self.snapshot(now_ms);
         self.pump(now_ms, out);
@@ -369,7 +393,7 @@ impl Replica {
                     self.snapshot_job = None;
                     self.snapshot_stats.failed += 1;
                 }
-                Ok(Ok((snap, bytes))) => {
+                Ok(Ok((snap, bytes, keep_from))) => {
                     let job = self.snapshot_job.take().expect("checked above");
                     let (index, term) = (snap.index, snap.term);
                     // Refused if the leader installed a newer one meanwhile.
@@ -382,7 +406,8 @@ impl Replica {
                                 .name("quire-free".into())
                                 .spawn(move || drop(old));
                         }
-                        if let Err(e) = self.wal.adopt_snapshot(index, term) {
+                        self.set_keep_from(keep_from);
+                        if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
                             self.stop(format!("{e}"));
                             return;
                         }
@@ -419,13 +444,15 @@ impl Replica {
                 dedup.encode(&mut data);
                 data.extend_from_slice(&machine.snapshot());
                 let bytes = data.len();
+                let keep_from = machine.oldest_stored();
                 let snap = crate::consensus::Snapshot {
                     index,
                     term,
                     membership,
                     data,
                 };
-                let r = crate::storage::write_snapshot_file(&dir, &snap).map(|()| (snap, bytes));
+                let r = crate::storage::write_snapshot_file(&dir, &snap)
+                    .map(|()| (snap, bytes, keep_from));
                 let _ = tx.send(r);
             });
         if spawned.is_err() {
@@ -442,15 +469,51 @@ impl Replica {
         });
     }
 
+    fn set_keep_from(&mut self, keep_from: Option<Index>) {
+        self.snapshot_keep_from = keep_from;
+        self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
+    }
+
+    /// Answers Raft's request for the entries a follower needs with the
+    /// snapshot at `index`: those from `snapshot_keep_from` to `index`,
+    /// read back from the log's segments.
+    fn supply_snapshot_entries(&mut self, index: Index) {
+        if self.raft.snapshot().map(|s| s.index) != Some(index) {
+            return; // a newer snapshot since; asked again for that one
+        }
+        let entries = match self.snapshot_keep_from {
+            None => Vec::new(),
+            Some(from) => match self.wal.read(from, index) {
+                Ok(es) if es.len() as u64 == index + 1 - from => es,
+                Ok(es) => {
+                    eprintln!(
+                        "group {}: the log holds {} of entries {from}..={index} that the snapshot refers to; no snapshot sent",
+                        self.group,
+                        es.len()
+                    );
+                    return;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "group {}: reading entries {from}..={index} for a snapshot: {e}",
+                        self.group
+                    );
+                    return;
+                }
+            },
+        };
+        self.raft.set_snapshot_entries(index, &entries);
+    }
+
     fn write(
         &mut self,
-        snapshot: &Option<crate::consensus::Snapshot>,
+        snapshot: Option<(&crate::consensus::Snapshot, &[Entry])>,
         truncate_from: Option<Index>,
         entries: &[Entry],
         hard_state: Option<crate::consensus::HardState>,
     ) -> Result<(), WalError> {
-        if let Some(s) = snapshot {
-            self.wal.install_snapshot(s)?;
+        if let Some((s, below)) = snapshot {
+            self.wal.install_snapshot(s, below)?;
             self.reported = (s.index, s.term);
             self.raft.persisted(s.index, s.term);
         }
@@ -507,7 +570,15 @@ impl Replica {
             }
             match (w.reply, &outcome) {
                 (WaiterReply::Index(r), Applied2::Index(o)) => r(o.clone()),
-                (WaiterReply::State(r), Applied2::State(o)) => r(o.clone()),
+                (WaiterReply::State(r), Applied2::State(o)) => {
+                    let mut o = o.clone();
+                    if let Ok(out) = &mut o {
+                        if let Err(i) = out.fill(&mut payload_at(&self.raft, &mut self.wal)) {
+                            o = Err(stored_missing(self.group, i));
+                        }
+                    }
+                    r(o)
+                }
                 (r, _) => r.fail(ProposeError::Unavailable(
                     "the entry applied is not the kind proposed".into(),
                 )),
@@ -711,6 +782,32 @@ impl Replica {
             (None, DiskState::Degraded) => "degraded".into(),
             (None, DiskState::Full) => "full".into(),
             (None, DiskState::Failed(why)) => format!("failed: {why}"),
+        }
+    }
+}
+
+/// The error for state that refers to a log entry this node cannot read
+/// back: never expected (the log keeps what the state refers to).
+fn stored_missing(group: GroupId, index: Index) -> ProposeError {
+    let why = format!(
+        "group {group}: the state refers to log entry {index}, which this node cannot read"
+    );
+    eprintln!("{why}");
+    ProposeError::Unavailable(why)
+}
+
+/// The payload of the log entry at an index: from Raft's log in memory,
+/// else read back from the segments (entries below the snapshot that the
+/// state refers to).
+fn payload_at<'a>(raft: &'a Raft, wal: &'a mut Wal) -> impl FnMut(Index) -> Option<Vec<u8>> + 'a {
+    move |i| {
+        let entry = match raft.entry(i) {
+            Some(e) => e.clone(),
+            None => wal.read(i, i).ok()?.pop()?,
+        };
+        match entry.payload {
+            Payload::Normal(p) => Some(p),
+            _ => None,
         }
     }
 }

@@ -19,12 +19,18 @@ pub(crate) enum DiskOp {
     /// A `Ready`'s write: snapshot install, then truncate, append, hard state.
     Write {
         snapshot: Option<Snapshot>,
+        /// The entries below `snapshot` that its machine refers to.
+        snapshot_entries: Vec<Entry>,
         truncate_from: Option<Index>,
         entries: Vec<Entry>,
         hard_state: Option<HardState>,
     },
-    /// A local snapshot: store it and drop the entries it covers.
-    Compact(Snapshot),
+    /// A local snapshot: store it and drop the entries it covers, except
+    /// `retained`, which its machine still refers to.
+    Compact {
+        snapshot: Snapshot,
+        retained: Vec<Entry>,
+    },
 }
 
 /// What survives a crash.
@@ -33,6 +39,8 @@ pub(crate) struct Durable {
     pub(crate) hard_state: HardState,
     pub(crate) snapshot: Option<Snapshot>,
     pub(crate) entries: Vec<Entry>,
+    /// Entries at or below the snapshot that its machine refers to.
+    pub(crate) retained: Vec<Entry>,
     /// Chain hash of the log prefix ending at each entry (see `trace::chain`).
     pub(crate) prefix: Vec<u64>,
     /// Damage not yet noticed: from this index on, entries will fail their
@@ -197,6 +205,7 @@ impl SimDisk {
         match op {
             DiskOp::Write {
                 snapshot,
+                snapshot_entries,
                 truncate_from,
                 entries,
                 hard_state,
@@ -218,6 +227,7 @@ impl SimDisk {
                         d.damaged.clear();
                     }
                     d.snapshot = Some(s);
+                    d.retained = snapshot_entries;
                 }
                 if let Some(t) = truncate_from {
                     d.truncate_from(t);
@@ -234,8 +244,12 @@ impl SimDisk {
                     }
                 }
             }
-            DiskOp::Compact(s) => {
+            DiskOp::Compact {
+                snapshot: s,
+                retained,
+            } => {
                 if torn_keep.is_none() && s.index > d.base().0 {
+                    d.retained = retained;
                     let drop = (s.index - d.base().0) as usize;
                     assert!(drop <= d.entries.len(), "compacting beyond the durable log");
                     d.entries.drain(..drop);

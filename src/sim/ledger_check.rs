@@ -11,6 +11,7 @@
 use super::checker::Violation;
 use super::linearizability::{self, Interval, Verdict};
 use super::workload::{StateOp, StateRequest, StateResult};
+use crate::state::ledger::LedgerEntry;
 use crate::state::{Command, Outcome, StateMachine};
 use std::collections::BTreeMap;
 use std::hash::Hasher;
@@ -167,8 +168,8 @@ pub fn check_linearizable(history: &[StateOp]) -> Result<(), Violation> {
             .collect();
         let verdict = linearizability::check(
             &intervals,
-            StateMachine::new(),
-            |sm, i| model_step(sm, ops[i]),
+            Model::default(),
+            |m, i| model_step(m, ops[i]),
             fingerprint,
             LINEARIZABILITY_STEPS_MAX,
         );
@@ -213,9 +214,19 @@ pub(crate) fn check_ledger_history(history: &[StateOp]) -> Result<(), Violation>
     check_lac_monotonic(history)
 }
 
+/// The sequential model: one ledger in a state machine, and the log the
+/// model's commands form (its entries' bytes live there, as in a node).
+#[derive(Clone, Default)]
+struct Model {
+    sm: StateMachine,
+    /// The bytes each add carried, by the model's log index.
+    added: imbl::OrdMap<u64, Vec<u8>>,
+}
+
 /// The model holds one ledger, id 0: every id the operation names is
 /// rewritten to it.
-fn model_step(sm: &StateMachine, op: &StateOp) -> Option<StateMachine> {
+fn model_step(m: &Model, op: &StateOp) -> Option<Model> {
+    let sm = &m.sm;
     let unknown = op.result == StateResult::Unknown;
     match &op.request {
         StateRequest::Command(cmd) => {
@@ -242,8 +253,12 @@ fn model_step(sm: &StateMachine, op: &StateOp) -> Option<StateMachine> {
                 Command::DeleteLedger { .. } => Command::DeleteLedger { ledger: 0 },
                 other => other,
             };
-            let mut next = sm.clone();
-            let got = next.apply(sm.applied_index() + 1, &cmd);
+            let mut next = m.clone();
+            let index = sm.applied_index() + 1;
+            let got = next.sm.apply(index, &cmd);
+            if let (Ok(Outcome::EntryAdded(_)), Command::AddEntry { data, .. }) = (&got, &cmd) {
+                next.added.insert(index, data.clone());
+            }
             let matches = unknown
                 || match (&op.result, &got) {
                     (
@@ -257,21 +272,27 @@ fn model_step(sm: &StateMachine, op: &StateOp) -> Option<StateMachine> {
         }
         StateRequest::ReadLac { .. } => {
             let got = sm.ledgers().lac(0);
-            (op.result == StateResult::Lac(got)).then(|| sm.clone())
+            (op.result == StateResult::Lac(got)).then(|| m.clone())
         }
         StateRequest::ReadEntries { from, to, .. } => {
+            let bytes = |e: LedgerEntry| (e.id, m.added[&e.stored.index].clone());
             let got = sm
                 .ledgers()
                 .read(0, *from, *to)
-                .map(|v| v.into_iter().map(|(i, d)| (i, d.to_vec())).collect());
-            (op.result == StateResult::Entries(got)).then(|| sm.clone())
+                .map(|v| v.into_iter().map(bytes).collect());
+            (op.result == StateResult::Entries(got)).then(|| m.clone())
         }
     }
 }
 
-fn fingerprint(sm: &StateMachine) -> u64 {
+fn fingerprint(m: &Model) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(&sm.snapshot());
+    h.write(&m.sm.snapshot());
+    // The snapshot names where entries are, not what they hold.
+    for (index, data) in &m.added {
+        h.write_u64(*index);
+        h.write(data);
+    }
     h.finish()
 }
 

@@ -285,7 +285,7 @@ pub fn bug_by_name(name: &str) -> Option<PlantedBug> {
 
 /// The planted workload bugs by their command-line names (simulator only:
 /// they live in how the simulated nodes use the state machine).
-pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 6] = [
+pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 7] = [
     ("ledger-no-fence", WorkloadBug::LedgerNoFence),
     ("stale-lac", WorkloadBug::StaleLac),
     (
@@ -295,6 +295,10 @@ pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 6] = [
     ("ack-not-replicated", WorkloadBug::AckNotReplicated),
     ("produce-no-dedup", WorkloadBug::ProduceNoDedup),
     ("dedup-ignores-producer", WorkloadBug::DedupIgnoresProducer),
+    (
+        "snapshot-without-entries",
+        WorkloadBug::SnapshotWithoutEntries,
+    ),
 ];
 
 /// Command-line name of a planted workload bug.

@@ -19,8 +19,14 @@ use crate::state::queue::{Delivery, CONSUME_MAX};
 use crate::state::{Command, Outcome, StateMachine};
 use std::collections::{BTreeMap, HashMap};
 
-/// Consumes everything deliverable from a copy of `sm`'s queue `name`.
-pub fn drain(sm: &StateMachine, name: &str) -> Vec<Delivery> {
+/// Consumes everything deliverable from a copy of `sm`'s queue `name`,
+/// the messages' bytes read through `payload_at` (the replica's log);
+/// `Err(index)` names a log entry the state refers to and it lacks.
+pub fn drain(
+    sm: &StateMachine,
+    name: &str,
+    payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
+) -> Result<Vec<Delivery>, u64> {
     let mut sm = sm.clone();
     // Far past every visibility timeout the workload sets; one clock for
     // the whole drain, so nothing it hands out comes back within it.
@@ -43,7 +49,8 @@ pub fn drain(sm: &StateMachine, name: &str) -> Vec<Delivery> {
     if let Ok(dead) = sm.queues().dead_letters(name) {
         out.extend(dead);
     }
-    out
+    crate::state::stored::fill(out.iter_mut().map(|d| (d.stored, &mut d.data)), payload_at)?;
+    Ok(out)
 }
 
 /// Every queue check for one group's history and its final machine
@@ -53,8 +60,14 @@ pub fn check_queue_history(
     history: &[StateOp],
     final_sm: &StateMachine,
     name: &str,
+    payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
 ) -> Result<(), Violation> {
-    let drained = drain(final_sm, name);
+    let drained = drain(final_sm, name, payload_at).map_err(|index| Violation {
+        invariant: "stored-bytes-readable",
+        detail: format!(
+            "group {group}: the final state refers to log entry {index}, which its replica does not hold"
+        ),
+    })?;
     let ops: Vec<&StateOp> = history.iter().filter(|op| op.group == group).collect();
     // When each id's first ack completed.
     let mut acked_at: HashMap<u64, u64> = HashMap::new();

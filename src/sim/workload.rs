@@ -11,10 +11,10 @@
 
 use super::checker::Violation;
 use super::trace::What;
-use super::world::{idx, Event, World};
+use super::world::{idx, Event, Replica, World};
 use crate::consensus::{Entry, Index, Payload, RaftError, ReadState, Term};
 use crate::state::query::{decode_command, encode_command_entry};
-use crate::state::{Command, Error, Outcome, StateMachine};
+use crate::state::{Answer, Command, Error, Outcome, Query, StateMachine};
 
 /// The log payload of a simulated client's command: the node's command
 /// entry, with no dedup id (the simulated clients retry by their own ids).
@@ -83,6 +83,10 @@ pub enum WorkloadBug {
     /// Snapshots leave the state machine out: a node restored from one
     /// starts from an empty machine (its state diverges).
     SnapshotWithoutMachine,
+    /// A snapshot sent to a follower leaves out the log entries its
+    /// machine refers to: the follower cannot read back the messages it
+    /// should hand out.
+    SnapshotWithoutEntries,
 }
 
 impl WorkloadBug {
@@ -94,7 +98,8 @@ impl WorkloadBug {
             | WorkloadBug::SnapshotWithoutMachine => Workload::Ledger,
             WorkloadBug::AckNotReplicated
             | WorkloadBug::ProduceNoDedup
-            | WorkloadBug::DedupIgnoresProducer => Workload::Queue,
+            | WorkloadBug::DedupIgnoresProducer
+            | WorkloadBug::SnapshotWithoutEntries => Workload::Queue,
         }
     }
 }
@@ -393,8 +398,7 @@ impl World {
         let invoked_ms = self.now;
         if read && stale_reads {
             let rep = self.nodes[n].replicas[g].as_ref().expect("checked live");
-            let sm = rep.sm.as_ref().expect("state workloads keep a machine");
-            let result = answer_read(sm, &request);
+            let result = answer_read(n, g, rep, &request)?;
             let p = StatePending {
                 node: n,
                 wait: Wait::Read { request_id: 0 },
@@ -688,9 +692,9 @@ impl World {
         g: usize,
         e: &Entry,
         result: Option<Result<Outcome, Error>>,
-    ) {
+    ) -> Result<(), Violation> {
         let Some(c) = self.state_waiting.remove(&(n, g, e.index)) else {
-            return;
+            return Ok(());
         };
         let p = self.state_clients[c]
             .pending
@@ -702,19 +706,26 @@ impl World {
         let ours = term == e.term
             && matches!((&e.payload, &p.request), (Payload::Normal(v), StateRequest::Command(cmd)) if *v == encode_state_entry(cmd));
         let result = match (ours, result) {
-            (true, Some(r)) => {
+            (true, Some(mut r)) => {
+                if let Ok(outcome) = &mut r {
+                    let rep = self.nodes[n].replicas[g].as_ref().expect("live");
+                    outcome
+                        .fill(&mut payload_at(rep))
+                        .map_err(|i| stored_missing(n, g, i))?;
+                }
                 self.record(n, g, What::Confirm { index: e.index });
                 StateResult::Applied(r)
             }
             _ => StateResult::NotApplied,
         };
         self.state_complete(c, p, result);
+        Ok(())
     }
 
     /// Serves the reads whose read index node `n` has now applied.
-    pub(crate) fn serve_reads(&mut self, n: usize, g: usize) {
+    pub(crate) fn serve_reads(&mut self, n: usize, g: usize) -> Result<(), Violation> {
         let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
-            return;
+            return Ok(());
         };
         let applied = rep.sm_index;
         let (due, later): (Vec<ReadState>, Vec<ReadState>) = rep
@@ -731,10 +742,10 @@ impl World {
                 .take()
                 .expect("a waiting client has a pending read");
             let rep = self.nodes[n].replicas[g].as_ref().expect("live");
-            let sm = rep.sm.as_ref().expect("state workloads keep a machine");
-            let result = answer_read(sm, &p.request);
+            let result = answer_read(n, g, rep, &p.request)?;
             self.state_complete(c, p, result);
         }
+        Ok(())
     }
 
     /// Clients waiting on a replica that crashed will never hear back.
@@ -787,24 +798,44 @@ impl World {
                 });
             }
         }
+        // Every replica can read back every entry its state refers to.
+        for (n, node) in self.nodes.iter().enumerate() {
+            for (g, rep) in node.replicas.iter().enumerate() {
+                let Some((rep, sm)) = rep.as_ref().and_then(|r| Some((r, r.sm.as_ref()?))) else {
+                    continue;
+                };
+                let mut missing = None;
+                let mut read = payload_at(rep);
+                sm.each_stored(&mut |i| {
+                    if missing.is_none() && read(i).is_none() {
+                        missing = Some(i);
+                    }
+                });
+                if let Some(i) = missing {
+                    return Err(stored_missing(n, g, i));
+                }
+            }
+        }
         match self.opts.workload {
             Workload::Log => Ok(()),
             Workload::Ledger => super::ledger_check::check_ledger_history(&self.state_history),
             Workload::Queue => {
                 for g in 0..self.opts.groups {
                     // The most advanced replica; all agree at equal index.
-                    let sm = self
+                    let rep = self
                         .nodes
                         .iter()
                         .filter_map(|n| n.replicas[g].as_ref())
-                        .max_by_key(|r| r.sm_index)
-                        .and_then(|r| r.sm.as_ref());
-                    let Some(sm) = sm else { continue };
+                        .max_by_key(|r| r.sm_index);
+                    let Some((rep, sm)) = rep.and_then(|r| Some((r, r.sm.as_ref()?))) else {
+                        continue;
+                    };
                     super::queue_check::check_queue_history(
                         g,
                         &self.state_history,
                         sm,
                         &queue_name(g),
+                        &mut payload_at(rep),
                     )?;
                 }
                 Ok(())
@@ -813,15 +844,61 @@ impl World {
     }
 }
 
-/// A read answered from a machine's state.
-fn answer_read(sm: &StateMachine, request: &StateRequest) -> StateResult {
-    match request {
+/// A read answered from a replica's state, the bytes read from its log.
+fn answer_read(
+    n: usize,
+    g: usize,
+    rep: &Replica,
+    request: &StateRequest,
+) -> Result<StateResult, Violation> {
+    let sm = rep.sm.as_ref().expect("state workloads keep a machine");
+    Ok(match request {
         StateRequest::ReadLac { ledger } => StateResult::Lac(sm.ledgers().lac(*ledger)),
-        StateRequest::ReadEntries { ledger, from, to } => StateResult::Entries(
-            sm.ledgers()
-                .read(*ledger, *from, *to)
-                .map(|v| v.into_iter().map(|(i, d)| (i, d.to_vec())).collect()),
-        ),
+        StateRequest::ReadEntries { ledger, from, to } => {
+            let query = Query::ReadLedger {
+                ledger: *ledger,
+                from: *from,
+                to: *to,
+            };
+            let entries = match sm.query(&query) {
+                Ok(mut answer) => {
+                    answer
+                        .fill(&mut payload_at(rep))
+                        .map_err(|i| stored_missing(n, g, i))?;
+                    let Answer::Entries(es) = answer else {
+                        unreachable!("a ledger read answers entries")
+                    };
+                    Ok(es.into_iter().map(|e| (e.id, e.data)).collect())
+                }
+                Err(e) => Err(e),
+            };
+            StateResult::Entries(entries)
+        }
         StateRequest::Command(_) => unreachable!("commands go through the log"),
+    })
+}
+
+/// The payload of the log entry at an index, as a replica holds it: in
+/// its log, or among the entries kept below its snapshot.
+pub(crate) fn payload_at(rep: &Replica) -> impl FnMut(u64) -> Option<Vec<u8>> + '_ {
+    move |i| {
+        let kept = || {
+            let at = rep.retained.binary_search_by_key(&i, |e| e.index).ok()?;
+            Some(&rep.retained[at])
+        };
+        match &rep.raft.entry(i).or_else(kept)?.payload {
+            Payload::Normal(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
+fn stored_missing(n: usize, g: usize, index: u64) -> Violation {
+    Violation {
+        invariant: "stored-bytes-readable",
+        detail: format!(
+            "node {} group {g}: the state refers to log entry {index}, which the replica does not hold",
+            n + 1
+        ),
     }
 }

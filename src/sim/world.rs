@@ -14,7 +14,9 @@ use super::workload::{
     QUEUE_CLIENTS_PER_GROUP,
 };
 use super::{RunReport, SimOptions};
-use crate::consensus::{Body, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term};
+use crate::consensus::{
+    Body, Entry, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term,
+};
 use crate::heartbeat::Heartbeat;
 use crate::state::StateMachine;
 use rand::{Rng, SeedableRng};
@@ -154,6 +156,9 @@ pub(crate) struct Replica {
     held: VecDeque<(u64, Vec<Message>)>,
     /// Last term in which this replica was seen leading.
     led_term: Term,
+    /// Entries at or below the snapshot that the machine refers to (the
+    /// bytes of ledger entries and messages), consecutive.
+    pub(crate) retained: Vec<Entry>,
 }
 
 pub(crate) struct Node {
@@ -358,7 +363,11 @@ impl World {
         cfg.snapshot_entries = self.p.snapshot_entries;
         // Small chunks, so every snapshot sent is several InstallSnapshot
         // messages and their loss, reordering and duplication are tested.
-        cfg.snapshot_chunk_bytes = 64;
+        // The state workloads' snapshots carry the log entries their
+        // machine refers to (kilobytes): bigger chunks, still several.
+        let state = self.opts.workload != Workload::Log;
+        cfg.snapshot_chunk_bytes = if state { 512 } else { 64 };
+        cfg.snapshot_with_entries = state;
         cfg.append_bytes_max = self.p.append_bytes_max;
         cfg.inflight_msgs_max = self.p.inflight_msgs_max;
         cfg.pre_vote = self.p.pre_vote;
@@ -589,6 +598,7 @@ impl World {
                     .or(rd.snapshot.as_ref().map(|s| (s.index, s.term)));
                 let op = DiskOp::Write {
                     snapshot: rd.snapshot.clone(),
+                    snapshot_entries: rd.snapshot_entries.clone(),
                     truncate_from: rd.truncate_from,
                     entries: rd.entries,
                     hard_state: rd.hard_state,
@@ -611,6 +621,7 @@ impl World {
             let rep = self.nodes[n].replicas[g].as_mut().expect("live");
             rep.granted_reads.extend(rd.read_states);
             if let Some(s) = &rd.snapshot {
+                rep.retained = rd.snapshot_entries;
                 rep.sm_index = s.index;
                 rep.sm_chain = snapshot_chain(s);
                 if rep.sm.is_some() {
@@ -632,14 +643,19 @@ impl World {
                     self.check_machine(n, g)?;
                 }
                 self.entry_applied(n, g, &e, h)?;
-                self.state_entry_applied(n, g, &e, result);
+                self.state_entry_applied(n, g, &e, result)?;
             }
-            self.serve_reads(n, g);
+            self.serve_reads(n, g)?;
             let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
                 return Ok(());
             };
             if rep.sm_index > rep.raft.applied_index() {
                 rep.raft.applied(rep.sm_index);
+            }
+            if let Some(index) = rd.snapshot_entries_wanted {
+                let leave_out = self.opts.workload_bug == Some(WorkloadBug::SnapshotWithoutEntries);
+                let entries = if leave_out { &[][..] } else { &rep.retained };
+                rep.raft.set_snapshot_entries(index, entries);
             }
             if rd.snapshot_wanted {
                 // The chain hash first (the log checkers' view), then the
@@ -650,8 +666,29 @@ impl World {
                     data.extend(sm.snapshot());
                 }
                 let at = rep.sm_index;
+                // Entries the machine still refers to stay, below the
+                // snapshot; the rest go with the log.
+                let keep_from = rep.sm.as_ref().and_then(|sm| sm.oldest_stored());
+                let retained: Vec<Entry> = match keep_from {
+                    None => Vec::new(),
+                    Some(k) => {
+                        let from_log = k.max(rep.raft.first_index());
+                        rep.retained
+                            .iter()
+                            .filter(|e| e.index >= k)
+                            .chain(rep.raft.entries_from(from_log))
+                            .take_while(|e| e.index <= at)
+                            .cloned()
+                            .collect()
+                    }
+                };
                 if let Ok(snap) = rep.raft.compact(at, data) {
-                    self.submit_write(n, g, DiskOp::Compact(snap), None);
+                    rep.retained = retained.clone();
+                    let op = DiskOp::Compact {
+                        snapshot: snap,
+                        retained,
+                    };
+                    self.submit_write(n, g, op, None);
                 }
             }
         }
@@ -850,6 +887,7 @@ impl World {
         let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored);
         let sm = (self.opts.workload != Workload::Log).then(StateMachine::new);
         let mut rep = Replica::new(raft, sm);
+        rep.retained = self.nodes[n].disks[g].durable.retained.clone();
         if let Some(s) = self.nodes[n].disks[g].durable.snapshot.as_ref() {
             rep.sm_index = s.index;
             rep.sm_chain = snapshot_chain(s);
@@ -984,6 +1022,7 @@ impl Replica {
             in_flight: VecDeque::new(),
             held: VecDeque::new(),
             led_term: 0,
+            retained: Vec::new(),
         }
     }
 }

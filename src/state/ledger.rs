@@ -8,11 +8,12 @@
 //! adding entry `n` confirms every entry before it, as BookKeeper's writer
 //! piggybacks its LAC on the next add; `SetLac` advances it without a new
 //! write (explicit LAC); close and recovery move it to the sealed entry.
-//! It never decreases. The entries' bytes live in this state for now (see
-//! the README: moving them to the log's segments is not wired yet).
+//! It never decreases. An entry's bytes stay in the log, in the command
+//! that added it: the state keeps its log index and length ([`Stored`]).
 
 use super::machine::Error;
-use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
+use super::stored::Stored;
+use super::wire::{put_u32, put_u64, put_u8, Reader};
 use imbl::{OrdMap, Vector};
 
 /// Ledgers a group holds at once.
@@ -68,12 +69,24 @@ struct Ledger {
     entries: Vector<StoredEntry>,
 }
 
-/// One entry and the log index it was added at (which answers a retried
-/// add with the entry id it got the first time).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One entry: the log index of the `AddEntry` that carries its bytes
+/// (which also answers a retried add with the entry id it got the first
+/// time), and its length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct StoredEntry {
     index: u64,
-    data: Vec<u8>,
+    len: u32,
+}
+
+/// A ledger entry as a read returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// The entry's id.
+    pub id: u64,
+    /// Its bytes (empty until filled in from the log, `stored::fill`).
+    pub data: Vec<u8>,
+    /// Where its bytes are in the log (not sent to clients).
+    pub stored: Stored,
 }
 
 impl Ledger {
@@ -159,18 +172,18 @@ impl Ledgers {
         &mut self,
         id: u64,
         token: u64,
-        data: &[u8],
+        len: usize,
         index: u64,
     ) -> Result<u64, Error> {
         let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
         l.writable(token)?;
-        if data.len() > ENTRY_BYTES_MAX {
+        if len > ENTRY_BYTES_MAX {
             return Err(Error::Limit("entry bytes"));
         }
         if l.entries.len() as u64 >= LEDGER_ENTRIES_MAX {
             return Err(Error::Limit("ledger entries"));
         }
-        if l.bytes + data.len() as u64 > LEDGER_BYTES_MAX {
+        if l.bytes + len as u64 > LEDGER_BYTES_MAX {
             return Err(Error::Limit("ledger bytes"));
         }
         let entry = l.entries.len() as u64;
@@ -178,9 +191,9 @@ impl Ledgers {
         l.confirmed = l.confirmed.max(entry);
         l.entries.push_back(StoredEntry {
             index,
-            data: data.to_vec(),
+            len: len as u32,
         });
-        l.bytes += data.len() as u64;
+        l.bytes += len as u64;
         Ok(entry)
     }
 
@@ -230,15 +243,37 @@ impl Ledgers {
         Ok(l.confirmed.checked_sub(1))
     }
 
-    /// Entries `from..=to` as (id, data), cut at the LAC and at
-    /// `READ_ENTRIES_MAX` entries; empty if `from` is past the LAC.
-    pub fn read(&self, id: u64, from: u64, to: u64) -> Result<Vec<(u64, &[u8])>, Error> {
+    /// Entries `from..=to` (their bytes to be filled in from the log),
+    /// cut at the LAC and at `READ_ENTRIES_MAX` entries; empty if `from`
+    /// is past the LAC.
+    pub fn read(&self, id: u64, from: u64, to: u64) -> Result<Vec<LedgerEntry>, Error> {
         let l = self.ledgers.get(&id).ok_or(Error::NoSuchLedger)?;
         let end = to.saturating_add(1).min(l.confirmed);
         let end = end.min(from.saturating_add(READ_ENTRIES_MAX as u64));
-        Ok((from..end.max(from))
-            .map(|e| (e, l.entries[e as usize].data.as_slice()))
-            .collect())
+        let entry = |e: u64| LedgerEntry {
+            id: e,
+            data: Vec::new(),
+            stored: Stored {
+                index: l.entries[e as usize].index,
+                slot: 0,
+            },
+        };
+        Ok((from..end.max(from)).map(entry).collect())
+    }
+
+    /// The lowest log index whose bytes a ledger still needs, if any.
+    pub fn oldest_stored(&self) -> Option<u64> {
+        self.ledgers
+            .values()
+            .filter_map(|l| l.entries.front().map(|e| e.index))
+            .min()
+    }
+
+    /// Every log index whose bytes a ledger still needs (unordered).
+    pub(crate) fn each_stored(&self, f: &mut dyn FnMut(u64)) {
+        for l in self.ledgers.values() {
+            l.entries.iter().for_each(|e| f(e.index));
+        }
     }
 
     /// The id of the entry added by the command at log `index`, if that
@@ -282,7 +317,7 @@ impl Ledgers {
             put_u32(out, l.entries.len() as u32);
             for e in &l.entries {
                 put_u64(out, e.index);
-                put_bytes(out, &e.data);
+                put_u32(out, e.len);
             }
         }
     }
@@ -320,12 +355,12 @@ impl Ledgers {
                 if index <= after {
                     return None;
                 }
-                let data = r.bytes(ENTRY_BYTES_MAX)?;
-                bytes += data.len() as u64;
-                entries.push_back(StoredEntry {
-                    index,
-                    data: data.to_vec(),
-                });
+                let len = r.u32()?;
+                if len as usize > ENTRY_BYTES_MAX {
+                    return None;
+                }
+                bytes += u64::from(len);
+                entries.push_back(StoredEntry { index, len });
             }
             let full = k as u64;
             if confirmed > full || (closed && confirmed != full) || bytes > LEDGER_BYTES_MAX {
@@ -372,12 +407,12 @@ mod tests {
         ls.delete(0).unwrap();
         assert_eq!(ls.create(3, 0, ix()), Ok(2), "a deleted id is not reused");
         for e in 0..5 {
-            assert_eq!(ls.add(1, 2, b"x", ix()), Ok(e));
+            assert_eq!(ls.add(1, 2, 1, ix()), Ok(e));
         }
-        assert_eq!(ls.add(1, 3, b"x", ix()), Err(Error::NotWriter));
-        assert_eq!(ls.add(0, 1, b"x", ix()), Err(Error::NoSuchLedger));
+        assert_eq!(ls.add(1, 3, 1, ix()), Err(Error::NotWriter));
+        assert_eq!(ls.add(0, 1, 1, ix()), Err(Error::NoSuchLedger));
         assert_eq!(
-            ls.add(1, 2, &vec![0; ENTRY_BYTES_MAX + 1], ix()),
+            ls.add(1, 2, ENTRY_BYTES_MAX + 1, ix()),
             Err(Error::Limit("entry bytes"))
         );
         assert_eq!(ls.list()[0].length, 5, "a refused add takes no id");
@@ -386,25 +421,32 @@ mod tests {
     #[test]
     fn reads_stop_at_the_lac_which_never_goes_back() {
         let (mut ls, id) = one_ledger();
+        let ids = |es: Vec<LedgerEntry>| es.iter().map(|e| e.id).collect::<Vec<_>>();
         assert_eq!(ls.lac(id), Ok(None));
-        ls.add(id, 42, b"a", ix()).unwrap();
+        let first = ix();
+        ls.add(id, 42, 1, first).unwrap();
         assert_eq!(
             ls.read(id, 0, 10).unwrap(),
             vec![],
             "entry 0 not confirmed yet"
         );
-        ls.add(id, 42, b"b", ix()).unwrap();
-        ls.add(id, 42, b"c", ix()).unwrap();
+        ls.add(id, 42, 1, ix()).unwrap();
+        ls.add(id, 42, 1, ix()).unwrap();
         assert_eq!(ls.lac(id), Ok(Some(1)), "adding 2 confirms 0 and 1");
+        let read = ls.read(id, 0, 10).unwrap();
+        assert_eq!(ids(read.clone()), vec![0, 1]);
+        let at = Stored {
+            index: first,
+            slot: 0,
+        };
         assert_eq!(
-            ls.read(id, 0, 10).unwrap(),
-            vec![(0, &b"a"[..]), (1, &b"b"[..])]
+            (read[0].stored, read[0].data.len()),
+            (at, 0),
+            "bytes from the log"
         );
+        assert_eq!(ls.oldest_stored(), Some(first));
         assert_eq!(ls.set_lac(id, 42, 2), Ok(2), "explicit LAC, no new write");
-        assert_eq!(
-            ls.read(id, 1, 10).unwrap(),
-            vec![(1, &b"b"[..]), (2, &b"c"[..])]
-        );
+        assert_eq!(ids(ls.read(id, 1, 10).unwrap()), vec![1, 2]);
         assert_eq!(ls.set_lac(id, 42, 0), Ok(2), "the LAC never decreases");
         assert_eq!(ls.set_lac(id, 42, 3), Err(Error::LacBeyondEnd));
         assert_eq!(ls.set_lac(id, 7, 2), Err(Error::NotWriter));
@@ -416,10 +458,10 @@ mod tests {
     fn recovery_fences_the_writer_and_seals_the_last_entry() {
         let (mut ls, id) = one_ledger();
         for _ in 0..3 {
-            ls.add(id, 42, b"e", ix()).unwrap();
+            ls.add(id, 42, 1, ix()).unwrap();
         }
         assert_eq!(ls.recover(id), Ok(Some(2)));
-        assert_eq!(ls.add(id, 42, b"late", ix()), Err(Error::Fenced));
+        assert_eq!(ls.add(id, 42, 4, ix()), Err(Error::Fenced));
         assert_eq!(ls.set_lac(id, 42, 2), Err(Error::Fenced));
         assert_eq!(ls.close(id, 42), Err(Error::Fenced));
         assert_eq!(
@@ -440,10 +482,10 @@ mod tests {
     fn close_seals_and_later_adds_fail_closed() {
         let (mut ls, id) = one_ledger();
         assert_eq!(ls.close(id, 42), Ok(None), "an empty ledger seals no entry");
-        assert_eq!(ls.add(id, 42, b"x", ix()), Err(Error::Closed));
+        assert_eq!(ls.add(id, 42, 1, ix()), Err(Error::Closed));
         let id2 = ls.create(9, 0, ix()).unwrap();
-        ls.add(id2, 9, b"x", ix()).unwrap();
-        ls.add(id2, 9, b"yy", ix()).unwrap();
+        ls.add(id2, 9, 1, ix()).unwrap();
+        ls.add(id2, 9, 2, ix()).unwrap();
         assert_eq!(ls.close(id2, 9), Ok(Some(1)));
         assert_eq!(ls.close(id2, 9), Ok(Some(1)), "a retried close");
         assert_eq!(ls.recover(id2), Ok(Some(1)));
@@ -454,8 +496,8 @@ mod tests {
     #[test]
     fn ledgers_survive_a_snapshot_and_garbage_is_refused() {
         let (mut ls, id) = one_ledger();
-        ls.add(id, 42, b"abc", ix()).unwrap();
-        ls.add(id, 42, b"", ix()).unwrap();
+        ls.add(id, 42, 3, ix()).unwrap();
+        ls.add(id, 42, 0, ix()).unwrap();
         let id2 = ls.create(5, 7, ix()).unwrap();
         ls.recover(id2).unwrap();
         let mut bytes = Vec::new();

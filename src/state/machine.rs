@@ -17,8 +17,9 @@ use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 use crate::consensus::Index;
 use std::ops::Range;
 
-/// First bytes of a snapshot (format version 2: entries carry their index).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM2";
+/// First bytes of a snapshot (format version 3: metadata only, the bytes
+/// of entries and messages stay in the log).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM3";
 
 /// A state-machine command, as proposed to the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -418,7 +419,7 @@ impl StateMachine {
                 ledger,
                 writer_token,
                 data,
-            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data, index)?),
+            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data.len(), index)?),
             Command::SetLac {
                 ledger,
                 writer_token,
@@ -464,12 +465,31 @@ impl StateMachine {
         })
     }
 
+    /// The lowest log index whose bytes the state still needs (a ledger
+    /// entry's or an unacked message's), if any: the log must keep every
+    /// entry from there on, and may free whole segments below it.
+    pub fn oldest_stored(&self) -> Option<Index> {
+        match (self.ledgers.oldest_stored(), self.queues.oldest_stored()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Calls `f` with every log index whose bytes the state needs (in no
+    /// order, possibly more than once).
+    pub fn each_stored(&self, f: &mut dyn FnMut(Index)) {
+        self.ledgers.each_stored(f);
+        self.queues.each_stored(f);
+    }
+
     /// The state's encoding: `SNAPSHOT_MAGIC | applied u64 | clock_ms u64 |
-    /// ledgers | queues`. Equal states give equal bytes.
+    /// oldest_stored u64 (plus one, 0 for none) | ledgers | queues`. Equal
+    /// states give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = SNAPSHOT_MAGIC.to_vec();
         put_u64(&mut out, self.applied);
         put_u64(&mut out, self.clock_ms);
+        put_u64(&mut out, self.oldest_stored().map_or(0, |i| i + 1));
         self.ledgers.encode(&mut out);
         self.queues.encode(&mut out);
         out
@@ -486,23 +506,42 @@ impl StateMachine {
         }
         let applied = r.u64().ok_or(BadSnapshot)?;
         let clock_ms = r.u64().ok_or(BadSnapshot)?;
+        let oldest = r.u64().ok_or(BadSnapshot)?.checked_sub(1);
         let ledgers = Ledgers::decode(&mut r).ok_or(BadSnapshot)?;
         let queues = Queues::decode(&mut r).ok_or(BadSnapshot)?;
         if !r.is_done() {
             return Err(BadSnapshot);
         }
-        Ok(StateMachine {
+        let sm = StateMachine {
             applied,
             clock_ms,
             ledgers,
             queues,
-        })
+        };
+        // Bytes are stored only by entries already applied.
+        if sm.oldest_stored() != oldest || oldest.is_some_and(|i| i > applied) {
+            return Err(BadSnapshot);
+        }
+        Ok(sm)
+    }
+
+    /// The `oldest_stored` a snapshot records, read from its header alone
+    /// (`None` if the bytes are not a snapshot; `Some(None)` if the state
+    /// needs no bytes from the log).
+    pub fn snapshot_oldest_stored(bytes: &[u8]) -> Option<Option<Index>> {
+        let mut r = Reader::new(bytes);
+        if r.take(4) != Some(&SNAPSHOT_MAGIC[..]) {
+            return None;
+        }
+        r.take(16)?;
+        Some(r.u64()?.checked_sub(1))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Stored;
 
     fn every_command() -> Vec<Command> {
         let q = || "queue".to_string();
@@ -612,13 +651,15 @@ mod tests {
             Ok(Outcome::Consumed(vec![
                 Delivery {
                     id: 0,
-                    data: vec![1],
+                    data: vec![],
                     deliveries: 1,
+                    stored: Stored { index: 7, slot: 0 },
                 },
                 Delivery {
                     id: 1,
                     data: vec![],
                     deliveries: 1,
+                    stored: Stored { index: 7, slot: 1 },
                 },
             ])),
             Ok(Outcome::Acked(1)),
@@ -633,6 +674,11 @@ mod tests {
         ];
         assert_eq!(outs, expected);
         assert_eq!((sm.applied_index(), sm.clock_ms()), (14, 30));
+        assert_eq!(
+            sm.oldest_stored(),
+            Some(14),
+            "only the kept queue's message"
+        );
         let bytes = sm.snapshot();
         let back = StateMachine::restore(&bytes).unwrap();
         assert_eq!(back, sm);

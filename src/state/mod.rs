@@ -6,7 +6,9 @@ pub mod ledger;
 pub mod machine;
 pub mod query;
 pub mod queue;
+pub mod stored;
 mod wire;
 
 pub use machine::{BadSnapshot, Command, Error, Outcome, StateMachine};
 pub use query::{Answer, Query};
+pub use stored::Stored;

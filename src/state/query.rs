@@ -8,9 +8,12 @@
 //! change when a command is added. Every decoder takes untrusted bytes and
 //! is total: it refuses (None) anything `encode` could not have written.
 
-use super::ledger::{LedgerInfo, LedgerState, ENTRY_BYTES_MAX, LEDGERS_MAX, READ_ENTRIES_MAX};
+use super::ledger::{
+    LedgerEntry, LedgerInfo, LedgerState, ENTRY_BYTES_MAX, LEDGERS_MAX, READ_ENTRIES_MAX,
+};
 use super::machine::{Error, Outcome, StateMachine};
 use super::queue::{Delivery, QueueInfo, CONSUME_MAX, MESSAGE_BYTES_MAX, QUEUES_MAX};
+use super::stored::{fill, Stored};
 use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 
 /// First byte of a log entry that carries a state-machine command.
@@ -80,8 +83,8 @@ pub enum Query {
 pub enum Answer {
     /// One ledger's metadata.
     Ledger(LedgerInfo),
-    /// Ledger entries as (entry id, data), in order.
-    Entries(Vec<(u64, Vec<u8>)>),
+    /// Ledger entries, in order.
+    Entries(Vec<LedgerEntry>),
     /// Ledgers' metadata.
     Ledgers(Vec<LedgerInfo>),
     /// Queues' metadata.
@@ -152,13 +155,9 @@ impl StateMachine {
     pub fn query(&self, q: &Query) -> Result<Answer, Error> {
         Ok(match q {
             Query::Ledger { ledger } => Answer::Ledger(self.ledgers().info(*ledger)?),
-            Query::ReadLedger { ledger, from, to } => Answer::Entries(
-                self.ledgers()
-                    .read(*ledger, *from, *to)?
-                    .into_iter()
-                    .map(|(id, d)| (id, d.to_vec()))
-                    .collect(),
-            ),
+            Query::ReadLedger { ledger, from, to } => {
+                Answer::Entries(self.ledgers().read(*ledger, *from, *to)?)
+            }
             Query::ListLedgers => Answer::Ledgers(self.ledgers().list()),
             Query::ListQueues => Answer::Queues(self.queues().list()),
             Query::DeadLetters { queue } => {
@@ -222,6 +221,7 @@ fn get_deliveries(r: &mut Reader<'_>, max: usize) -> Option<Vec<Delivery>> {
                 id: r.u64()?,
                 deliveries: r.u32()?,
                 data: r.bytes(MESSAGE_BYTES_MAX)?.to_vec(),
+                stored: Stored::default(),
             })
         })
         .collect()
@@ -246,9 +246,9 @@ impl Answer {
             Answer::Entries(es) => {
                 put_u8(o, A_ENTRIES);
                 put_u32(o, es.len() as u32);
-                for (id, d) in es {
-                    put_u64(o, *id);
-                    put_bytes(o, d);
+                for e in es {
+                    put_u64(o, e.id);
+                    put_bytes(o, &e.data);
                 }
             }
             Answer::Ledgers(ls) => {
@@ -286,7 +286,11 @@ impl Answer {
                 let n = r.count(READ_ENTRIES_MAX, 8 + 4)?;
                 let mut es = Vec::with_capacity(n);
                 for _ in 0..n {
-                    es.push((r.u64()?, r.bytes(ENTRY_BYTES_MAX)?.to_vec()));
+                    es.push(LedgerEntry {
+                        id: r.u64()?,
+                        data: r.bytes(ENTRY_BYTES_MAX)?.to_vec(),
+                        stored: Stored::default(),
+                    });
                 }
                 Answer::Entries(es)
             }
@@ -404,6 +408,34 @@ impl Outcome {
     }
 }
 
+impl Answer {
+    /// Fills in the bytes of the entries or messages it carries from the
+    /// log (`payload_at`: the payload of the log entry at an index);
+    /// `Err(index)` names an entry that does not hold what the state says.
+    pub fn fill(&mut self, payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>) -> Result<(), u64> {
+        match self {
+            Answer::Entries(es) => fill(es.iter_mut().map(|e| (e.stored, &mut e.data)), payload_at),
+            Answer::Deliveries(ds) => {
+                fill(ds.iter_mut().map(|d| (d.stored, &mut d.data)), payload_at)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Outcome {
+    /// Fills in the bytes of the messages a consume hands out, as
+    /// [`Answer::fill`] does.
+    pub fn fill(&mut self, payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>) -> Result<(), u64> {
+        match self {
+            Outcome::Consumed(ds) => {
+                fill(ds.iter_mut().map(|d| (d.stored, &mut d.data)), payload_at)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -443,10 +475,16 @@ mod tests {
             id: 8,
             data: b"m".to_vec(),
             deliveries: 2,
+            stored: Stored::default(),
+        };
+        let entry = |id, data: &[u8]| LedgerEntry {
+            id,
+            data: data.to_vec(),
+            stored: Stored::default(),
         };
         let answers = [
             Answer::Ledger(info.clone()),
-            Answer::Entries(vec![(0, b"a".to_vec()), (1, vec![])]),
+            Answer::Entries(vec![entry(0, b"a"), entry(1, b"")]),
             Answer::Ledgers(vec![info.clone(), LedgerInfo { lac: None, ..info }]),
             Answer::Queues(vec![QueueInfo {
                 name: "q".into(),

@@ -11,8 +11,13 @@
 //! message became visible, then by id: new messages are visible from the
 //! time of their produce, so a redelivery does not wait behind a backlog
 //! produced after it.
+//!
+//! A message's bytes stay in the log, in the `Produce` that carried them:
+//! the state keeps their place ([`Stored`]), so snapshots hold metadata
+//! only, and runs of messages from one produce take a few bytes each.
 
 use super::machine::Error;
+use super::stored::Stored;
 use super::wire::{put_bytes, put_u32, put_u64, Reader};
 use imbl::{OrdMap, OrdSet};
 use std::collections::VecDeque;
@@ -46,10 +51,12 @@ pub const PRODUCERS_MAX: usize = 1024;
 pub struct Delivery {
     /// The message's id.
     pub id: u64,
-    /// Its bytes.
+    /// Its bytes (empty until filled in from the log, `stored::fill`).
     pub data: Vec<u8>,
     /// Times it has been delivered, this delivery included.
     pub deliveries: u32,
+    /// Where its bytes are in the log (not sent to clients).
+    pub stored: Stored,
 }
 
 /// A queue's metadata, as `list` returns it.
@@ -67,9 +74,9 @@ pub struct QueueInfo {
     pub dead: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Message {
-    data: Vec<u8>,
+    stored: Stored,
     deliveries: u32,
     /// When it may be delivered (again), in the leader's ms.
     visible_at_ms: u64,
@@ -215,11 +222,11 @@ impl Queues {
             }
         }
         let first = q.next_id;
-        for data in messages {
+        for slot in 0..messages.len() as u32 {
             let id = q.next_id;
             q.next_id += 1;
             let m = Message {
-                data: data.clone(),
+                stored: Stored { index, slot },
                 deliveries: 0,
                 visible_at_ms: now_ms,
             };
@@ -273,8 +280,9 @@ impl Queues {
             q.order.insert((m.visible_at_ms, id));
             out.push(Delivery {
                 id,
-                data: m.data.clone(),
+                data: Vec::new(),
                 deliveries: m.deliveries,
+                stored: m.stored,
             });
             q.live.insert(id, m);
         }
@@ -321,8 +329,9 @@ impl Queues {
         let q = self.queues.get(name).ok_or(Error::NoSuchQueue)?;
         let d = |(&id, m): (&u64, &Message)| Delivery {
             id,
-            data: m.data.clone(),
+            data: Vec::new(),
             deliveries: m.deliveries,
+            stored: m.stored,
         };
         Ok(q.dead.iter().map(d).collect())
     }
@@ -339,15 +348,60 @@ impl Queues {
         self.queues.iter().map(info).collect()
     }
 
+    /// The lowest log index whose bytes a queue still needs, if any.
+    /// Ids are given in log order, so a queue's lowest id has its lowest
+    /// index.
+    pub fn oldest_stored(&self) -> Option<u64> {
+        let first = |ms: &OrdMap<u64, Message>| ms.get_min().map(|(_, m)| m.stored.index);
+        self.queues
+            .values()
+            .flat_map(|q| [first(&q.live), first(&q.dead)])
+            .flatten()
+            .min()
+    }
+
+    /// Every log index whose bytes a queue still needs (unordered, with
+    /// repeats).
+    pub(crate) fn each_stored(&self, f: &mut dyn FnMut(u64)) {
+        for q in self.queues.values() {
+            let mut last = None;
+            for m in q.live.values().chain(q.dead.values()) {
+                if last != Some(m.stored.index) {
+                    last = Some(m.stored.index);
+                    f(m.stored.index);
+                }
+            }
+        }
+    }
+
     /// Appends the queues' encoding (for snapshots) to `out`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         let messages = |out: &mut Vec<u8>, ms: &OrdMap<u64, Message>| {
-            put_u32(out, ms.len() as u32);
+            // Runs: consecutive ids from consecutive slots of one produce,
+            // alike in deliveries and visibility (a backlog never handed
+            // out is a run per produce).
+            let mut runs: Vec<(u64, u32, Message)> = Vec::new();
             for (&id, m) in ms {
-                put_u64(out, id);
+                if let Some((first, n, r)) = runs.last_mut() {
+                    let next = *first + u64::from(*n) == id
+                        && r.stored.index == m.stored.index
+                        && r.stored.slot + *n == m.stored.slot
+                        && (r.deliveries, r.visible_at_ms) == (m.deliveries, m.visible_at_ms);
+                    if next {
+                        *n += 1;
+                        continue;
+                    }
+                }
+                runs.push((id, 1, *m));
+            }
+            put_u32(out, runs.len() as u32);
+            for (first, n, m) in runs {
+                put_u64(out, first);
+                put_u32(out, n);
+                put_u64(out, m.stored.index);
+                put_u32(out, m.stored.slot);
                 put_u32(out, m.deliveries);
                 put_u64(out, m.visible_at_ms);
-                put_bytes(out, &m.data);
             }
         };
         put_u32(out, self.queues.len() as u32);
@@ -398,27 +452,51 @@ impl Queues {
     }
 }
 
-/// Decodes messages with ascending ids below `next_id`.
+/// Decodes runs of messages with ascending ids below `next_id`, each
+/// from a slot a produce can have.
 fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<OrdMap<u64, Message>> {
-    let n = r.count(QUEUE_MESSAGES_MAX, 8 + 4 + 8 + 4)?;
-    let mut ms = OrdMap::new();
+    let n = r.count(QUEUE_MESSAGES_MAX, 8 + 4 + 8 + 4 + 4 + 8)?;
+    let mut ms: OrdMap<u64, Message> = OrdMap::new();
     for _ in 0..n {
-        let id = r.u64()?;
+        let first = r.u64()?;
+        let count = r.u32()?;
+        let index = r.u64()?;
+        let slot = r.u32()?;
         let deliveries = r.u32()?;
         let visible_at_ms = r.u64()?;
-        let data = r.bytes(MESSAGE_BYTES_MAX)?.to_vec();
-        let in_order = ms.get_max().is_none_or(|(prev, _)| *prev < id);
-        if !in_order || id >= q.next_id || deliveries > q.max_deliveries {
+        let in_order = ms.get_max().is_none_or(|(prev, _)| *prev < first);
+        // Canonical: a run that would have continued the previous one is
+        // refused (equal states encode to equal bytes).
+        let continues = ms.get_max().is_some_and(|(prev, p)| {
+            prev + 1 == first
+                && p.stored.index == index
+                && p.stored.slot.checked_add(1) == Some(slot)
+                && (p.deliveries, p.visible_at_ms) == (deliveries, visible_at_ms)
+        });
+        let end = first.checked_add(u64::from(count))?;
+        let slots_end = u64::from(slot) + u64::from(count);
+        if !in_order
+            || continues
+            || count == 0
+            || end > q.next_id
+            || index == 0
+            || slots_end > PRODUCE_MESSAGES_MAX as u64
+            || deliveries > q.max_deliveries
+            || ms.len() + count as usize > QUEUE_MESSAGES_MAX
+        {
             return None;
         }
-        ms.insert(
-            id,
-            Message {
-                data,
+        for k in 0..count {
+            let m = Message {
+                stored: Stored {
+                    index,
+                    slot: slot + k,
+                },
                 deliveries,
                 visible_at_ms,
-            },
-        );
+            };
+            ms.insert(first + u64::from(k), m);
+        }
     }
     Some(ms)
 }
@@ -600,6 +678,46 @@ mod tests {
         assert_eq!(qs.consume("nope", 1, 1, 0), Err(Error::NoSuchQueue));
         assert_eq!(qs.delete("q"), Ok(()));
         assert_eq!(qs.delete("q"), Err(Error::NoSuchQueue));
+    }
+
+    #[test]
+    fn a_backlog_encodes_as_a_run_per_produce_and_split_runs_are_refused() {
+        let mut qs = one_queue(3);
+        for b in 0..10 {
+            qs.produce("q", 1, b, &msgs(1000), 5, 100 + b).unwrap();
+        }
+        qs.consume("q", 2, 10, 5).unwrap();
+        let mut bytes = Vec::new();
+        qs.encode(&mut bytes);
+        // Two delivered messages, the rest of the first produce, and nine
+        // untouched produces: 12 runs of 36 bytes (plus the producer's
+        // window of 10 produces, 24 bytes each), not 10,000 messages.
+        let run_bytes = 8 + 4 + 8 + 4 + 4 + 8;
+        let bound = 12 * run_bytes + 10 * 24 + 100;
+        assert!(bytes.len() < bound, "{} bytes", bytes.len());
+        let back = Queues::decode(&mut Reader::new(&bytes)).unwrap();
+        assert_eq!(back, qs);
+        // One run written as two is not what `encode` writes: refused.
+        let mut one = one_queue(3);
+        one.produce("q", 1, 1, &msgs(2), 5, 7).unwrap();
+        let mut bytes = Vec::new();
+        one.encode(&mut bytes);
+        let split = |b: &mut Vec<u8>| {
+            // name, max_deliveries, next_id, live runs: 1
+            let at = 4 + 4 + 1 + 4 + 8;
+            assert_eq!(b[at..at + 4], 1u32.to_le_bytes());
+            b[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+            let run = b[at + 4..at + 4 + run_bytes].to_vec();
+            let mut first = run.clone();
+            first[8..12].copy_from_slice(&1u32.to_le_bytes());
+            let mut second = run;
+            second[..8].copy_from_slice(&1u64.to_le_bytes());
+            second[8..12].copy_from_slice(&1u32.to_le_bytes());
+            second[20..24].copy_from_slice(&1u32.to_le_bytes());
+            b.splice(at + 4..at + 4 + run_bytes, first.into_iter().chain(second));
+        };
+        split(&mut bytes);
+        assert_eq!(Queues::decode(&mut Reader::new(&bytes)), None);
     }
 
     #[test]

@@ -572,7 +572,7 @@ impl Wal {
             in_flight: BTreeMap::new(),
             durable_ticket: 0,
             durable: last,
-            index: found.batches,
+            index: Vec::new(),
             cache: VecDeque::new(),
             cache_bytes: 0,
             buf_pool: Vec::new(),
@@ -581,6 +581,12 @@ impl Wal {
             metrics: WalMetrics::new(),
             cfg,
         };
+        // In log order: a batch rewritten from a lower index (after a
+        // truncation, or entries kept with an installed snapshot) replaces
+        // what the index held from there on, as it did when written.
+        for b in found.batches {
+            wal.note_batch_location(b);
+        }
         if wal.sb_dirty {
             // Record the in-flight bound before any batch written under it.
             wal.write_superblock_now()?;
@@ -1166,11 +1172,32 @@ impl Wal {
     }
 
     /// The core installed a snapshot from its leader, replacing its whole
-    /// log: store it and start the log afresh after it.
-    pub fn install_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
+    /// log: store it and start the log afresh after it. `below` are the
+    /// entries at or below the snapshot that its state refers to
+    /// (consecutive, ending at most at its index): they go first into the
+    /// fresh segment, durable before the snapshot is recorded, so a crash
+    /// in between leaves the old snapshot and log in force.
+    pub fn install_snapshot(&mut self, snap: &Snapshot, below: &[Entry]) -> Result<(), WalError> {
+        let consecutive = below.windows(2).all(|w| w[1].index == w[0].index + 1);
+        if !consecutive || below.last().is_some_and(|e| e.index > snap.index) {
+            return Err(WalError::Invalid(format!(
+                "the entries kept with the snapshot at {} are not consecutive up to it",
+                snap.index
+            )));
+        }
+        if let Some(e) = below
+            .iter()
+            .find(|e| e.size_bytes() + 64 > self.cfg.flush_bytes_max)
+        {
+            return Err(WalError::Invalid(format!(
+                "entry {} is {} bytes, more than flush_bytes_max ({})",
+                e.index,
+                e.size_bytes(),
+                self.cfg.flush_bytes_max
+            )));
+        }
         self.sync()?;
         self.commit = self.commit.max(snap.index);
-        self.store_snapshot(snap)?;
         // Every old segment goes; a fresh one starts the new log.
         if let Some((id, job)) = self.spare.take() {
             let _ = job.join();
@@ -1195,14 +1222,31 @@ impl Wal {
         self.active = next;
         self.active_recycled = false;
         self.append_offset = 0;
+        self.index.clear();
+        self.cache.clear();
+        self.cache_bytes = 0;
+        if let Some(first) = below.first() {
+            // Written as appends are, after everything in the old log
+            // (higher segment and sequence numbers): recovery reads them
+            // as a rewrite from `first`, which is what they are.
+            self.start_batch_at(first.index);
+            for e in below {
+                let batch = self.batch_for_append(e.index);
+                batch.batch.push(e);
+                if batch.batch.disk_bytes() >= self.cfg.flush_bytes_max {
+                    let b = self.open_batch.take().expect("just used");
+                    self.sealed.push_back(b);
+                }
+                self.last = (e.index, e.term);
+            }
+            self.sync()?;
+        }
+        self.store_snapshot(snap)?;
         for id in old {
             self.segments.remove(&id);
             fs::remove_file(segment_path(&self.dir, id)).map_err(io_err("removing a segment"))?;
         }
         sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
-        self.index.clear();
-        self.cache.clear();
-        self.cache_bytes = 0;
         self.last = (snap.index, snap.term);
         self.durable = self.last;
         Ok(())
@@ -1214,15 +1258,23 @@ impl Wal {
     }
 
     /// Makes the snapshot file `write_snapshot_file` wrote (on another
-    /// thread) the log's snapshot, and trims the segments below it.
-    pub fn adopt_snapshot(&mut self, index: Index, term: Term) -> Result<(), WalError> {
+    /// thread) the log's snapshot, and trims the segments below it, but
+    /// none holding an entry at or after `keep_from` (the lowest index
+    /// whose bytes the snapshot's state still refers to).
+    pub fn adopt_snapshot(
+        &mut self,
+        index: Index,
+        term: Term,
+        keep_from: Option<Index>,
+    ) -> Result<(), WalError> {
         if index <= self.snapshot_index {
             self.discard_snapshot_file(index);
             return Ok(());
         }
         self.sync()?;
         self.record_snapshot(index, term)?;
-        self.trim_segments(index)
+        let upto = keep_from.map_or(index, |k| index.min(k.saturating_sub(1)));
+        self.trim_segments(upto)
     }
 
     /// Removes a snapshot file written but not adopted (the log moved
