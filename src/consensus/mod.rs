@@ -101,7 +101,7 @@ pub struct RaftConfig {
     /// (quire keeps entry and message bytes in the log): a snapshot sent
     /// to a follower carries those entries too. The caller supplies them
     /// when asked ([`Ready::snapshot_entries_wanted`],
-    /// [`Raft::set_snapshot_entries`]) and stores those it receives
+    /// [`Raft::set_snapshot_image`]) and stores those it receives
     /// ([`Ready::snapshot_entries`]). Every member must agree on it.
     pub snapshot_with_entries: bool,
     /// When the failure detector declares the leader down, campaign after
@@ -176,8 +176,8 @@ pub struct Ready {
     /// `snapshot_with_entries`).
     pub snapshot_entries: Vec<Entry>,
     /// A follower needs the snapshot at this index: call
-    /// [`Raft::set_snapshot_entries`] with the entries its state machine
-    /// refers to (only with `snapshot_with_entries`).
+    /// [`Raft::set_snapshot_image`] with it and the entries its state
+    /// machine refers to (only with `snapshot_with_entries`).
     pub snapshot_entries_wanted: Option<Index>,
     /// Storage must drop every entry at or after this index before
     /// appending `entries` (a conflicting suffix, thesis §3.5). The core

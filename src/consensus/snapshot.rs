@@ -192,15 +192,17 @@ impl Raft {
     }
 
     /// The caller's answer to [`Ready::snapshot_entries_wanted`]: the
-    /// entries at or below the snapshot at `index` that its state machine
-    /// refers to, consecutive. Followers waiting for that snapshot get it.
+    /// image of the snapshot at `index`, `encode_image(its data, the
+    /// entries at or below it that its state machine refers to)` (built
+    /// off the event loop if large). Followers waiting for that snapshot
+    /// get it; an image of an older snapshot is dropped.
     ///
     /// [`Ready::snapshot_entries_wanted`]: super::Ready::snapshot_entries_wanted
-    pub fn set_snapshot_entries(&mut self, index: Index, entries: &[Entry]) {
-        let Some(s) = self.snapshot.as_ref().filter(|s| s.index == index) else {
+    pub fn set_snapshot_image(&mut self, index: Index, image: Vec<u8>) {
+        if self.snapshot.as_ref().map(|s| s.index) != Some(index) {
             return; // compacted again since: asked anew when needed
-        };
-        self.snapshot_image = Some((index, encode_image(&s.data, entries)));
+        }
+        self.snapshot_image = Some((index, image));
         let now = self.now_ms;
         let waiting: Vec<NodeId> = self
             .progress

@@ -47,6 +47,13 @@ enum Applied2 {
 /// the lowest log index its state refers to.
 type SnapshotWritten = (crate::consensus::Snapshot, usize, Option<Index>);
 
+/// A snapshot image being read from the segments and encoded on a
+/// helper thread, for a follower behind the trimmed log.
+struct ImageJob {
+    index: Index,
+    done: Receiver<Result<Vec<u8>, WalError>>,
+}
+
 /// A snapshot being encoded and written on a helper thread.
 struct SnapshotJob {
     index: Index,
@@ -124,6 +131,7 @@ pub(crate) struct Replica {
     /// log keeps every entry from there on (a follower that installs the
     /// snapshot gets them with it).
     snapshot_keep_from: Option<Index>,
+    image_job: Option<ImageJob>,
 }
 
 impl Replica {
@@ -154,6 +162,7 @@ impl Replica {
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
             snapshot_keep_from: None,
+            image_job: None,
         }
     }
 
@@ -321,6 +330,7 @@ impl Replica {
         if self.stopped.is_some() {
             return;
         }
+        self.poll_image();
         loop {
             let rd = self.raft.ready();
             if rd.is_empty() {
@@ -364,7 +374,7 @@ impl Replica {
             }
             self.snapshot_due |= rd.snapshot_wanted;
             if let Some(index) = rd.snapshot_entries_wanted {
-                self.supply_snapshot_entries(index);
+                self.build_snapshot_image(index);
             }
         }
         self.snapshot(now_ms);
@@ -474,35 +484,81 @@ impl Replica {
         self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
     }
 
-    /// Answers Raft's request for the entries a follower needs with the
-    /// snapshot at `index`: those from `snapshot_keep_from` to `index`,
-    /// read back from the log's segments.
-    fn supply_snapshot_entries(&mut self, index: Index) {
-        if self.raft.snapshot().map(|s| s.index) != Some(index) {
-            return; // a newer snapshot since; asked again for that one
+    /// Answers Raft's request for the image of the snapshot at `index`
+    /// (a follower is behind the trimmed log): the entries from
+    /// `snapshot_keep_from` to `index` are read from the segments and
+    /// encoded with the snapshot on a helper thread, so a large backlog
+    /// does not stall the loop; `poll_image` hands the image to Raft.
+    fn build_snapshot_image(&mut self, index: Index) {
+        if self.image_job.as_ref().is_some_and(|j| j.index == index) {
+            return;
         }
-        let entries = match self.snapshot_keep_from {
-            None => Vec::new(),
-            Some(from) => match self.wal.read(from, index) {
-                Ok(es) if es.len() as u64 == index + 1 - from => es,
-                Ok(es) => {
-                    eprintln!(
-                        "group {}: the log holds {} of entries {from}..={index} that the snapshot refers to; no snapshot sent",
-                        self.group,
-                        es.len()
-                    );
-                    return;
-                }
-                Err(e) => {
-                    eprintln!(
-                        "group {}: reading entries {from}..={index} for a snapshot: {e}",
-                        self.group
-                    );
-                    return;
-                }
-            },
+        let Some(meta) = self.raft.snapshot().filter(|s| s.index == index) else {
+            return; // a newer snapshot since; asked again for that one
         };
-        self.raft.set_snapshot_entries(index, &entries);
+        let meta = meta.data.clone();
+        let located = match self.snapshot_keep_from {
+            None => Ok(None),
+            Some(from) => self.wal.locate(from, index).map(|l| Some((from, l))),
+        };
+        let located = match located {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "group {}: locating the entries for a snapshot at {index}: {e}",
+                    self.group
+                );
+                return;
+            }
+        };
+        let (tx, done) = bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name(format!("quire-image-g{}", self.group))
+            .spawn(move || {
+                lower_priority();
+                let entries = match &located {
+                    None => Ok(Vec::new()),
+                    Some((from, l)) => {
+                        crate::storage::read_located(l, *from, index).and_then(|es| {
+                            if es.len() as u64 == index + 1 - from {
+                                Ok(es)
+                            } else {
+                                Err(WalError::Invalid(format!(
+                                    "{} of the entries {from}..={index} read",
+                                    es.len()
+                                )))
+                            }
+                        })
+                    }
+                };
+                let _ = tx.send(entries.map(|es| crate::consensus::encode_image(&meta, &es)));
+            });
+        if spawned.is_ok() {
+            self.image_job = Some(ImageJob { index, done });
+        }
+    }
+
+    /// Hands a finished snapshot image to Raft (which drops it if its
+    /// snapshot changed meanwhile, and asks again).
+    fn poll_image(&mut self) {
+        let Some(job) = &self.image_job else {
+            return;
+        };
+        let index = job.index;
+        match job.done.try_recv() {
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => self.image_job = None,
+            Ok(r) => {
+                self.image_job = None;
+                match r {
+                    Ok(image) => self.raft.set_snapshot_image(index, image),
+                    Err(e) => eprintln!(
+                        "group {}: reading the entries for a snapshot at {index}: {e}",
+                        self.group
+                    ),
+                }
+            }
+        }
     }
 
     fn write(

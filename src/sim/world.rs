@@ -655,7 +655,10 @@ impl World {
             if let Some(index) = rd.snapshot_entries_wanted {
                 let leave_out = self.opts.workload_bug == Some(WorkloadBug::SnapshotWithoutEntries);
                 let entries = if leave_out { &[][..] } else { &rep.retained };
-                rep.raft.set_snapshot_entries(index, entries);
+                if let Some(s) = rep.raft.snapshot().filter(|s| s.index == index) {
+                    let image = crate::consensus::encode_image(&s.data, entries);
+                    rep.raft.set_snapshot_image(index, image);
+                }
             }
             if rd.snapshot_wanted {
                 // The chain hash first (the log checkers' view), then the

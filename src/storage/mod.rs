@@ -11,5 +11,6 @@ pub mod superblock;
 pub mod wal;
 
 pub use wal::{
-    write_snapshot_file, DiskState, OpenReport, Ticket, Wal, WalConfig, WalError, WalMetrics,
+    read_located, write_snapshot_file, DiskState, OpenReport, Ticket, Wal, WalConfig, WalError,
+    WalMetrics,
 };

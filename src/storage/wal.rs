@@ -1411,6 +1411,27 @@ impl Wal {
 
     // ----- reads -------------------------------------------------------------
 
+    /// Where the durable entries `lo..=hi` are: each batch's file and
+    /// place, for [`read_located`] to read them on another thread.
+    pub fn locate(&self, lo: Index, hi: Index) -> Result<Vec<(PathBuf, BatchLocation)>, WalError> {
+        if hi > self.durable.0 {
+            return Err(WalError::Invalid(format!("index {hi} is not durable")));
+        }
+        let mut out = Vec::new();
+        let mut i = lo;
+        while i <= hi {
+            let pos = self.index.partition_point(|b| b.first_index <= i);
+            let loc = pos
+                .checked_sub(1)
+                .map(|p| self.index[p])
+                .filter(|l| i < l.first_index + l.count)
+                .ok_or_else(|| WalError::Invalid(format!("index {i} is not in the log")))?;
+            out.push((segment_path(&self.dir, loc.segment), loc));
+            i = loc.first_index + loc.count;
+        }
+        Ok(out)
+    }
+
     /// Entries `lo..=hi` that are durable, read from the segments through
     /// the backend (with a small cache of recently read batches).
     pub fn read(&mut self, lo: Index, hi: Index) -> Result<Vec<Entry>, WalError> {
@@ -1463,6 +1484,50 @@ impl Wal {
         }
         Ok(entries)
     }
+}
+
+/// Reads the entries `lo..=hi` from the batches [`Wal::locate`] named,
+/// with plain file reads, on any thread. A batch that no longer holds what
+/// was located (its segment was trimmed and reused meanwhile) is an error,
+/// never other entries.
+pub fn read_located(
+    located: &[(PathBuf, BatchLocation)],
+    lo: Index,
+    hi: Index,
+) -> Result<Vec<Entry>, WalError> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    let mut open: Option<(&Path, File)> = None;
+    for (path, loc) in located {
+        if open.as_ref().is_none_or(|(p, _)| p != path) {
+            let f = File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
+            open = Some((path, f));
+        }
+        let (_, f) = open.as_ref().expect("just opened");
+        let mut buf = vec![0u8; loc.disk_bytes as usize];
+        f.read_exact_at(&mut buf, loc.offset)
+            .map_err(io_err(format!("reading {}", path.display())))?;
+        let moved = || {
+            WalError::Corrupt(format!(
+                "segment {} offset {} no longer holds entries from {}",
+                loc.segment, loc.offset, loc.first_index
+            ))
+        };
+        let batch = decode_batch(&buf).map_err(|_| moved())?;
+        if (batch.seq, batch.first_index, batch.place.segment)
+            != (loc.seq, loc.first_index, loc.segment)
+        {
+            return Err(moved());
+        }
+        let end = loc.first_index + loc.count;
+        out.extend(
+            batch
+                .entries
+                .into_iter()
+                .filter(|e| e.index >= lo && e.index <= hi && e.index < end),
+        );
+    }
+    Ok(out)
 }
 
 impl InFlight {
