@@ -500,3 +500,49 @@ fn random_bytes_never_panic_decode_or_restore() {
         }
     }
 }
+
+/// What the log must keep follows the state: the oldest entry of a live
+/// ledger or the oldest unacked message; deleting the ledger or acking
+/// the messages moves it on (whole segments below it are then freed).
+#[test]
+fn deleting_a_ledger_or_acking_a_prefix_moves_what_the_log_must_keep() {
+    let mut d = Driver::new();
+    let create = Command::CreateLedger {
+        writer_token: 1,
+        now_ms: 0,
+    };
+    d.apply(create).unwrap(); // index 1
+    d.apply(add(0, 1, b"e0")).unwrap(); // index 2
+    d.apply(Command::CreateQueue {
+        name: "q".into(),
+        max_deliveries: 2,
+    })
+    .unwrap(); // index 3
+    let produce = |seq| Command::Produce {
+        queue: "q".into(),
+        producer_id: 1,
+        seq,
+        messages: vec![b"m".to_vec(), b"n".to_vec()],
+    };
+    d.apply(produce(1)).unwrap(); // index 4: ids 0, 1
+    d.apply(produce(2)).unwrap(); // index 5: ids 2, 3
+    assert_eq!(d.sm.oldest_stored(), Some(2), "the ledger's entry");
+    d.apply(Command::DeleteLedger { ledger: 0 }).unwrap();
+    assert_eq!(d.sm.oldest_stored(), Some(4), "then the oldest message");
+    let ack = |ids: Vec<u64>| Command::Ack {
+        queue: "q".into(),
+        ids,
+    };
+    d.apply(ack(vec![0])).unwrap();
+    assert_eq!(
+        d.sm.oldest_stored(),
+        Some(4),
+        "message 1 is still in entry 4"
+    );
+    d.apply(ack(vec![1, 3])).unwrap();
+    assert_eq!(d.sm.oldest_stored(), Some(5));
+    let bytes = d.sm.snapshot();
+    assert_eq!(StateMachine::snapshot_oldest_stored(&bytes), Some(Some(5)));
+    d.apply(ack(vec![2])).unwrap();
+    assert_eq!(d.sm.oldest_stored(), None, "nothing left to keep");
+}

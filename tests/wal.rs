@@ -412,11 +412,19 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
         vec![entry(10, 1), entry(11, 1), entry(12, 1)]
     );
     assert_eq!(first(dir.path()), before, "nothing trimmed below 10");
+    // Read off the loop: where the batches are, then plain reads.
+    let located = wal.locate(10, 12).unwrap();
+    let off_loop = quire::storage::read_located(&located, 10, 12).unwrap();
+    assert_eq!(off_loop, vec![entry(10, 1), entry(11, 1), entry(12, 1)]);
     quire::storage::write_snapshot_file(dir.path(), &snap(1900)).unwrap();
     wal.adopt_snapshot(1900, 1, Some(1800)).unwrap();
     assert!(
         wal.read(10, 10).is_err(),
         "trimmed once nothing refers to it"
+    );
+    assert!(
+        quire::storage::read_located(&located, 10, 12).is_err(),
+        "a trimmed (recycled) batch is an error, not other entries"
     );
     assert_eq!(wal.read(1800, 1800).unwrap(), vec![entry(1800, 1)]);
 
