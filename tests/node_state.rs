@@ -381,8 +381,18 @@ fn the_log_keeps_what_the_state_refers_to_and_a_lagging_follower_gets_it() {
         "kept below the snapshot ({at} < {snapshot_index})"
     );
     assert_eq!(messages, pinned);
+
+    // A damaged log: the segment holding those messages is lost. The node
+    // still starts (its followers' copies are intact) and says what it
+    // cannot serve.
+    let (segment, _) = wal.locate(at, at).unwrap().remove(0);
     drop(wal);
+    std::fs::remove_file(&segment).unwrap();
     c.restart_node(f).unwrap();
+    wait_for("the damaged node to report what it cannot read", || {
+        let s = c.nodes[&f].status()?.groups[0].snapshot;
+        (s.unreadable_entries >= 1).then_some(())
+    });
 
     // Once acked, the messages' segment goes at the next snapshot.
     let ack = Command::Ack {

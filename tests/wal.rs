@@ -413,6 +413,7 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
     );
     assert_eq!(first(dir.path()), before, "nothing trimmed below 10");
     // Read off the loop: where the batches are, then plain reads.
+    assert!(wal.holds(10) && wal.holds(2000) && !wal.holds(2001));
     let located = wal.locate(10, 12).unwrap();
     let off_loop = quire::storage::read_located(&located, 10, 12).unwrap();
     assert_eq!(off_loop, vec![entry(10, 1), entry(11, 1), entry(12, 1)]);

@@ -166,7 +166,7 @@ pub fn metrics_text(s: &NodeStatus) -> String {
             |w| w.disk_full_refusals,
         ),
     ];
-    let snapshot_gauges: [SnapshotGauge; 6] = [
+    let snapshot_gauges: [SnapshotGauge; 7] = [
         (
             gauge(&mut reg, "snapshots_taken", "Snapshots written and adopted"),
             |s| s.taken,
@@ -206,6 +206,14 @@ pub fn metrics_text(s: &NodeStatus) -> String {
                 "Lowest log index the state at the snapshot refers to (an old ledger entry or unacked message); segments from it on are kept; 0 for none",
             ),
             |s| s.retained_from,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_unreadable_entries",
+                "Log entries the ledgers and queues refer to that this node could not read (a damaged segment); 0 when healthy",
+            ),
+            |s| s.unreadable_entries,
         ),
     ];
     let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
@@ -360,6 +368,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
                 "capture_us": g.snapshot.last_capture_us,
                 "failed": g.snapshot.failed,
                 "retained_from": g.snapshot.retained_from,
+                "unreadable_entries": g.snapshot.unreadable_entries,
             },
             "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
                 "peer": p,

@@ -183,6 +183,7 @@ impl EventLoop {
                         s.index
                     ));
                 }
+                r.check_stored_entries();
             }
             by_group.insert(g.group, replicas.len());
             replicas.push(r);

@@ -81,6 +81,9 @@ pub struct SnapshotStats {
     /// entry's or an unacked message's bytes); 0 for none. The log keeps
     /// every segment from there on.
     pub retained_from: Index,
+    /// Log entries the state refers to that this node could not read
+    /// (found missing at start, or a failed read since); 0 when healthy.
+    pub unreadable_entries: u64,
 }
 
 /// One group on this node.
@@ -309,12 +312,17 @@ impl Replica {
         {
             let (_, q, reply) = self.reads_confirmed.pop_front().expect("front exists");
             let answer = self.machine.query(&q).map_err(ProposeError::Refused);
-            let group = self.group;
-            reply(answer.and_then(|mut a| {
-                a.fill(&mut payload_at(&self.raft, &mut self.wal))
-                    .map_err(|i| stored_missing(group, i))?;
-                Ok(a)
-            }));
+            let answer =
+                answer.and_then(
+                    |mut a| match a.fill(&mut payload_at(&self.raft, &mut self.wal)) {
+                        Ok(()) => Ok(a),
+                        Err(i) => {
+                            self.snapshot_stats.unreadable_entries += 1;
+                            Err(stored_missing(self.group, i))
+                        }
+                    },
+                );
+            reply(answer);
         }
         if self.raft.role() != Role::Leader && !self.reads_pending.is_empty() {
             let leader = self.raft.leader();
@@ -479,6 +487,30 @@ impl Replica {
         });
     }
 
+    /// At start: counts the log entries below Raft's log that the state
+    /// refers to and the log cannot read (a damaged segment below the
+    /// snapshot). This replica cannot serve their bytes while it leads;
+    /// nothing repairs them from a peer yet, so it says so, loudly.
+    pub(crate) fn check_stored_entries(&mut self) {
+        let in_memory_from = self.raft.first_index();
+        let mut missing = BTreeSet::new();
+        let wal = &self.wal;
+        self.machine.each_stored(&mut |i| {
+            if i < in_memory_from && !wal.holds(i) {
+                missing.insert(i);
+            }
+        });
+        self.snapshot_stats.unreadable_entries = missing.len() as u64;
+        if let Some(first) = missing.first() {
+            eprintln!(
+                "group {}: warning: {} log entries the ledgers and queues refer to are unreadable here (the first: {first}); \
+                 this replica cannot serve their bytes while it leads: replace its log (HARDWARE.md, \"Replacing a disk\")",
+                self.group,
+                missing.len()
+            );
+        }
+    }
+
     fn set_keep_from(&mut self, keep_from: Option<Index>) {
         self.snapshot_keep_from = keep_from;
         self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
@@ -630,6 +662,7 @@ impl Replica {
                     let mut o = o.clone();
                     if let Ok(out) = &mut o {
                         if let Err(i) = out.fill(&mut payload_at(&self.raft, &mut self.wal)) {
+                            self.snapshot_stats.unreadable_entries += 1;
                             o = Err(stored_missing(self.group, i));
                         }
                     }

@@ -1411,6 +1411,13 @@ impl Wal {
 
     // ----- reads -------------------------------------------------------------
 
+    /// True if the log holds entry `index` in a batch it can read.
+    pub fn holds(&self, index: Index) -> bool {
+        let pos = self.index.partition_point(|b| b.first_index <= index);
+        pos.checked_sub(1)
+            .is_some_and(|p| index < self.index[p].first_index + self.index[p].count)
+    }
+
     /// Where the durable entries `lo..=hi` are: each batch's file and
     /// place, for [`read_located`] to read them on another thread.
     pub fn locate(&self, lo: Index, hi: Index) -> Result<Vec<(PathBuf, BatchLocation)>, WalError> {
