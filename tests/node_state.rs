@@ -418,3 +418,58 @@ fn the_log_keeps_what_the_state_refers_to_and_a_lagging_follower_gets_it() {
         "moved past the acked messages: {from}"
     );
 }
+
+/// A ledger read with a wait that finds nothing past the LAC waits on the
+/// leader and is answered when an entry is confirmed, not at its deadline;
+/// one that sees nothing confirmed before its deadline gets nothing.
+#[test]
+fn a_waiting_ledger_read_is_answered_when_the_lac_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs: Vec<_> = (1..=3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let c = LocalCluster::start(&logs, &[0], &[], dir.path(), |_| {}).expect("cluster starts");
+    let l = leader(&c);
+    let n = &c.nodes[&l];
+    let create = Command::CreateLedger {
+        writer_token: 5,
+        now_ms: 0,
+    };
+    let Ok(Outcome::LedgerCreated(ledger)) = n.state(0, 1, 1, create, SLOW) else {
+        panic!("create");
+    };
+    let read = |from| Query::ReadLedger {
+        ledger,
+        from,
+        to: u64::MAX,
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sent = tx.clone();
+    n.query_waiting(0, read(0), 60_000, Box::new(move |r| sent.send(r).unwrap()));
+    wait_for("the read to wait on the leader", || {
+        (n.status()?.groups[0].waiting_reads == 1).then_some(())
+    });
+    for (seq, data) in [(2, b"a"), (3, b"b")] {
+        let add = Command::AddEntry {
+            ledger,
+            writer_token: 5,
+            data: data.to_vec(),
+        };
+        assert!(n.state(0, 1, seq, add, SLOW).is_ok());
+    }
+    // Adding entry 1 confirmed entry 0: the waiting read gets it now, well
+    // before its 60 s deadline.
+    let got = rx.recv_timeout(Duration::from_secs(30)).expect("answered");
+    let Ok(Answer::Entries(es)) = got else {
+        panic!("{got:?}");
+    };
+    let es: Vec<(u64, Vec<u8>)> = es.into_iter().map(|e| (e.id, e.data)).collect();
+    assert_eq!(es, vec![(0, b"a".to_vec())]);
+    assert_eq!(n.status().unwrap().groups[0].waiting_reads, 0);
+
+    // Nothing past entry 1 is confirmed: a short wait ends empty.
+    n.query_waiting(0, read(1), 200, Box::new(move |r| tx.send(r).unwrap()));
+    let got = rx.recv_timeout(Duration::from_secs(30)).expect("answered");
+    assert!(
+        matches!(&got, Ok(Answer::Entries(es)) if es.is_empty()),
+        "{got:?}"
+    );
+}

@@ -360,6 +360,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "voters": g.voters,
             "learners": g.learners,
             "backend": g.backend,
+            "waiting_reads": g.waiting_reads,
             "snapshot": {
                 "taken": g.snapshot.taken,
                 "index": g.snapshot.last_index,

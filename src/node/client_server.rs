@@ -465,19 +465,23 @@ fn dispatch(
                 );
                 return;
             }
-            // A long poll for entries past the LAC, as Tail does for the log.
-            let node = Arc::clone(node);
-            let poll = LongPoll {
-                id,
-                wait_ms,
-                out,
-                addrs,
-                tails,
+            // A long poll for entries past the LAC: the leader's loop keeps
+            // it and answers as soon as an entry is confirmed; no thread
+            // waits here. It holds one of the `TAILS_MAX` slots until then.
+            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
+                let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+                return answer(out, error_response(why, addrs));
             };
-            poll.run(
-                move || node.query(group, query.clone(), Duration::from_secs(5)),
-                |r| matches!(r, Ok(crate::state::Answer::Entries(v)) if v.is_empty()),
-                answer_response,
+            let wait = (Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX)).as_millis();
+            let (out, addrs) = (out.clone(), Arc::clone(addrs));
+            node.query_waiting(
+                group,
+                query,
+                wait as u32,
+                Box::new(move |r| {
+                    drop(slot);
+                    let _ = out.send(Out::Answer(id, answer_response(r, &addrs)));
+                }),
             );
         }
         Request::Hello { .. } => {} // handled by the session
@@ -497,9 +501,10 @@ fn request_group(req: &Request) -> Option<u32> {
 }
 
 /// A request answered by looking again until there is something to say
-/// or `wait_ms` ends (at most `TAIL_WAIT_MAX`): Tail, and ledger reads
-/// that wait for the LAC. Each waits on a thread of its own, so the
-/// connection keeps serving, and holds one of `TAILS_MAX` slots.
+/// or `wait_ms` ends (at most `TAIL_WAIT_MAX`): the raw log's Tail (a
+/// ledger read that waits is kept by the leader's loop instead). Each
+/// waits on a thread of its own, so the connection keeps serving, and
+/// holds one of `TAILS_MAX` slots.
 struct LongPoll<'a> {
     id: u64,
     wait_ms: u32,

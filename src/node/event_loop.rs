@@ -296,6 +296,9 @@ impl EventLoop {
         let mut t = self.next_heartbeat_ms;
         for r in &self.replicas {
             t = t.min(r.raft.poll_timeout());
+            if let Some(d) = r.next_tail_deadline() {
+                t = t.min(d);
+            }
         }
         if let Some(d) = self
             .control
@@ -353,7 +356,12 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.propose_command(client_id, seq, command, wall_clock_ms(), reply),
-                Command::Query { query, reply, .. } => r.query(query, reply),
+                Command::Query {
+                    query,
+                    wait_ms,
+                    reply,
+                    ..
+                } => r.query(query, wait_ms, reply),
                 Command::Status(_) | Command::Stop => unreachable!("served above"),
             }
         }
@@ -707,6 +715,7 @@ impl EventLoop {
                 disk: r.disk_state(),
                 backend: r.wal.backend_name(),
                 snapshot: r.snapshot_stats,
+                waiting_reads: r.waiting_reads(),
                 wal: {
                     let m = r.wal.metrics();
                     super::handle::WalView {

@@ -78,6 +78,9 @@ pub struct GroupView {
     pub wal: WalView,
     /// What its snapshots cost.
     pub snapshot: super::replica::SnapshotStats,
+    /// Ledger reads waiting on this leader for an entry to be confirmed
+    /// (long polls).
+    pub waiting_reads: usize,
     /// The Raft counters.
     pub stats: crate::consensus::RaftStats,
 }
@@ -234,6 +237,8 @@ pub(crate) enum Command {
     Query {
         group: GroupId,
         query: crate::state::Query,
+        /// A ledger read that finds nothing past the LAC waits this long.
+        wait_ms: u32,
         reply: QueryReply,
     },
     Status(Sender<NodeStatus>),
@@ -529,11 +534,25 @@ impl NodeHandle {
     /// Answers a query on the leader, linearizably (a read index round),
     /// without waiting: `reply` gets the answer.
     pub fn query_with(&self, group: GroupId, query: crate::state::Query, reply: QueryReply) {
+        self.query_waiting(group, query, 0, reply);
+    }
+
+    /// `query_with`, except that a `ReadLedger` finding nothing past the
+    /// LAC waits up to `wait_ms` for an entry to be confirmed (a long
+    /// poll, answered as soon as one is, or empty at the end).
+    pub fn query_waiting(
+        &self,
+        group: GroupId,
+        query: crate::state::Query,
+        wait_ms: u32,
+        reply: QueryReply,
+    ) {
         self.dispatch(
             group,
             Command::Query {
                 group,
                 query,
+                wait_ms,
                 reply,
             },
         );
@@ -549,6 +568,7 @@ impl NodeHandle {
         self.call(group, timeout, |reply| Command::Query {
             group,
             query,
+            wait_ms: 0,
             reply,
         })
     }

@@ -8,7 +8,7 @@ use super::handle::{ProposeError, QueryReply, Reply, StateReply};
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
 use crate::state::query::{decode_command_entry, encode_command_entry};
-use crate::state::{Command, Error as StateError, Outcome, Query, StateMachine};
+use crate::state::{Answer, Command, Error as StateError, Outcome, Query, StateMachine};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
 use crate::transport::GroupId;
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
@@ -110,10 +110,14 @@ pub(crate) struct Replica {
     pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
     /// Queries waiting for their read-index round, by request id.
-    reads_pending: BTreeMap<u64, (Query, QueryReply)>,
+    reads_pending: BTreeMap<u64, (Query, u32, QueryReply)>,
     /// Queries whose round confirmed leadership, waiting for the applied
     /// index to reach the commit index the round saw.
-    reads_confirmed: VecDeque<(Index, Query, QueryReply)>,
+    reads_confirmed: VecDeque<(Index, Query, u32, QueryReply)>,
+    /// Ledger reads that found nothing past the LAC and wait (a long
+    /// poll): answered as soon as an applied entry moves the LAC past
+    /// what they ask, or with nothing at their deadline (node ms).
+    tails: Vec<(u64, Query, QueryReply)>,
     next_read_id: u64,
     /// When (node ms) the WAL last made progress, and since when writes
     /// have been pending without any.
@@ -154,6 +158,7 @@ impl Replica {
             waiters: BTreeMap::new(),
             reads_pending: BTreeMap::new(),
             reads_confirmed: VecDeque::new(),
+            tails: Vec::new(),
             next_read_id: 1,
             last_fsync_ms: now_ms,
             pending_since_ms: None,
@@ -283,8 +288,12 @@ impl Replica {
 
     /// Answers `query` linearizably: a read-index round confirms this node
     /// still leads, then the query waits until the state has applied
-    /// everything committed when it arrived (Raft thesis §6.4).
-    pub(crate) fn query(&mut self, query: Query, reply: QueryReply) {
+    /// everything committed when it arrived (Raft thesis §6.4). A ledger
+    /// read with `wait_ms` that finds nothing past the LAC then waits up
+    /// to `wait_ms` for an entry to be confirmed (a long poll): the
+    /// entries it gets are committed, so answering from the applied state
+    /// as it moves on stays linearizable.
+    pub(crate) fn query(&mut self, query: Query, wait_ms: u32, reply: QueryReply) {
         if let Some(why) = &self.stopped {
             reply(Err(ProposeError::Unavailable(why.clone())));
             return;
@@ -293,7 +302,7 @@ impl Replica {
         self.next_read_id += 1;
         match self.raft.read_index(id) {
             Ok(()) => {
-                self.reads_pending.insert(id, (query, reply));
+                self.reads_pending.insert(id, (query, wait_ms, reply));
             }
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
                 reply(Err(ProposeError::NotLeader(leader)));
@@ -303,33 +312,72 @@ impl Replica {
     }
 
     /// Serves the confirmed queries the applied state has caught up with,
-    /// and fails the unconfirmed ones once this node no longer leads.
-    fn serve_reads(&mut self) {
+    /// and the waiting ledger reads it now has entries for (or whose wait
+    /// ended); fails the unconfirmed and the waiting ones once this node
+    /// no longer leads.
+    fn serve_reads(&mut self, now_ms: u64) {
         while self
             .reads_confirmed
             .front()
-            .is_some_and(|(at, _, _)| *at <= self.applied)
+            .is_some_and(|(at, _, _, _)| *at <= self.applied)
         {
-            let (_, q, reply) = self.reads_confirmed.pop_front().expect("front exists");
+            let (_, q, wait_ms, reply) = self.reads_confirmed.pop_front().expect("front exists");
             let answer = self.machine.query(&q).map_err(ProposeError::Refused);
-            let answer =
-                answer.and_then(
-                    |mut a| match a.fill(&mut payload_at(&self.raft, &mut self.wal)) {
-                        Ok(()) => Ok(a),
-                        Err(i) => {
-                            self.snapshot_stats.unreadable_entries += 1;
-                            Err(stored_missing(self.group, i))
-                        }
-                    },
-                );
-            reply(answer);
+            if wait_ms > 0 && matches!(&answer, Ok(Answer::Entries(es)) if es.is_empty()) {
+                let deadline = now_ms.saturating_add(u64::from(wait_ms));
+                self.tails.push((deadline, q, reply));
+                continue;
+            }
+            reply(self.filled(answer));
         }
-        if self.raft.role() != Role::Leader && !self.reads_pending.is_empty() {
+        let mut i = 0;
+        while i < self.tails.len() {
+            let (deadline, q, _) = &self.tails[i];
+            let answer = self.machine.query(q).map_err(ProposeError::Refused);
+            let empty = matches!(&answer, Ok(Answer::Entries(es)) if es.is_empty());
+            if empty && now_ms < *deadline {
+                i += 1;
+                continue;
+            }
+            let (_, _, reply) = self.tails.swap_remove(i);
+            reply(self.filled(answer));
+        }
+        if self.raft.role() != Role::Leader
+            && !(self.reads_pending.is_empty() && self.tails.is_empty())
+        {
             let leader = self.raft.leader();
-            for (_, (_, reply)) in std::mem::take(&mut self.reads_pending) {
+            for (_, (_, _, reply)) in std::mem::take(&mut self.reads_pending) {
+                reply(Err(ProposeError::NotLeader(leader)));
+            }
+            for (_, _, reply) in std::mem::take(&mut self.tails) {
                 reply(Err(ProposeError::NotLeader(leader)));
             }
         }
+    }
+
+    /// An answer with the bytes of its entries or messages read from the
+    /// log.
+    fn filled(&mut self, answer: Result<Answer, ProposeError>) -> Result<Answer, ProposeError> {
+        answer.and_then(
+            |mut a| match a.fill(&mut payload_at(&self.raft, &mut self.wal)) {
+                Ok(()) => Ok(a),
+                Err(i) => {
+                    self.snapshot_stats.unreadable_entries += 1;
+                    Err(stored_missing(self.group, i))
+                }
+            },
+        )
+    }
+
+    /// Ledger reads waiting for an entry to be confirmed.
+    pub(crate) fn waiting_reads(&self) -> usize {
+        self.tails.len()
+    }
+
+    /// The earliest deadline of a waiting ledger read (node ms), so the
+    /// loop wakes for it.
+    pub(crate) fn next_tail_deadline(&self) -> Option<u64> {
+        self.tails.iter().map(|(d, _, _)| *d).min()
     }
 
     /// Runs the Ready loop until Raft has nothing to say; `out` collects
@@ -372,11 +420,12 @@ impl Replica {
                 self.apply(&e);
             }
             for rs in rd.read_states {
-                if let Some((q, reply)) = self.reads_pending.remove(&rs.request_id) {
-                    self.reads_confirmed.push_back((rs.index, q, reply));
+                if let Some((q, wait_ms, reply)) = self.reads_pending.remove(&rs.request_id) {
+                    self.reads_confirmed
+                        .push_back((rs.index, q, wait_ms, reply));
                 }
             }
-            self.serve_reads();
+            self.serve_reads(now_ms);
             if self.applied > self.raft.applied_index() {
                 self.raft.applied(self.applied);
             }
@@ -384,6 +433,9 @@ impl Replica {
             if let Some(index) = rd.snapshot_entries_wanted {
                 self.build_snapshot_image(index);
             }
+        }
+        if !self.tails.is_empty() {
+            self.serve_reads(now_ms); // a deadline may have passed
         }
         self.snapshot(now_ms);
         self.pump(now_ms, out);
@@ -795,10 +847,13 @@ impl Replica {
         for (_, w) in std::mem::take(&mut self.waiters) {
             w.reply.fail(ProposeError::Unavailable(why.clone()));
         }
-        for (_, (_, reply)) in std::mem::take(&mut self.reads_pending) {
+        for (_, (_, _, reply)) in std::mem::take(&mut self.reads_pending) {
             reply(Err(ProposeError::Unavailable(why.clone())));
         }
-        for (_, _, reply) in std::mem::take(&mut self.reads_confirmed) {
+        for (_, _, _, reply) in std::mem::take(&mut self.reads_confirmed) {
+            reply(Err(ProposeError::Unavailable(why.clone())));
+        }
+        for (_, _, reply) in std::mem::take(&mut self.tails) {
             reply(Err(ProposeError::Unavailable(why.clone())));
         }
         self.held.clear();
