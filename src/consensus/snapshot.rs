@@ -392,9 +392,9 @@ impl Raft {
                 self.send(from, Body::SnapshotAck { index, received: 0 });
                 return;
             };
-            // The image stays, to send on if this node leads.
-            let image = std::mem::replace(&mut snapshot.data, data);
-            self.snapshot_image = Some((index, image));
+            // The image is not kept: its entries go to the caller's log,
+            // which builds it again if this node leads and must send it.
+            snapshot.data = data;
             entries = below;
         }
         self.log.reset_to_snapshot(index, snapshot.term);
