@@ -67,6 +67,7 @@ both_backends!(
     trimmed_segments_are_recycled_instead_of_zero_filled,
     backend_in_use_is_the_one_asked_for,
     entries_the_state_refers_to_stay_below_the_snapshot,
+    snapshots_take_two_slots_in_turn,
 );
 
 fn roundtrip_across_segments_and_reopen(b: BackendChoice) {
@@ -405,8 +406,9 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
         membership: Membership::with_voters([1, 2, 3]),
         data: b"meta".to_vec(),
     };
-    quire::storage::write_snapshot_file(dir.path(), &snap(1500)).unwrap();
+    quire::storage::write_snapshot_file(&wal.free_snapshot_slot(), &snap(1500)).unwrap();
     wal.adopt_snapshot(1500, 1, Some(10)).unwrap();
+    wal.sync().unwrap();
     assert_eq!(
         wal.read(10, 12).unwrap(),
         vec![entry(10, 1), entry(11, 1), entry(12, 1)]
@@ -417,8 +419,11 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
     let located = wal.locate(10, 12).unwrap();
     let off_loop = quire::storage::read_located(&located, 10, 12).unwrap();
     assert_eq!(off_loop, vec![entry(10, 1), entry(11, 1), entry(12, 1)]);
-    quire::storage::write_snapshot_file(dir.path(), &snap(1900)).unwrap();
+    quire::storage::write_snapshot_file(&wal.free_snapshot_slot(), &snap(1900)).unwrap();
     wal.adopt_snapshot(1900, 1, Some(1800)).unwrap();
+    // The superblock rides in the next flush; the trim follows once that
+    // is durable.
+    wal.sync().unwrap();
     assert!(
         wal.read(10, 10).is_err(),
         "trimmed once nothing refers to it"
@@ -427,6 +432,10 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
         quire::storage::read_located(&located, 10, 12).is_err(),
         "a trimmed (recycled) batch is an error, not other entries"
     );
+    drop(wal);
+    let (mut wal, report) = open(dir.path(), b);
+    assert_eq!(report.restored.snapshot.map(|s| s.index), Some(1900));
+    assert_eq!(wal.read(1800, 1800).unwrap(), vec![entry(1800, 1)]);
     assert_eq!(wal.read(1800, 1800).unwrap(), vec![entry(1800, 1)]);
 
     // A leader's snapshot at 5000 with the entries 4990..=5000 it refers to.
@@ -458,4 +467,58 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
         "kept below it, readable"
     );
     assert!(wal.read(1800, 1800).is_err(), "the old log is gone");
+}
+
+/// Snapshots are written in place into two slot files in turn; the log
+/// opens with the one its superblock names, whatever the other holds (a
+/// crash while writing it), and a snapshot file from before slots is
+/// still read, then removed once a slot takes over.
+fn snapshots_take_two_slots_in_turn(b: BackendChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wal, _) = open(dir.path(), b);
+    append_range(&mut wal, 1, 100, 1);
+    wal.sync().unwrap();
+    let snap = |index| Snapshot {
+        index,
+        term: 1,
+        membership: Membership::with_voters([1, 2, 3]),
+        data: format!("state at {index}").into_bytes(),
+    };
+    for (i, at) in [20, 40, 60].into_iter().enumerate() {
+        let slot = wal.free_snapshot_slot();
+        assert!(slot.ends_with(format!("snapshot.{}", i % 2)), "{slot:?}");
+        quire::storage::write_snapshot_file(&slot, &snap(at)).unwrap();
+        wal.adopt_snapshot(at, 1, None).unwrap();
+        wal.sync().unwrap();
+    }
+    let free = wal.free_snapshot_slot();
+    drop(wal);
+    std::fs::write(&free, vec![0xff; 4096]).unwrap();
+    let (wal, report) = open(dir.path(), b);
+    assert_eq!(report.restored.snapshot, Some(snap(60)), "the named slot");
+    drop(wal);
+
+    // From before slots: the superblock names snapshot-<index>.bin.
+    for slot in 0..2 {
+        let _ = std::fs::remove_file(dir.path().join(format!("snapshot.{slot}")));
+    }
+    let legacy = dir.path().join(format!("snapshot-{:020}.bin", 60));
+    std::fs::write(
+        &legacy,
+        quire::storage::superblock::encode_snapshot(&snap(60)),
+    )
+    .unwrap();
+    let (mut wal, report) = open(dir.path(), b);
+    assert_eq!(
+        report.restored.snapshot,
+        Some(snap(60)),
+        "the file from before slots"
+    );
+    quire::storage::write_snapshot_file(&wal.free_snapshot_slot(), &snap(80)).unwrap();
+    wal.adopt_snapshot(80, 1, None).unwrap();
+    wal.sync().unwrap();
+    drop(wal);
+    let (_, report) = open(dir.path(), b);
+    assert_eq!(report.restored.snapshot, Some(snap(80)));
+    assert!(!legacy.exists(), "the old file goes once a slot takes over");
 }

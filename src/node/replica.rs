@@ -129,6 +129,8 @@ pub(crate) struct Replica {
     /// A snapshot is wanted: the log grew by `snapshot_entries`.
     snapshot_due: bool,
     snapshot_job: Option<SnapshotJob>,
+    /// A snapshot written, waiting for the log to be durable up to it.
+    snapshot_written: Option<(SnapshotWritten, Instant)>,
     /// When (node ms) the next snapshot is due by time.
     next_snapshot_ms: u64,
     /// Take a snapshot at least this often while entries are applied.
@@ -166,6 +168,7 @@ impl Replica {
             stopped: None,
             snapshot_due: false,
             snapshot_job: None,
+            snapshot_written: None,
             next_snapshot_ms: u64::MAX,
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
@@ -463,34 +466,47 @@ impl Replica {
                     self.snapshot_job = None;
                     self.snapshot_stats.failed += 1;
                 }
-                Ok(Ok((snap, bytes, keep_from))) => {
+                Ok(Ok(written)) => {
                     let job = self.snapshot_job.take().expect("checked above");
-                    let (index, term) = (snap.index, snap.term);
-                    // Refused if the leader installed a newer one meanwhile.
-                    if let Ok(replaced) = self.raft.compact_prepared(snap) {
-                        self.not_applied = self.not_applied.split_off(&(index + 1));
-                        if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
-                            // Freed off the loop: returning tens of MB to
-                            // the OS (munmap) takes milliseconds.
-                            let _ = std::thread::Builder::new()
-                                .name("quire-free".into())
-                                .spawn(move || drop(old));
-                        }
-                        self.set_keep_from(keep_from);
-                        if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
-                            self.stop(format!("{e}"));
-                            return;
-                        }
-                        let s = &mut self.snapshot_stats;
-                        s.taken += 1;
-                        s.last_index = index;
-                        s.last_bytes = bytes as u64;
-                        s.last_us = job.started.elapsed().as_micros() as u64;
-                    } else {
-                        self.wal.discard_snapshot_file(index);
-                    }
+                    self.snapshot_written = Some((written, job.started));
                 }
             }
+        }
+        // Adopted once the log is durable up to the snapshot: its state may
+        // refer to those entries, and Raft forgets them from memory then.
+        let durable = self.wal.durable().0;
+        if let Some(((snap, _, _), _)) = &self.snapshot_written {
+            if durable >= snap.index {
+                let ((snap, bytes, keep_from), started) =
+                    self.snapshot_written.take().expect("checked above");
+                let (index, term) = (snap.index, snap.term);
+                // Refused if the leader installed a newer one meanwhile.
+                if let Ok(replaced) = self.raft.compact_prepared(snap) {
+                    self.not_applied = self.not_applied.split_off(&(index + 1));
+                    if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
+                        // Freed off the loop: returning tens of MB to
+                        // the OS (munmap) takes milliseconds.
+                        let _ = std::thread::Builder::new()
+                            .name("quire-free".into())
+                            .spawn(move || drop(old));
+                    }
+                    self.set_keep_from(keep_from);
+                    if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
+                        self.stop(format!("{e}"));
+                        return;
+                    }
+                    let s = &mut self.snapshot_stats;
+                    s.taken += 1;
+                    s.last_index = index;
+                    s.last_bytes = bytes as u64;
+                    s.last_us = started.elapsed().as_micros() as u64;
+                }
+                // Else the leader installed a newer one meanwhile: the
+                // slot this one was written to is simply written over.
+            }
+        }
+        if self.snapshot_written.is_some() {
+            return;
         }
         let snapshot_index = self.raft.snapshot().map_or(0, |s| s.index);
         let interval = now_ms >= self.next_snapshot_ms;
@@ -504,7 +520,7 @@ impl Replica {
         let (index, hash) = (self.applied, self.applied_hash);
         let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
         let capture_us = started.elapsed().as_micros() as u64;
-        let dir = self.wal.dir().to_path_buf();
+        let slot = self.wal.free_snapshot_slot();
         let (tx, done) = bounded(1);
         let spawned = std::thread::Builder::new()
             .name(format!("quire-snap-g{}", self.group))
@@ -521,7 +537,7 @@ impl Replica {
                     membership,
                     data,
                 };
-                let r = crate::storage::write_snapshot_file(&dir, &snap)
+                let r = crate::storage::write_snapshot_file(&slot, &snap)
                     .map(|()| (snap, bytes, keep_from));
                 let _ = tx.send(r);
             });
@@ -653,6 +669,12 @@ impl Replica {
         hard_state: Option<crate::consensus::HardState>,
     ) -> Result<(), WalError> {
         if let Some((s, below)) = snapshot {
+            // A snapshot of our own being written goes to the slot the
+            // install writes: wait for it, and drop it (this one is newer).
+            if let Some(job) = self.snapshot_job.take() {
+                let _ = job.done.recv();
+            }
+            self.snapshot_written = None;
             self.wal.install_snapshot(s, below)?;
             self.reported = (s.index, s.term);
             self.raft.persisted(s.index, s.term);

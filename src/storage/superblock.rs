@@ -172,6 +172,20 @@ pub fn decode_snapshot(b: &[u8]) -> Option<Snapshot> {
     })
 }
 
+/// Decodes a snapshot written at the start of a longer slot file (its
+/// length comes from its header); `None` if damaged.
+pub fn decode_snapshot_prefix(b: &[u8]) -> Option<Snapshot> {
+    let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+    let (voters, learners) = (u32_at(20)? as usize, u32_at(24)? as usize);
+    if voters.checked_add(learners)? > 1024 {
+        return None;
+    }
+    let len_at = 28 + 8 * (voters + learners);
+    let len = u64::from_le_bytes(b.get(len_at..len_at + 8)?.try_into().ok()?);
+    let total = (len_at as u64 + 8).checked_add(len)?.checked_add(4)?;
+    decode_snapshot(b.get(..usize::try_from(total).ok()?)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@
 
 use super::format::{align_up, decode_batch, BatchBuilder, Placement, BLOCK_BYTES};
 use super::recovery::{scan, BatchLocation, Corruption, SegmentImage, TornTail};
-use super::superblock::{decode_snapshot, snapshot_header, Superblock};
+use super::superblock::{decode_snapshot, decode_snapshot_prefix, snapshot_header, Superblock};
 use crate::consensus::{Entry, HardState, Index, RestoredState, Snapshot, Term};
 use crate::io::{
     open_backend, AlignedBuf, BackendChoice, IoBackend, IoCompletion, IoOp, IoRequest,
@@ -275,6 +275,12 @@ pub struct Wal {
     /// must be done before a recycled spare is written (its new name must
     /// be durable), not before the loop goes on.
     dir_sync: Option<JoinHandle<io::Result<()>>>,
+    /// A snapshot the superblock records in a flush not yet durable: the
+    /// segments it frees and the old snapshot file go once it is.
+    adopting: Option<PendingAdoption>,
+    /// The slot file holding the superblock's snapshot (`None`: none, or
+    /// a file from before slots); the other one takes the next snapshot.
+    snapshot_slot: Option<u8>,
     /// The active segment is a recycled file.
     active_recycled: bool,
     next_seq: u64,
@@ -312,29 +318,61 @@ fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
 /// Bytes of a snapshot file written back at a time.
 const SNAPSHOT_WRITEBACK_BYTES: usize = 1 << 20;
 
-/// Writes `snap` as log `dir`'s snapshot file, durably (a temporary file,
-/// fsync, rename, directory fsync). Blocking and self-contained, so a
-/// replica runs it on a helper thread; `Wal::adopt_snapshot` then makes it
-/// the log's snapshot.
-pub fn write_snapshot_file(dir: &Path, snap: &Snapshot) -> Result<(), WalError> {
-    let path = snapshot_path(dir, snap.index);
-    let tmp = path.with_extension("tmp");
+/// The snapshot slot file `slot` (0 or 1) of a log directory.
+fn slot_path(dir: &Path, slot: u8) -> PathBuf {
+    dir.join(format!("snapshot.{slot}"))
+}
+
+/// Writes a snapshot into a slot file (`Wal::free_snapshot_slot`) and
+/// makes it durable: header, data, CRC32C at offset 0, in place. Any
+/// thread may call it; the WAL names it in the superblock only when the
+/// snapshot is adopted.
+///
+/// Two slot files take snapshots in turn, overwritten in place rather
+/// than created, renamed and unlinked: once a slot has grown (with
+/// zeros, to twice what is needed, at least 1 MiB) its blocks stay
+/// allocated, so the final `fdatasync` writes data alone and commits no
+/// filesystem metadata; a journal commit would stall the log's own
+/// `fdatasync` on the same disk. A crash mid-write damages only the slot
+/// the superblock does not name.
+pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError> {
     let write = || -> io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        // The data is streamed, not copied into one buffer with its header.
+        use std::os::unix::fs::FileExt;
         let header = snapshot_header(snap);
+        let total = (header.len() + snap.data.len() + 4) as u64;
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        let size = f.metadata()?.len();
+        if size < total {
+            let grown = (total * 2).max(1 << 20).next_multiple_of(1 << 20);
+            let zeros = vec![0u8; 1 << 20];
+            let mut at = size;
+            while at < grown {
+                let n = (grown - at).min(zeros.len() as u64) as usize;
+                f.write_all_at(&zeros[..n], at)?;
+                at += n as u64;
+            }
+            f.sync_all()?;
+            if let Some(dir) = path.parent() {
+                sync_dir(dir)?;
+            }
+        }
+        // The data is streamed, not copied into one buffer with its header.
         let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &snap.data);
         let crc = crc.to_le_bytes();
         // Written back a piece at a time (sync_file_range), never tens of
         // megabytes at once: one big writeback sits in the disk's queue
         // ahead of the log's fdatasync and stalls commits for its whole
         // length; small pieces let the log's flushes in between.
-        let mut at = 0usize;
+        let mut at = 0u64;
         let pieces = std::iter::once(&header[..])
             .chain(snap.data.chunks(SNAPSHOT_WRITEBACK_BYTES))
             .chain(std::iter::once(&crc[..]));
         for piece in pieces {
-            f.write_all(piece)?;
+            f.write_all_at(piece, at)?;
             let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
                 | libc::SYNC_FILE_RANGE_WRITE
                 | libc::SYNC_FILE_RANGE_WAIT_AFTER;
@@ -345,20 +383,65 @@ pub fn write_snapshot_file(dir: &Path, snap: &Snapshot) -> Result<(), WalError> 
             if r != 0 {
                 return Err(io::Error::last_os_error());
             }
-            at += piece.len();
+            at += piece.len() as u64;
         }
-        f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        sync_dir(dir)
+        f.sync_data()
     };
     write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
         if is_enospc(&e) {
             WalError::DiskFull
         } else {
             WalError::Io("writing a snapshot".into(), e)
         }
     })
+}
+
+/// Reads the snapshot at `index` from its slot (or, from before slots, its
+/// own file); `Ok(None)` if neither holds it.
+fn read_snapshot(dir: &Path, index: Index) -> Result<Option<(Snapshot, Option<u8>)>, WalError> {
+    for slot in 0..2u8 {
+        let p = slot_path(dir, slot);
+        let bytes = match fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(WalError::Io(format!("reading {}", p.display()), e)),
+        };
+        if let Some(s) = decode_snapshot_prefix(&bytes).filter(|s| s.index == index) {
+            return Ok(Some((s, Some(slot))));
+        }
+    }
+    let p = snapshot_path(dir, index);
+    match fs::read(&p) {
+        Ok(bytes) => Ok(decode_snapshot(&bytes).map(|s| (s, None))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(WalError::Io(format!("reading {}", p.display()), e)),
+    }
+}
+
+/// Removes a file the superblock no longer names on a thread of its own:
+/// unlinking tens of megabytes frees extents for milliseconds.
+fn unlink_off_the_loop(path: PathBuf) {
+    let removed = std::thread::Builder::new()
+        .name("quire-unlink".into())
+        .spawn({
+            let path = path.clone();
+            move || {
+                let _ = fs::remove_file(path);
+            }
+        });
+    if removed.is_err() {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// See `Wal::adopt_snapshot`.
+struct PendingAdoption {
+    /// Durable once this ticket is.
+    ticket: Ticket,
+    /// Segments wholly at or below this index go then.
+    upto: Index,
+    /// The superblock's snapshot file from before slots (it goes then).
+    old_file: Option<PathBuf>,
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -446,15 +529,17 @@ impl Wal {
             ..Superblock::default()
         });
 
-        let snapshot = if sb.snapshot_index > 0 {
-            let p = snapshot_path(dir, sb.snapshot_index);
-            let bytes = fs::read(&p).map_err(io_err(format!("reading {}", p.display())))?;
-            let s = decode_snapshot(&bytes).ok_or_else(|| {
-                WalError::Corrupt(format!("snapshot file {} is damaged", p.display()))
+        let (snapshot, snapshot_slot) = if sb.snapshot_index > 0 {
+            let (s, slot) = read_snapshot(dir, sb.snapshot_index)?.ok_or_else(|| {
+                WalError::Corrupt(format!(
+                    "no undamaged snapshot at {} in {} (snapshot.0, snapshot.1)",
+                    sb.snapshot_index,
+                    dir.display()
+                ))
             })?;
-            Some(s)
+            (Some(s), slot)
         } else {
-            None
+            (None, None)
         };
 
         // Segments, in order; leftovers of an interrupted preallocation go.
@@ -462,7 +547,14 @@ impl Wal {
         for entry in fs::read_dir(dir).map_err(io_err("listing the log directory"))? {
             let entry = entry.map_err(io_err("listing the log directory"))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".seg.tmp") {
+            // A snapshot file from before slots that the superblock does
+            // not name (`snapshot.0`/`.1` are reused, never removed).
+            let stray_snapshot = name.starts_with("snapshot-")
+                && (snapshot_slot.is_some()
+                    || entry.path() != snapshot_path(dir, sb.snapshot_index));
+            if name.ends_with(".seg.tmp") || stray_snapshot {
+                // Leftovers: a snapshot written but not adopted, or one the
+                // superblock stopped naming before its removal ran.
                 let _ = fs::remove_file(entry.path());
             } else if let Some(hex) = name.strip_suffix(".seg") {
                 if let Ok(id) = u64::from_str_radix(hex, 16) {
@@ -558,6 +650,8 @@ impl Wal {
                 .filter(|&id| id > active && !found.zeroed_segments.contains(&id))
                 .collect(),
             dir_sync: None,
+            adopting: None,
+            snapshot_slot,
             active_recycled: !fresh_segment
                 && !found.zeroed_segments.contains(&active)
                 && found.append_recycled,
@@ -744,6 +838,7 @@ impl Wal {
     /// without blocking. Call after every `Ready` and on every wake-up.
     pub fn poll(&mut self) -> Result<(), WalError> {
         self.reap(false)?;
+        self.finish_adoption()?;
         self.collect_spare(false)?;
         self.top_up_spares();
         self.submit_ready()?;
@@ -770,7 +865,8 @@ impl Wal {
             }
             self.wait()?;
         }
-        self.check_not_failed()
+        self.check_not_failed()?;
+        self.finish_adoption()
     }
 
     fn submit_ready(&mut self) -> Result<(), WalError> {
@@ -1253,14 +1349,37 @@ impl Wal {
     }
 
     fn store_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
-        write_snapshot_file(&self.dir, snap)?;
+        write_snapshot_file(&self.free_snapshot_slot(), snap)?;
         self.record_snapshot(snap.index, snap.term)
+    }
+
+    /// The slot file the next snapshot is written to: the one the
+    /// superblock does not name. One writer at a time: the caller writes
+    /// it, then adopts what it wrote, before another snapshot (or an
+    /// install) is written.
+    pub fn free_snapshot_slot(&self) -> PathBuf {
+        slot_path(&self.dir, self.snapshot_slot.map_or(0, |s| 1 - s))
+    }
+
+    /// Points the log at the free slot's snapshot; a file from before
+    /// slots that the superblock named goes once it no longer does.
+    fn take_free_slot(&mut self) -> Option<PathBuf> {
+        let legacy = (self.snapshot_slot.is_none() && self.snapshot_index > 0)
+            .then(|| snapshot_path(&self.dir, self.snapshot_index));
+        self.snapshot_slot = Some(self.snapshot_slot.map_or(0, |s| 1 - s));
+        legacy
     }
 
     /// Makes the snapshot file `write_snapshot_file` wrote (on another
     /// thread) the log's snapshot, and trims the segments below it, but
     /// none holding an entry at or after `keep_from` (the lowest index
     /// whose bytes the snapshot's state still refers to).
+    ///
+    /// Without waiting, when the log is durable up to `index` (the caller
+    /// waits for that, `durable()`): the superblock naming the snapshot
+    /// rides in the next flush, and the trim and the old snapshot file's
+    /// removal follow once that flush is durable (`poll`, `sync`). Else
+    /// everything is made durable first, blocking.
     pub fn adopt_snapshot(
         &mut self,
         index: Index,
@@ -1268,51 +1387,58 @@ impl Wal {
         keep_from: Option<Index>,
     ) -> Result<(), WalError> {
         if index <= self.snapshot_index {
-            self.discard_snapshot_file(index);
+            return Ok(()); // its slot is simply written over next time
+        }
+        if self.durable.0 < index || self.adopting.is_some() {
+            // The state may refer to entries up to `index`: they must be
+            // durable before the superblock names a snapshot that needs them.
+            self.sync()?;
+        }
+        let old_file = self.take_free_slot();
+        self.sb.snapshot_index = index;
+        self.sb.snapshot_term = term;
+        self.snapshot_index = index;
+        self.sb_dirty = true;
+        if self.open_batch.is_none() && self.sealed.is_empty() {
+            // An empty batch carries the superblock alone.
+            let ticket = self.take_ticket();
+            let batch = self.new_batch(self.last.0 + 1);
+            self.open_batch = Some(Sealed { ticket, batch });
+        }
+        self.adopting = Some(PendingAdoption {
+            ticket: self.current_ticket(),
+            upto: keep_from.map_or(index, |k| index.min(k.saturating_sub(1))),
+            old_file,
+        });
+        self.submit_ready()
+    }
+
+    /// Finishes an adoption whose superblock is durable: removes the old
+    /// snapshot file and trims the segments it frees.
+    fn finish_adoption(&mut self) -> Result<(), WalError> {
+        let Some(p) = &self.adopting else {
+            return Ok(());
+        };
+        if self.durable_ticket < p.ticket {
             return Ok(());
         }
-        self.sync()?;
-        self.record_snapshot(index, term)?;
-        let upto = keep_from.map_or(index, |k| index.min(k.saturating_sub(1)));
-        self.trim_segments(upto)
-    }
-
-    /// Removes a snapshot file written but not adopted (the log moved
-    /// past it), unless it is the log's snapshot.
-    pub fn discard_snapshot_file(&mut self, index: Index) {
-        if index != self.snapshot_index {
-            let _ = fs::remove_file(snapshot_path(&self.dir, index));
+        let p = self.adopting.take().expect("checked above");
+        if let Some(old) = p.old_file {
+            unlink_off_the_loop(old);
         }
+        self.trim_segments(p.upto)
     }
 
-    /// Where snapshots of this log are written (`write_snapshot_file`).
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
+    /// Names the snapshot just written to the free slot in the
+    /// superblock, durably, now.
     fn record_snapshot(&mut self, index: Index, term: Term) -> Result<(), WalError> {
-        let snap_index = index;
-        let old = self.snapshot_index;
-        self.sb.snapshot_index = snap_index;
+        let old_file = self.take_free_slot();
+        self.sb.snapshot_index = index;
         self.sb.snapshot_term = term;
-        self.snapshot_index = snap_index;
+        self.snapshot_index = index;
         self.write_superblock_now()?;
-        if old > 0 && old != snap_index {
-            // Unlinking a file of tens of megabytes frees its extents for
-            // milliseconds; the superblock no longer names it, so it goes
-            // on a thread of its own rather than the loop's.
-            let path = snapshot_path(&self.dir, old);
-            let removed = std::thread::Builder::new()
-                .name("quire-unlink".into())
-                .spawn({
-                    let path = path.clone();
-                    move || {
-                        let _ = fs::remove_file(path);
-                    }
-                });
-            if removed.is_err() {
-                let _ = fs::remove_file(path);
-            }
+        if let Some(old) = old_file {
+            unlink_off_the_loop(old);
         }
         Ok(())
     }
