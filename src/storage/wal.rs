@@ -700,17 +700,7 @@ impl Wal {
         entries: &[Entry],
     ) -> Result<Ticket, WalError> {
         self.check_not_failed()?;
-        if let Some(e) = entries
-            .iter()
-            .find(|e| e.size_bytes() + 64 > self.cfg.flush_bytes_max)
-        {
-            return Err(WalError::Invalid(format!(
-                "entry {} is {} bytes, more than flush_bytes_max ({})",
-                e.index,
-                e.size_bytes(),
-                self.cfg.flush_bytes_max
-            )));
-        }
+        self.check_entry_sizes(entries)?;
         let Some(first) = entries.first() else {
             if let Some(t) = truncate_from {
                 self.start_batch_at(t);
@@ -737,6 +727,22 @@ impl Wal {
             self.last = (e.index, e.term);
         }
         Ok(self.current_ticket())
+    }
+
+    /// Refuses entries too big for one batch (each batch is one flush).
+    fn check_entry_sizes(&self, entries: &[Entry]) -> Result<(), WalError> {
+        match entries
+            .iter()
+            .find(|e| e.size_bytes() + 64 > self.cfg.flush_bytes_max)
+        {
+            Some(e) => Err(WalError::Invalid(format!(
+                "entry {} is {} bytes, more than flush_bytes_max ({})",
+                e.index,
+                e.size_bytes(),
+                self.cfg.flush_bytes_max
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Records the hard state of a `Ready`. A new term or vote must be
@@ -1281,17 +1287,7 @@ impl Wal {
                 snap.index
             )));
         }
-        if let Some(e) = below
-            .iter()
-            .find(|e| e.size_bytes() + 64 > self.cfg.flush_bytes_max)
-        {
-            return Err(WalError::Invalid(format!(
-                "entry {} is {} bytes, more than flush_bytes_max ({})",
-                e.index,
-                e.size_bytes(),
-                self.cfg.flush_bytes_max
-            )));
-        }
+        self.check_entry_sizes(below)?;
         self.sync()?;
         self.commit = self.commit.max(snap.index);
         // Every old segment goes; a fresh one starts the new log.
