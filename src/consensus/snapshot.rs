@@ -97,8 +97,10 @@ pub fn decode_image(bytes: &[u8], index: Index) -> Option<(Vec<u8>, Vec<Entry>)>
             }
             _ => return None,
         };
-        let next = entries.last().map(|e| e.index + 1);
-        if next.is_some_and(|n| n != at) || at == 0 || at > index {
+        let follows = entries
+            .last()
+            .is_none_or(|e| e.index.checked_add(1) == Some(at));
+        if !follows || at == 0 || at > index {
             return None;
         }
         entries.push(Entry {
@@ -447,6 +449,18 @@ mod tests {
         assert_eq!(decode_image(&longer, 9), None, "a trailing byte");
         let gap = encode_image(b"", &[entries[0].clone(), entries[2].clone()]);
         assert_eq!(decode_image(&gap, 9), None, "entries not consecutive");
+        // Found by the fuzzer: an entry at the last index has no successor.
+        let last = |index| Entry {
+            term: 1,
+            index,
+            payload: Payload::Noop,
+        };
+        let wraps = encode_image(b"", &[last(u64::MAX), last(0)]);
+        assert_eq!(
+            decode_image(&wraps, u64::MAX),
+            None,
+            "no index after u64::MAX"
+        );
         assert_eq!(
             decode_image(&encode_image(b"m", &[]), 0),
             Some((b"m".to_vec(), vec![]))
