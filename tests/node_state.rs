@@ -473,3 +473,41 @@ fn a_waiting_ledger_read_is_answered_when_the_lac_moves() {
         "{got:?}"
     );
 }
+
+/// A tail of the raw log waits on the node's loop and is answered when an
+/// entry is applied there, not at its deadline; a follower's tail too.
+#[test]
+fn a_raw_log_tail_is_answered_when_an_entry_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs: Vec<_> = (1..=3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let c = LocalCluster::start(&logs, &[0], &[], dir.path(), |_| {}).expect("cluster starts");
+    let l = leader(&c);
+    let first = c.nodes[&l]
+        .append(0, 1, 1, b"before".to_vec(), SLOW)
+        .unwrap();
+    let follower = (1..=3).find(|&id| id != l).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for id in [l, follower] {
+        let sent = tx.clone();
+        let reply = Box::new(move |r| sent.send((id, r)).unwrap());
+        c.nodes[&id].read_waiting(0, first + 1, 100, usize::MAX, 60_000, reply);
+    }
+    wait_for("both tails to wait", || {
+        let waiting = |id| Some(c.nodes[&id].status()?.groups[0].waiting_reads);
+        (waiting(l)? == 1 && waiting(follower)? == 1).then_some(())
+    });
+    let at = c.nodes[&l]
+        .append(0, 1, 2, b"after".to_vec(), SLOW)
+        .unwrap();
+    for _ in 0..2 {
+        let (id, got) = rx.recv_timeout(Duration::from_secs(30)).expect("answered");
+        let got = got.unwrap();
+        assert_eq!(got.len(), 1, "node {id}: {got:?}");
+        assert_eq!((got[0].0, &got[0].2[..]), (at, &b"after"[..]), "node {id}");
+    }
+    // Nothing after it: a short wait ends empty.
+    let reply = Box::new(move |r| tx.send((l, r)).unwrap());
+    c.nodes[&l].read_waiting(0, at + 1, 100, usize::MAX, 200, reply);
+    let (_, got) = rx.recv_timeout(Duration::from_secs(30)).expect("answered");
+    assert_eq!(got.unwrap(), vec![]);
+}

@@ -21,12 +21,10 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Longest a Tail request waits for entries.
 const TAIL_WAIT_MAX: Duration = Duration::from_secs(30);
-/// How often a waiting Tail looks again.
-const TAIL_POLL: Duration = Duration::from_millis(5);
 /// Entries in one Read answer at most.
 const READ_ENTRIES_MAX: usize = 4096;
 /// Client connections served at once; beyond, new ones are closed at
@@ -376,18 +374,25 @@ fn dispatch(
             from,
             wait_ms,
         } => {
-            let node = Arc::clone(node);
-            let poll = LongPoll {
-                id,
-                wait_ms,
-                out,
-                addrs,
-                tails,
+            // The group's loop keeps the tail and answers it as soon as an
+            // entry is applied there; no thread waits here. It holds one of
+            // the `TAILS_MAX` slots until then.
+            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
+                let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+                return answer(out, error_response(why, addrs));
             };
-            poll.run(
-                move || node.read(group, from, READ_ENTRIES_MAX, Duration::from_secs(5)),
-                |r| matches!(r, Ok(v) if v.is_empty()),
-                entries_response,
+            let wait = Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX);
+            let (out, addrs) = (out.clone(), Arc::clone(addrs));
+            node.read_waiting(
+                group,
+                from,
+                READ_ENTRIES_MAX,
+                usize::MAX,
+                wait.as_millis() as u32,
+                Box::new(move |r| {
+                    drop(slot);
+                    let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
+                }),
             );
         }
         Request::Leaders => {
@@ -497,48 +502,6 @@ fn request_group(req: &Request) -> Option<u32> {
         | Request::Command { group, .. }
         | Request::Query { group, .. } => Some(*group),
         _ => None,
-    }
-}
-
-/// A request answered by looking again until there is something to say
-/// or `wait_ms` ends (at most `TAIL_WAIT_MAX`): the raw log's Tail (a
-/// ledger read that waits is kept by the leader's loop instead). Each
-/// waits on a thread of its own, so the connection keeps serving, and
-/// holds one of `TAILS_MAX` slots.
-struct LongPoll<'a> {
-    id: u64,
-    wait_ms: u32,
-    out: &'a Sender<Out>,
-    addrs: &'a Arc<BTreeMap<NodeId, String>>,
-    tails: &'a Arc<AtomicUsize>,
-}
-
-impl LongPoll<'_> {
-    fn run<T: Send + 'static>(
-        self,
-        look: impl Fn() -> Result<T, ProposeError> + Send + 'static,
-        empty: fn(&Result<T, ProposeError>) -> bool,
-        respond: fn(Result<T, ProposeError>, &BTreeMap<NodeId, String>) -> Response,
-    ) {
-        let Some(slot) = Slot::take(self.tails, TAILS_MAX) else {
-            let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
-            let _ = self
-                .out
-                .send(Out::Answer(self.id, error_response(why, self.addrs)));
-            return;
-        };
-        let (id, out, addrs) = (self.id, self.out.clone(), Arc::clone(self.addrs));
-        let wait = Duration::from_millis(self.wait_ms as u64).min(TAIL_WAIT_MAX);
-        let deadline = Instant::now() + wait;
-        std::thread::spawn(move || loop {
-            let _held = &slot;
-            let r = look();
-            if !empty(&r) || Instant::now() >= deadline {
-                let _ = out.send(Out::Answer(id, respond(r, &addrs)));
-                return;
-            }
-            std::thread::sleep(TAIL_POLL);
-        });
     }
 }
 

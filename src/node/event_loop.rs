@@ -312,6 +312,7 @@ impl EventLoop {
 
     /// Serves queued commands; false once told to stop.
     fn serve_commands(&mut self) -> bool {
+        let now = self.now_ms();
         while let Ok(cmd) = self.commands.try_recv() {
             let group = match &cmd {
                 Command::Status(reply) => {
@@ -346,9 +347,10 @@ impl EventLoop {
                     from,
                     max_entries,
                     max_bytes,
+                    wait_ms,
                     reply,
                     ..
-                } => reply(r.read(from, max_entries, max_bytes)),
+                } => r.read_or_wait(from, max_entries, max_bytes, wait_ms, now, reply),
                 Command::State {
                     client_id,
                     seq,

@@ -225,6 +225,8 @@ pub(crate) enum Command {
         from: Index,
         max_entries: usize,
         max_bytes: usize,
+        /// Finding nothing from `from` on, wait this long for it (a tail).
+        wait_ms: u32,
         reply: ReadReply,
     },
     State {
@@ -600,11 +602,27 @@ impl NodeHandle {
         max_bytes: usize,
         reply: ReadReply,
     ) {
+        self.read_waiting(group, from, max_entries, max_bytes, 0, reply);
+    }
+
+    /// `read_with`, except that finding nothing committed from `from` on,
+    /// it waits up to `wait_ms` for an entry to be (a tail, answered as
+    /// soon as one is applied here, or empty at the end).
+    pub fn read_waiting(
+        &self,
+        group: GroupId,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        reply: ReadReply,
+    ) {
         let cmd = Command::Read {
             group,
             from,
             max_entries,
             max_bytes,
+            wait_ms,
             reply,
         };
         self.dispatch(group, cmd);

@@ -4,7 +4,7 @@
 //! reports everything queued before them durable, report durability back
 //! with `persisted`, apply what is committed.
 
-use super::handle::{ProposeError, QueryReply, Reply, StateReply};
+use super::handle::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
 use crate::state::query::{decode_command_entry, encode_command_entry};
@@ -118,6 +118,9 @@ pub(crate) struct Replica {
     /// poll): answered as soon as an applied entry moves the LAC past
     /// what they ask, or with nothing at their deadline (node ms).
     tails: Vec<(u64, Query, QueryReply)>,
+    /// Raw-log reads that found nothing committed and wait (a tail):
+    /// (deadline in node ms, from, max entries, max bytes, reply).
+    log_tails: Vec<(u64, Index, usize, usize, ReadReply)>,
     next_read_id: u64,
     /// When (node ms) the WAL last made progress, and since when writes
     /// have been pending without any.
@@ -161,6 +164,7 @@ impl Replica {
             reads_pending: BTreeMap::new(),
             reads_confirmed: VecDeque::new(),
             tails: Vec::new(),
+            log_tails: Vec::new(),
             next_read_id: 1,
             last_fsync_ms: now_ms,
             pending_since_ms: None,
@@ -372,15 +376,55 @@ impl Replica {
         )
     }
 
-    /// Ledger reads waiting for an entry to be confirmed.
+    /// Reads waiting for an entry: ledger reads and raw-log tails.
     pub(crate) fn waiting_reads(&self) -> usize {
-        self.tails.len()
+        self.tails.len() + self.log_tails.len()
     }
 
-    /// The earliest deadline of a waiting ledger read (node ms), so the
-    /// loop wakes for it.
+    /// The earliest deadline of a waiting read (node ms), so the loop
+    /// wakes for it.
     pub(crate) fn next_tail_deadline(&self) -> Option<u64> {
-        self.tails.iter().map(|(d, _, _)| *d).min()
+        let ledger = self.tails.iter().map(|(d, _, _)| *d);
+        ledger.chain(self.log_tails.iter().map(|t| t.0)).min()
+    }
+
+    /// `read`, except that finding nothing from `from` on, it waits up
+    /// to `wait_ms` (node ms from `now_ms`) for an entry to be applied
+    /// here, and is answered then (or empty at the end): a tail of the raw
+    /// log, with no thread waiting and nothing polled.
+    pub(crate) fn read_or_wait(
+        &mut self,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        now_ms: u64,
+        reply: ReadReply,
+    ) {
+        match self.read(from, max_entries, max_bytes) {
+            Ok(v) if v.is_empty() && wait_ms > 0 => {
+                let deadline = now_ms.saturating_add(u64::from(wait_ms));
+                self.log_tails
+                    .push((deadline, from, max_entries, max_bytes, reply));
+            }
+            r => reply(r),
+        }
+    }
+
+    /// Answers the waiting raw-log tails that have entries now, or whose
+    /// wait ended.
+    fn serve_log_tails(&mut self, now_ms: u64) {
+        let mut i = 0;
+        while i < self.log_tails.len() {
+            let (deadline, from, max_entries, max_bytes, _) = self.log_tails[i];
+            let r = self.read(from, max_entries, max_bytes);
+            if matches!(&r, Ok(v) if v.is_empty()) && now_ms < deadline {
+                i += 1;
+                continue;
+            }
+            let (_, _, _, _, reply) = self.log_tails.swap_remove(i);
+            reply(r);
+        }
     }
 
     /// Runs the Ready loop until Raft has nothing to say; `out` collects
@@ -439,6 +483,9 @@ impl Replica {
         }
         if !self.tails.is_empty() {
             self.serve_reads(now_ms); // a deadline may have passed
+        }
+        if !self.log_tails.is_empty() {
+            self.serve_log_tails(now_ms);
         }
         self.snapshot(now_ms);
         self.pump(now_ms, out);
@@ -876,6 +923,9 @@ impl Replica {
             reply(Err(ProposeError::Unavailable(why.clone())));
         }
         for (_, _, reply) in std::mem::take(&mut self.tails) {
+            reply(Err(ProposeError::Unavailable(why.clone())));
+        }
+        for (_, _, _, _, reply) in std::mem::take(&mut self.log_tails) {
             reply(Err(ProposeError::Unavailable(why.clone())));
         }
         self.held.clear();
