@@ -212,6 +212,10 @@ fn cluster_embedded_from_the_job_file_with_replication_block() {
         ] {
             assert!(r.get(key).is_some(), "replication.{key} missing");
         }
+        assert!(
+            r["retransmits"].is_u64(),
+            "the nodes export their retransmits: {r}"
+        );
         assert_eq!(
             j["fsync"].as_array().unwrap().len(),
             3,

@@ -196,6 +196,12 @@ fn sum(m: &MetricsSnapshot, name: &str) -> f64 {
         .sum()
 }
 
+/// True if some node exports the metric `name` (any labels).
+fn exported(m: &MetricsSnapshot, name: &str) -> bool {
+    m.keys()
+        .any(|(_, k)| k == name || k.starts_with(&format!("{name}{{")))
+}
+
 fn get(m: &MetricsSnapshot, node: usize, key: &str) -> Option<f64> {
     m.get(&(node, key.to_string())).copied()
 }
@@ -417,7 +423,9 @@ impl Engine for ClusterEngine {
             .map(|i| i as u64 + 1);
         report.replication = Some(ReplicationBlock {
             nack_rounds: diff("quire_transport_nack_rounds"),
-            retransmits: None,
+            // `n/a` from nodes that predate the metric, not a false 0.
+            retransmits: exported(&after, "quire_transport_retransmits")
+                .then(|| diff("quire_transport_retransmits")),
             datagrams_sent: diff("quire_transport_datagrams_sent"),
             sends_refused: diff("quire_transport_sends_refused"),
             leader_changes: (max_term(&after) - max_term(&self.before)).max(0.0) as u64,

@@ -309,8 +309,14 @@ pub fn metrics_text(s: &NodeStatus) -> String {
         "transport_nack_rounds",
         "NACK rounds sent to the peer (gaps in its traffic)",
     );
+    let rexmits = peer_gauge(
+        &mut reg,
+        "transport_retransmits",
+        "DATA frames retransmitted to the peer (it asked for them)",
+    );
     for t in &s.transport {
         let l = PeerOnly { peer: t.peer };
+        rexmits.get_or_create(&l).set(t.retransmits);
         rtt.get_or_create(&l).set(t.rtt_us);
         sent.get_or_create(&l).set(t.datagrams_sent);
         received.get_or_create(&l).set(t.datagrams_received);

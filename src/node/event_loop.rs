@@ -791,12 +791,20 @@ impl EventLoop {
                 .peers
                 .iter()
                 .filter_map(|p| {
-                    let t = self.udp.endpoint().peer_stats(p.id)?;
+                    let endpoint = self.udp.endpoint();
+                    let t = endpoint.peer_stats(p.id)?;
+                    let retransmits = self
+                        .replicas
+                        .iter()
+                        .filter_map(|r| endpoint.channel_stats(p.id, r.group))
+                        .map(|c| c.rexmit_frames)
+                        .sum();
                     Some(super::TransportView {
                         peer: p.id,
                         datagrams_sent: t.datagrams_sent,
                         datagrams_received: t.datagrams_received,
                         nack_rounds: t.nack_rounds,
+                        retransmits,
                         rtt_us: t.rtt_us,
                     })
                 })

@@ -173,6 +173,9 @@ pub struct TransportView {
     pub datagrams_received: u64,
     /// NACK rounds sent to it (gaps it left).
     pub nack_rounds: u64,
+    /// DATA frames retransmitted to it (it asked for them), over every
+    /// group's channel.
+    pub retransmits: u64,
     /// Smoothed round-trip time, µs (0 before the first sample).
     pub rtt_us: u64,
 }
@@ -678,6 +681,7 @@ impl NodeHandle {
                                 x.datagrams_sent += t.datagrams_sent;
                                 x.datagrams_received += t.datagrams_received;
                                 x.nack_rounds += t.nack_rounds;
+                                x.retransmits += t.retransmits;
                                 if x.rtt_us == 0 {
                                     x.rtt_us = t.rtt_us;
                                 }
