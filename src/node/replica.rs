@@ -434,6 +434,15 @@ impl Replica {
             return;
         }
         self.poll_image();
+        // Reporting durability to Raft (in `pump`) can commit entries: on
+        // a leader whose own fsync completes after a follower's ack. They
+        // are applied and answered in another round now, not at the loop's
+        // next turn, which nothing else would wake (up to `TURN_MAX`).
+        while self.drive_once(now_ms, out) {}
+    }
+
+    /// One round of `drive`; true if it reported new durability to Raft.
+    fn drive_once(&mut self, now_ms: u64, out: &mut Vec<Message>) -> bool {
         loop {
             let rd = self.raft.ready();
             if rd.is_empty() {
@@ -443,7 +452,7 @@ impl Replica {
             let snapshot = rd.snapshot.as_ref().map(|s| (s, &rd.snapshot_entries[..]));
             if let Err(e) = self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
                 self.stop(format!("{e}"));
-                return;
+                return false;
             }
             if !rd.messages_after_persist.is_empty() {
                 let ticket = self.wal.current_ticket();
@@ -460,7 +469,7 @@ impl Replica {
                         s.index
                     );
                     self.stop(why);
-                    return;
+                    return false;
                 }
             }
             for e in rd.committed {
@@ -488,7 +497,9 @@ impl Replica {
             self.serve_log_tails(now_ms);
         }
         self.snapshot(now_ms);
+        let reported = self.reported;
         self.pump(now_ms, out);
+        self.stopped.is_none() && self.reported != reported
     }
 
     /// Starts a snapshot when one is due (log growth or the interval) and
