@@ -250,10 +250,6 @@ impl EventLoop {
     /// Runs until told to stop.
     pub(crate) fn run(&mut self) {
         loop {
-            if !self.serve_commands() {
-                self.shutdown();
-                return;
-            }
             let wait = self.next_deadline_ms().saturating_sub(self.now_ms());
             let wait = Duration::from_millis(wait).min(TURN_MAX);
             self.wake_fds.clear();
@@ -267,6 +263,14 @@ impl EventLoop {
                 eprintln!("node {}: waiting on the sockets failed: {e}", self.spec.id);
             }
             self.waker.drain();
+            // Commands are served after the drain and before the drive:
+            // one that arrives later wakes the next wait at once, and what
+            // these propose goes out in this turn, not after the next
+            // wait (up to `TURN_MAX` when nothing else wakes it).
+            if !self.serve_commands() {
+                self.shutdown();
+                return;
+            }
             for n in self.udp.take_notices() {
                 eprintln!("node {}: udp: {n}", self.spec.id);
             }
