@@ -228,6 +228,8 @@ impl Engine for WalEngine {
             devices: self.device.iter().cloned().collect(),
             ..EngineReport::default()
         };
+        // The log's spare-segment thread may still be writing there.
+        let _ = self.wal.quiesce();
         let _ = std::fs::remove_dir_all(&self.dir);
         Ok(report)
     }

@@ -1070,6 +1070,19 @@ impl Wal {
     /// Collects a finished background preallocation (waiting for it with
     /// `block`). Running out of space there is not an error yet: the roll
     /// that needs the segment will find out.
+    /// Waits for the log's background work to finish: a spare segment
+    /// being preallocated, a directory sync. Call before removing the
+    /// log's directory (a spare's thread would write into it after).
+    pub fn quiesce(&mut self) -> Result<(), WalError> {
+        self.collect_spare(true)?;
+        if let Some(job) = self.dir_sync.take() {
+            job.join()
+                .unwrap_or_else(|_| Err(io::Error::other("the directory sync thread panicked")))
+                .map_err(io_err("syncing the log directory"))?;
+        }
+        Ok(())
+    }
+
     fn collect_spare(&mut self, block: bool) -> Result<(), WalError> {
         let finished = self
             .spare
