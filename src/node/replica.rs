@@ -138,11 +138,10 @@ pub(crate) struct Replica {
     next_snapshot_ms: u64,
     /// Take a snapshot at least this often while entries are applied.
     snapshot_interval_ms: u64,
+    /// Also holds `retained_from`: the lowest log index the state at
+    /// Raft's snapshot refers to (the log keeps every entry from there
+    /// on; a follower that installs the snapshot gets them with it).
     pub(crate) snapshot_stats: SnapshotStats,
-    /// The lowest log index the state at Raft's snapshot refers to: the
-    /// log keeps every entry from there on (a follower that installs the
-    /// snapshot gets them with it).
-    snapshot_keep_from: Option<Index>,
     image_job: Option<ImageJob>,
 }
 
@@ -176,7 +175,6 @@ impl Replica {
             next_snapshot_ms: u64::MAX,
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
-            snapshot_keep_from: None,
             image_job: None,
         }
     }
@@ -638,13 +636,18 @@ impl Replica {
     }
 
     fn set_keep_from(&mut self, keep_from: Option<Index>) {
-        self.snapshot_keep_from = keep_from;
+        // Index 0 holds no entry, so 0 can stand for "none".
         self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
+    }
+
+    /// The lowest log index the state at Raft's snapshot refers to.
+    fn keep_from(&self) -> Option<Index> {
+        Some(self.snapshot_stats.retained_from).filter(|&i| i > 0)
     }
 
     /// Answers Raft's request for the image of the snapshot at `index`
     /// (a follower is behind the trimmed log): the entries from
-    /// `snapshot_keep_from` to `index` are read from the segments and
+    /// `keep_from()` to `index` are read from the segments and
     /// encoded with the snapshot on a helper thread, so a large backlog
     /// does not stall the loop; `poll_image` hands the image to Raft.
     fn build_snapshot_image(&mut self, index: Index) {
@@ -655,7 +658,7 @@ impl Replica {
             return; // a newer snapshot since; asked again for that one
         };
         let meta = meta.data.clone();
-        let located = match self.snapshot_keep_from {
+        let located = match self.keep_from() {
             None => Ok(None),
             Some(from) => self.wal.locate(from, index).map(|l| Some((from, l))),
         };
@@ -1027,15 +1030,16 @@ fn stored_missing(group: GroupId, index: Index) -> ProposeError {
 /// else read back from the segments (entries below the snapshot that the
 /// state refers to).
 fn payload_at<'a>(raft: &'a Raft, wal: &'a mut Wal) -> impl FnMut(Index) -> Option<Vec<u8>> + 'a {
-    move |i| {
-        let entry = match raft.entry(i) {
-            Some(e) => e.clone(),
-            None => wal.read(i, i).ok()?.pop()?,
-        };
-        match entry.payload {
+    move |i| match raft.entry(i) {
+        // Only the payload is copied, not the entry.
+        Some(e) => match &e.payload {
+            Payload::Normal(p) => Some(p.clone()),
+            _ => None,
+        },
+        None => match wal.read(i, i).ok()?.pop()?.payload {
             Payload::Normal(p) => Some(p),
             _ => None,
-        }
+        },
     }
 }
 

@@ -1546,11 +1546,21 @@ impl Wal {
 
     // ----- reads -------------------------------------------------------------
 
+    /// The batch holding entry `index`, if the log has it.
+    fn batch_at(&self, index: Index) -> Option<BatchLocation> {
+        let pos = self.index.partition_point(|b| b.first_index <= index);
+        let loc = self.index[pos.checked_sub(1)?];
+        (index < loc.first_index + loc.count).then_some(loc)
+    }
+
+    fn batch_at_or_err(&self, index: Index) -> Result<BatchLocation, WalError> {
+        self.batch_at(index)
+            .ok_or_else(|| WalError::Invalid(format!("index {index} is not in the log")))
+    }
+
     /// True if the log holds entry `index` in a batch it can read.
     pub fn holds(&self, index: Index) -> bool {
-        let pos = self.index.partition_point(|b| b.first_index <= index);
-        pos.checked_sub(1)
-            .is_some_and(|p| index < self.index[p].first_index + self.index[p].count)
+        self.batch_at(index).is_some()
     }
 
     /// Where the durable entries `lo..=hi` are: each batch's file and
@@ -1562,12 +1572,7 @@ impl Wal {
         let mut out = Vec::new();
         let mut i = lo;
         while i <= hi {
-            let pos = self.index.partition_point(|b| b.first_index <= i);
-            let loc = pos
-                .checked_sub(1)
-                .map(|p| self.index[p])
-                .filter(|l| i < l.first_index + l.count)
-                .ok_or_else(|| WalError::Invalid(format!("index {i} is not in the log")))?;
+            let loc = self.batch_at_or_err(i)?;
             out.push((segment_path(&self.dir, loc.segment), loc));
             i = loc.first_index + loc.count;
         }
@@ -1581,13 +1586,7 @@ impl Wal {
         let mut out = Vec::new();
         let mut i = lo;
         while i <= hi {
-            let pos = self.index.partition_point(|b| b.first_index <= i);
-            let Some(loc) = pos.checked_sub(1).map(|p| self.index[p]) else {
-                return Err(WalError::Invalid(format!("index {i} is not in the log")));
-            };
-            if i >= loc.first_index + loc.count {
-                return Err(WalError::Invalid(format!("index {i} is not in the log")));
-            }
+            let loc = self.batch_at_or_err(i)?;
             let entries = self.read_batch(loc)?;
             for e in entries.iter().filter(|e| e.index >= i && e.index <= hi) {
                 out.push(e.clone());
