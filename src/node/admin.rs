@@ -354,6 +354,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
         "node": s.id,
         "uptime_ms": s.uptime_ms,
         "alarm": s.alarm,
+        "alarms": s.alarms(),
         "groups": s.groups.iter().map(|g| serde_json::json!({
             "group": g.group,
             "role": role_name(g.role),

@@ -172,7 +172,7 @@ impl EventLoop {
             };
             let snapshot = report.restored.snapshot.clone();
             let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
-            let mut r = Replica::new(g.group, raft, wal, now);
+            let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
             r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {

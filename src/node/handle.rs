@@ -26,6 +26,21 @@ pub enum ProposeError {
     Timeout,
     /// The state machine refused the command (its state is unchanged).
     Refused(crate::state::Error),
+    /// The entry the request makes is larger than the group's
+    /// `entry_bytes_max`; refused before it was proposed.
+    TooLarge {
+        /// Bytes of the entry the request would make.
+        bytes: usize,
+        /// The group's limit, in bytes.
+        max: usize,
+    },
+    /// A retry (same client id and sequence number) whose bytes differ
+    /// from what was applied under them: two clients share an id, or a
+    /// client reused a sequence number. Nothing was applied.
+    Conflict {
+        /// The index the first request under that (client, seq) holds.
+        applied_at: Index,
+    },
 }
 
 impl std::fmt::Display for ProposeError {
@@ -38,6 +53,14 @@ impl std::fmt::Display for ProposeError {
             ProposeError::Unavailable(why) => write!(f, "unavailable: {why}"),
             ProposeError::Timeout => write!(f, "no answer in time; outcome unknown"),
             ProposeError::Refused(e) => write!(f, "refused: {e}"),
+            ProposeError::TooLarge { bytes, max } => write!(
+                f,
+                "too large: the request makes an entry of {bytes} bytes; this group's entry_bytes_max is {max} bytes"
+            ),
+            ProposeError::Conflict { applied_at } => write!(
+                f,
+                "conflict: this client id and sequence number were already used for other bytes (applied at index {applied_at}); nothing was applied"
+            ),
         }
     }
 }
@@ -160,6 +183,27 @@ pub struct NodeStatus {
     pub malformed_dropped: u64,
     /// The replication transport per peer.
     pub transport: Vec<TransportView>,
+}
+
+impl NodeStatus {
+    /// What an operator must look at now, one line each: a dead link, a
+    /// group without a leader, a disk that failed or is full. Empty when
+    /// all is well; `quire status` prints each as an ALARM line.
+    pub fn alarms(&self) -> Vec<String> {
+        let mut alarms = Vec::new();
+        if self.alarm {
+            alarms.push("a link is down".to_string());
+        }
+        for g in &self.groups {
+            if g.leader.is_none() {
+                alarms.push(format!("group {} has no leader", g.group));
+            }
+            if g.disk.starts_with("failed") || g.disk == "full" {
+                alarms.push(format!("group {} disk {}", g.group, g.disk));
+            }
+        }
+        alarms
+    }
 }
 
 /// The replication transport to one peer, summed over the node's cores.

@@ -240,8 +240,7 @@ fn tune(what: TuneCmd) -> Result<bool, String> {
 fn client(t: &Target) -> Result<Client, String> {
     let token =
         std::fs::read(&t.token_file).map_err(|e| format!("{}: {e}", t.token_file.display()))?;
-    let id =
-        u64::from(std::process::id()) << 32 | u64::from(Instant::now().elapsed().subsec_nanos());
+    let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     Ok(Client::new(t.addr.clone(), token.trim_ascii_end(), id))
 }
 
@@ -371,16 +370,10 @@ fn status(t: &Target) -> Result<(), String> {
             }
         };
         let v: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
-        println!(
-            "node {} at {addr}: up {} ms{}",
-            v["node"],
-            v["uptime_ms"],
-            if v["alarm"] == true {
-                "  ALARM: a link is down"
-            } else {
-                ""
-            }
-        );
+        println!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
+        for alarm in v["alarms"].as_array().into_iter().flatten() {
+            println!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+        }
         println!("  group  role           term  leader  commit  applied  persisted  disk");
         for g in v["groups"].as_array().into_iter().flatten() {
             let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
@@ -472,7 +465,8 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
         "quire: {nodes} nodes starting in {} (logs: nodeN/quired.log)",
         dir.display()
     );
-    let mut c = Client::new(addrs.clone(), &cluster.token, 1);
+    let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
+    let mut c = Client::new(addrs.clone(), &cluster.token, id);
     c.deadline = Duration::from_secs(20);
     let started = Instant::now();
     let mut indexes = Vec::new();
