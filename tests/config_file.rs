@@ -373,6 +373,16 @@ fn embedded_configs_are_checked_with_their_section() {
         msg.starts_with("storage.segment_bytes: 1000000 must be a multiple of 4096"),
         "{msg}"
     );
+    // A log that could not store an entry one transport message carries.
+    let (_, msg) = d.error(&minimal_with("[storage]\nsegment_bytes = 4194304\n"));
+    assert!(
+        msg.starts_with("storage.segment_bytes: 4194304 holds entries up to 2097152 bytes"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("transport.message_bytes_max (4194304)"),
+        "{msg}"
+    );
     let (_, msg) = d.error(&minimal_with("[serial]\nbaud = 115000\n"));
     assert_eq!(
         msg,

@@ -284,6 +284,27 @@ pub fn metrics_text(s: &NodeStatus) -> String {
     let alarm = Gauge::<u64, AtomicU64>::default();
     reg.register("link_alarm", "1 while any link is dead", alarm.clone());
     alarm.set(u64::from(s.alarm));
+    for (name, help, value) in [
+        (
+            "loop_stalls",
+            "Loop turns late by more than stall_grace_ms (this node paused or starved)",
+            s.stalls.count,
+        ),
+        (
+            "loop_stalled_ms",
+            "Ms of this node's own stalls, not counted against peers or timers",
+            s.stalls.stalled_ms,
+        ),
+        (
+            "loop_stall_longest_ms",
+            "The longest single stall of any loop, ms",
+            s.stalls.longest_ms,
+        ),
+    ] {
+        let g = Gauge::<u64, AtomicU64>::default();
+        reg.register(name, help, g.clone());
+        g.set(value);
+    }
     let peer_gauge = |reg: &mut Registry, name: &str, help: &str| {
         let f = Family::<PeerOnly, Gauge<u64, AtomicU64>>::default();
         reg.register(name, help, f.clone());
@@ -355,6 +376,11 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
         "uptime_ms": s.uptime_ms,
         "alarm": s.alarm,
         "alarms": s.alarms(),
+        "stalls": {
+            "count": s.stalls.count,
+            "stalled_ms": s.stalls.stalled_ms,
+            "longest_ms": s.stalls.longest_ms,
+        },
         "groups": s.groups.iter().map(|g| serde_json::json!({
             "group": g.group,
             "role": role_name(g.role),

@@ -187,10 +187,15 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     check::ports(&udp, &groups, listen, &peers)?;
     let mut voters: Vec<NodeId> = peers.iter().map(|p| p.id).chain([id]).collect();
     voters.sort_unstable();
+    let stall_grace_ms = raw
+        .timers
+        .stall_grace_ms
+        .unwrap_or(crate::node::STALL_GRACE_MS);
     let (detector, mut raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
     let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
     let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
     let transport = check::transport(raw.transport, peers.len())?;
+    check::entries_fit(&wal, &transport)?;
     let serial_baud = check::serial(
         raw.serial,
         &peers,
@@ -216,6 +221,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         detector,
         serial_baud,
         snapshot_interval_ms,
+        stall_grace_ms,
     };
     // Everything above covers what this checks; a message from here is a
     // gap in this module, still better than a refusal at spawn.

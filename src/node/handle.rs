@@ -183,6 +183,29 @@ pub struct NodeStatus {
     pub malformed_dropped: u64,
     /// The replication transport per peer.
     pub transport: Vec<TransportView>,
+    /// The node's own stalls (its loops paused or starved), which are not
+    /// counted against its peers or timers.
+    pub stalls: StallView,
+}
+
+/// A node's own stalls, summed over its loops.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StallView {
+    /// Loop turns that came back later than asked by more than
+    /// `stall_grace_ms`.
+    pub count: u64,
+    /// Ms not counted, summed over the loops.
+    pub stalled_ms: u64,
+    /// The longest single stall of any loop, in ms.
+    pub longest_ms: u64,
+}
+
+impl StallView {
+    fn merge(&mut self, other: StallView) {
+        self.count += other.count;
+        self.stalled_ms += other.stalled_ms;
+        self.longest_ms = self.longest_ms.max(other.longest_ms);
+    }
 }
 
 impl NodeStatus {
@@ -719,6 +742,7 @@ impl NodeHandle {
                     m.sends_refused += s.sends_refused;
                     m.mac_failures += s.mac_failures;
                     m.malformed_dropped += s.malformed_dropped;
+                    m.stalls.merge(s.stalls);
                     for t in s.transport {
                         match m.transport.iter_mut().find(|x| x.peer == t.peer) {
                             Some(x) => {

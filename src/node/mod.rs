@@ -26,12 +26,13 @@ mod handle;
 mod local;
 pub mod processes;
 mod replica;
+mod stall;
 mod waker;
 
-pub use config::{GroupSpec, NodeSpec, PeerSpec, SNAPSHOT_INTERVAL_MS};
+pub use config::{GroupSpec, NodeSpec, PeerSpec, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use handle::{
     GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, QueryReply, ReadReply,
-    Reply, StateReply, TransportView, WalView,
+    Reply, StallView, StateReply, TransportView, WalView,
 };
 pub use local::LocalCluster;
 pub use replica::SnapshotStats;

@@ -89,6 +89,7 @@ pub(super) struct RawTimers {
     pub(super) election_timeout_ms: Option<u64>,
     pub(super) heartbeat_interval_ms: Option<u64>,
     pub(super) fast_campaign_jitter_ms: Option<u64>,
+    pub(super) stall_grace_ms: Option<u64>,
 }
 
 #[derive(Default, Deserialize)]
