@@ -6,10 +6,12 @@
 //! `nodeN/quired.log`.
 
 use crate::consensus::NodeId;
+use crate::io::private;
 use crate::serial::{End, NullModem};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -88,17 +90,17 @@ impl LocalProcesses {
             let what = what.to_string();
             move |e: std::io::Error| format!("{what}: {e}")
         };
-        std::fs::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
+        private::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
         let token = random_hex(24);
-        std::fs::write(dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
-        std::fs::write(dir.join("client.token"), &token).map_err(io("client.token"))?;
+        private::write(&dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
+        private::write(&dir.join("client.token"), &token).map_err(io("client.token"))?;
         let ids: Vec<NodeId> = (1..=n).collect();
         let mut cables = BTreeMap::new();
         let mut ends: BTreeMap<(NodeId, NodeId), PathBuf> = BTreeMap::new();
         for &a in &ids {
             for &b in ids.iter().filter(|&&b| b > a) {
                 let cdir = dir.join("cables").join(format!("{a}-{b}"));
-                std::fs::create_dir_all(&cdir).map_err(io("creating a cable directory"))?;
+                private::create_dir_all(&cdir).map_err(io("creating a cable directory"))?;
                 let cable = NullModem::new(&cdir).map_err(io("a PTY null-modem cable"))?;
                 ends.insert((a, b), cable.path(End::A).to_path_buf());
                 ends.insert((b, a), cable.path(End::B).to_path_buf());
@@ -147,8 +149,8 @@ impl LocalProcesses {
                 let _ = writeln!(t, "\n[[disks]]\npath = \"log{g}\"\ngroup = {g}");
             }
             let cfg_dir = node.config.parent().expect("nodeN/node.toml");
-            std::fs::create_dir_all(cfg_dir).map_err(io("creating a node directory"))?;
-            std::fs::write(&node.config, t).map_err(io("writing a node config"))?;
+            private::create_dir_all(cfg_dir).map_err(io("creating a node directory"))?;
+            private::write(&node.config, t).map_err(io("writing a node config"))?;
         }
         Ok(LocalProcesses {
             dir: dir.to_path_buf(),
@@ -180,6 +182,7 @@ impl LocalProcesses {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(private::FILE_MODE)
             .open(&log_path)
             .map_err(|e| format!("{}: {e}", log_path.display()))?;
         let mut cmd = Command::new(&self.exe);
