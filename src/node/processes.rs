@@ -1,6 +1,7 @@
 //! A local cluster of real daemon processes on 127.0.0.1, for `quire up`
-//! and the end-to-end tests: it writes a cluster key, a client token and a
-//! config file per node into a directory, runs a PTY null-modem cable
+//! and the end-to-end tests: it writes a cluster key, a client token, an
+//! admin token and a config file per node into a directory (files 0600,
+//! directories 0700: `io::private`), runs a PTY null-modem cable
 //! between every pair of nodes (in this process), and starts
 //! `<exe> daemon --config nodeN/node.toml` for each node with its log in
 //! `nodeN/quired.log`.
@@ -45,8 +46,10 @@ pub struct LocalProcesses {
     pub exe: PathBuf,
     /// The nodes by id.
     pub nodes: BTreeMap<NodeId, NodeProcess>,
-    /// The client token.
+    /// The client token (`client.token`).
     pub token: Vec<u8>,
+    /// The admin token (`admin.token`), which `POST /membership` needs.
+    pub admin_token: Vec<u8>,
     /// The null-modem cable between each pair of nodes, keyed (lower id,
     /// higher id); it runs in this process, so a test can unplug it.
     cables: BTreeMap<(NodeId, NodeId), NullModem>,
@@ -83,7 +86,7 @@ fn random_hex(bytes: usize) -> String {
 }
 
 impl LocalProcesses {
-    /// Writes the key, token, configs and cables for `n` nodes of `groups`
+    /// Writes the key, tokens, configs and cables for `n` nodes of `groups`
     /// groups each under `dir` (created if missing); starts nothing yet.
     pub fn prepare(dir: &Path, n: u64, groups: u32, exe: &Path) -> Result<LocalProcesses, String> {
         let io = |what: &str| {
@@ -94,6 +97,8 @@ impl LocalProcesses {
         let token = random_hex(24);
         private::write(&dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
         private::write(&dir.join("client.token"), &token).map_err(io("client.token"))?;
+        let admin_token = random_hex(24);
+        private::write(&dir.join("admin.token"), &admin_token).map_err(io("admin.token"))?;
         let ids: Vec<NodeId> = (1..=n).collect();
         let mut cables = BTreeMap::new();
         let mut ends: BTreeMap<(NodeId, NodeId), PathBuf> = BTreeMap::new();
@@ -135,6 +140,7 @@ impl LocalProcesses {
             let _ = writeln!(t, "[node]\nid = {id}");
             let _ = writeln!(t, "cluster_key_file = \"../cluster.key\"");
             let _ = writeln!(t, "auth_token_file = \"../client.token\"");
+            let _ = writeln!(t, "admin_token_file = \"../admin.token\"");
             let _ = writeln!(t, "cores = [{}]", (id as usize - 1) % cores);
             let _ = writeln!(t, "client_listen = \"{}\"", node.client);
             let _ = writeln!(t, "admin_listen = \"{}\"", node.admin);
@@ -157,6 +163,7 @@ impl LocalProcesses {
             exe: exe.to_path_buf(),
             nodes,
             token: token.into_bytes(),
+            admin_token: admin_token.into_bytes(),
             cables,
         })
     }
