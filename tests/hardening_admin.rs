@@ -7,7 +7,8 @@
 //!   in `/metrics` and logged, at most a line a second; a change that
 //!   cannot apply answers 400/404/409 with the reason; with the token the
 //!   change applies and is logged with who asked; replacing the token
-//!   file rotates the token without a restart;
+//!   file rotates the token without a restart; `quire member` sends the
+//!   token from `--admin-token-file`;
 //! - every file quire creates under the cluster directory (keys, tokens,
 //!   configs, daemon logs, WAL segments, superblock, lock, snapshot slots)
 //!   is 0600 and every directory 0700, and no daemon warns about a secret
@@ -209,6 +210,28 @@ fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
     assert_eq!(code, 200, "{body}");
     let v = status(admin).unwrap();
     assert_eq!(v["groups"][0]["learners"], serde_json::json!([victim]));
+
+    // `quire member` sends the token from --admin-token-file.
+    let member = |token_file: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+            .args(["member", "--admin", &admin.to_string(), "--group", "0"])
+            .arg("--admin-token-file")
+            .arg(token_file)
+            .args(["voter", "--node", &victim.to_string()])
+            .output()
+            .unwrap()
+    };
+    let out = member(&dir.path().join("client.token"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("403"), "{err}");
+    let out = member(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(voters(admin).contains(&victim), "promoted");
 }
 
 /// Every file under `dir` (not following symlinks: the cables' PTY links)

@@ -352,7 +352,7 @@ fn member(
 ) -> Result<(), String> {
     use std::io::{Read, Write};
     let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
-    let token = String::from_utf8(token.trim_ascii().to_vec())
+    let token = String::from_utf8(token.trim_ascii_end().to_vec())
         .map_err(|_| format!("{}: the admin token is not text", token_file.display()))?;
     let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
         .map_err(|e| format!("{admin}: {e}"))?;
