@@ -235,6 +235,9 @@ fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response
         ProposeError::Refused(r) => (refusal_code(*r), None),
         ProposeError::TooLarge { .. } => (ErrorCode::TooLarge, None),
         ProposeError::Conflict { .. } => (ErrorCode::Conflict, None),
+        // Only membership changes give these, and clients cannot ask one.
+        ProposeError::Invalid(_) => (ErrorCode::BadRequest, None),
+        ProposeError::Busy(_) => (ErrorCode::Unavailable, None),
     };
     Response::Error {
         code,

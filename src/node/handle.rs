@@ -41,6 +41,13 @@ pub enum ProposeError {
         /// The index the first request under that (client, seq) holds.
         applied_at: Index,
     },
+    /// The request cannot succeed as asked, whatever the timing (a
+    /// membership change that does not apply to the membership: removing
+    /// a non-member, adding a member twice); retrying will not help.
+    Invalid(String),
+    /// Another operation must finish first (a membership change still
+    /// uncommitted, a leadership transfer): retry later.
+    Busy(String),
 }
 
 impl std::fmt::Display for ProposeError {
@@ -61,6 +68,8 @@ impl std::fmt::Display for ProposeError {
                 f,
                 "conflict: this client id and sequence number were already used for other bytes (applied at index {applied_at}); nothing was applied"
             ),
+            ProposeError::Invalid(why) => write!(f, "invalid: {why}"),
+            ProposeError::Busy(why) => write!(f, "busy: {why}"),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! its heartbeat every `keepalive_ms` on both channels; serves commands.
 
 pub mod admin;
+mod admin_auth;
 pub mod client_server;
 mod config;
 pub mod config_file;

@@ -282,6 +282,13 @@ impl Replica {
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
                 reply(Err(ProposeError::NotLeader(leader)));
             }
+            Err(crate::consensus::RaftError::InvalidMembershipChange(why)) => {
+                reply(Err(ProposeError::Invalid(why)));
+            }
+            Err(
+                e @ (crate::consensus::RaftError::MembershipChangePending
+                | crate::consensus::RaftError::TransferInProgress),
+            ) => reply(Err(ProposeError::Busy(e.to_string()))),
             Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
         }
     }

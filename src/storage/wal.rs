@@ -344,6 +344,7 @@ pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError>
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(path)?;
         let size = f.metadata()?.len();
         if size < total {
@@ -457,6 +458,7 @@ fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
             .create(true)
             .truncate(true)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(&tmp)?;
         let zeros = vec![0u8; 1 << 20];
         let mut left = bytes;
@@ -501,11 +503,13 @@ impl Wal {
                 cfg.segment_bytes, cfg.flush_bytes_max
             )));
         }
-        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        crate::io::private::create_dir_all(dir)
+            .map_err(io_err(format!("creating {}", dir.display())))?;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(dir.join("lock"))
             .map_err(io_err("opening the lock file"))?;
         // SAFETY: plain syscall on a descriptor we own.
@@ -1724,6 +1728,7 @@ fn open_data_file(path: &Path, want_direct: bool) -> Result<(File, bool, String)
     let base = || {
         let mut o = OpenOptions::new();
         o.read(true).write(true).create(true).truncate(false);
+        o.mode(crate::io::private::FILE_MODE);
         o
     };
     if want_direct {

@@ -14,6 +14,7 @@ use crate::heartbeat::message::{MAX_GROUPS, MAX_PEERS};
 use crate::heartbeat::DetectorConfig;
 use crate::io::BackendChoice;
 use crate::net::UdpConfig;
+use crate::node::admin_auth::ADMIN_TOKEN_BYTES_MIN;
 use crate::node::config::{GroupSpec, PeerSpec};
 use crate::serial::SerialConfig;
 use crate::storage::format::BLOCK_BYTES;
@@ -497,6 +498,43 @@ pub(super) fn cluster_key(
         ));
     }
     Ok(ClusterKey::derive(&secret))
+}
+
+/// `node.admin_token_file`, if given: long enough to resist guessing,
+/// and not the client token (a client must not be able to change the
+/// membership). Returns the resolved path.
+pub(super) fn admin_token(
+    raw: &RawNode,
+    dir: &Path,
+    client_token: &[u8],
+    warnings: &mut Vec<String>,
+) -> Result<Option<PathBuf>, Bad> {
+    const KEY: &str = "node.admin_token_file";
+    let Some(file) = &raw.admin_token_file else {
+        return Ok(None);
+    };
+    let file = resolve(dir, file);
+    let token = read_secret(KEY, &file, warnings)?;
+    if token.len() < ADMIN_TOKEN_BYTES_MIN {
+        return Err(bad(
+            KEY,
+            format!(
+                "{} holds {} bytes; at least {ADMIN_TOKEN_BYTES_MIN} are needed (head -c 32 /dev/urandom | base64 > FILE)",
+                file.display(),
+                token.len()
+            ),
+        ));
+    }
+    if token == client_token {
+        return Err(bad(
+            KEY,
+            format!(
+                "{} holds the client token (node.auth_token_file); the admin token must be a secret of its own",
+                file.display()
+            ),
+        ));
+    }
+    Ok(Some(file))
 }
 
 /// "0-1,4,6-7".
