@@ -263,6 +263,12 @@ impl EventLoop {
         self.clock.now(self.real_ms())
     }
 
+    /// The loop's clock without handing the time out: for what only
+    /// looks (the wait's length, the status), never for a core.
+    fn peek_ms(&self) -> u64 {
+        self.clock.peek(self.real_ms())
+    }
+
     /// A turn ended at `real_ms`: counts a stall of this loop, and logs
     /// a long one (at most one line a second, with the count of others).
     fn note_wake(&mut self, real_ms: u64) {
@@ -295,7 +301,10 @@ impl EventLoop {
         // Opening the logs is not a stall.
         self.clock = StallClock::new(self.real_ms(), self.spec.stall_grace_ms);
         loop {
-            let wait = self.next_deadline_ms().saturating_sub(self.now_ms());
+            // A peek: the time a turn's work took (a blocking disk call
+            // under I/O pressure, say) is still this loop's own, to be
+            // discounted at the wake, as long as no core was handed it.
+            let wait = self.next_deadline_ms().saturating_sub(self.peek_ms());
             let wait = Duration::from_millis(wait).min(TURN_MAX);
             self.clock.waiting(wait.as_millis() as u64);
             self.wake_fds.clear();
@@ -314,14 +323,15 @@ impl EventLoop {
             // one that arrives later wakes the next wait at once, and what
             // these propose goes out in this turn, not after the next
             // wait (up to `TURN_MAX` when nothing else wakes it).
-            if !self.serve_commands() {
+            // One time for the whole turn, read right after the wake.
+            let now = self.now_ms();
+            if !self.serve_commands(now) {
                 self.shutdown();
                 return;
             }
             for n in self.udp.take_notices() {
                 eprintln!("node {}: udp: {n}", self.spec.id);
             }
-            let now = self.now_ms();
             self.receive_udp(now);
             self.serve_mesh(now);
             self.serve_serial(now);
@@ -362,8 +372,7 @@ impl EventLoop {
     }
 
     /// Serves queued commands; false once told to stop.
-    fn serve_commands(&mut self) -> bool {
-        let now = self.now_ms();
+    fn serve_commands(&mut self, now: u64) -> bool {
         while let Ok(cmd) = self.commands.try_recv() {
             let group = match &cmd {
                 Command::Status(reply) => {
@@ -750,7 +759,7 @@ impl EventLoop {
 
     /// This loop's part of the node's status (links and peers: control).
     fn status(&self) -> NodeStatus {
-        let now = self.now_ms();
+        let now = self.peek_ms();
         let groups = self
             .replicas
             .iter()

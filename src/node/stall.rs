@@ -95,6 +95,15 @@ impl StallClock {
         now
     }
 
+    /// What [`StallClock::now`] would return, without counting it as
+    /// handed out: a turn's work done after a peek can still be found to
+    /// have been a stall at the next wake.
+    pub(crate) fn peek(&self, real_ms: u64) -> u64 {
+        real_ms
+            .saturating_sub(self.stalled_ms)
+            .max(self.last_now_ms.get())
+    }
+
     /// Total ms not counted since the start.
     pub(crate) fn stalled_ms(&self) -> u64 {
         self.stalled_ms
@@ -148,6 +157,21 @@ mod tests {
         assert_eq!(c.woke(3_510), Some(10));
         assert_eq!(c.now(3_510), during);
         assert_eq!(c.now(3_600), during + 90, "then it runs on");
+    }
+
+    #[test]
+    fn a_turn_that_blocks_after_its_time_was_read_is_a_stall_too() {
+        // The turn's time is read at the wake; its work then blocks for
+        // 2 s (a synchronous disk call under I/O pressure); the next wait
+        // is computed from a peek. The block is discounted at the wake.
+        let mut c = StallClock::new(0, 20);
+        c.waiting(10);
+        assert_eq!(c.woke(10), None);
+        let turn = c.now(10);
+        assert_eq!(c.peek(2_010), 2_010, "a peek sees the real time");
+        c.waiting(0);
+        assert_eq!(c.woke(2_011), Some(2_001 - 20));
+        assert_eq!(c.now(2_011), turn + 20, "the 20 ms of grace count");
     }
 
     #[test]
