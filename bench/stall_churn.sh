@@ -45,4 +45,4 @@ echo "A: start [$s_old] end [$e_old]  stall lines: $(grep -h 'stalled' $root/old
 echo "B: start [$s_new] end [$e_new]  stall lines: $(grep -h 'stalled' $root/new/node*/quired.log | wc -l)"
 } | tee -a $out
 for v in old new; do kill -INT ${upd[$v]}; done; wait
-rm -rf "$root"
+[ "${KEEP:-0}" = 1 ] && echo "logs kept in $root" || rm -rf "$root"
