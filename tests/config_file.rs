@@ -118,6 +118,32 @@ fn the_ts60_example_loads() {
 }
 
 #[test]
+fn segments_too_small_for_a_transport_message_are_warned() {
+    let d = Dir::new();
+    let small = minimal_with("[storage]\nsegment_bytes = 4194304\n");
+    let c = d.load(&small).unwrap_or_else(|e| panic!("{e}"));
+    let w: Vec<_> = c
+        .warnings
+        .iter()
+        .filter(|w| {
+            w.starts_with("storage.segment_bytes: 4194304 holds entries up to 2097152 bytes")
+        })
+        .collect();
+    assert_eq!(w.len(), 1, "{:?}", c.warnings);
+    assert!(
+        w[0].contains("transport.message_bytes_max (4194304)"),
+        "{}",
+        w[0]
+    );
+    let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        c.warnings.iter().all(|w| !w.contains("segment_bytes")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
 fn a_minimal_file_takes_every_default() {
     let d = Dir::new();
     let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
@@ -373,16 +399,6 @@ fn embedded_configs_are_checked_with_their_section() {
     let (_, msg) = d.error(&minimal_with("[storage]\nsegment_bytes = 1000000\n"));
     assert!(
         msg.starts_with("storage.segment_bytes: 1000000 must be a multiple of 4096"),
-        "{msg}"
-    );
-    // A log that could not store an entry one transport message carries.
-    let (_, msg) = d.error(&minimal_with("[storage]\nsegment_bytes = 4194304\n"));
-    assert!(
-        msg.starts_with("storage.segment_bytes: 4194304 holds entries up to 2097152 bytes"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("transport.message_bytes_max (4194304)"),
         "{msg}"
     );
     let (_, msg) = d.error(&minimal_with("[serial]\nbaud = 115000\n"));

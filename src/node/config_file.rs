@@ -200,7 +200,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
     let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
     let transport = check::transport(raw.transport, peers.len())?;
-    check::entries_fit(&wal, &transport)?;
+    check::entries_fit(&wal, &transport, &mut warnings);
     let serial_baud = check::serial(
         raw.serial,
         &peers,

@@ -404,23 +404,25 @@ pub(super) fn storage(raw: RawStorage, disk_stall_ms: u64) -> Result<WalConfig, 
     Ok(wal)
 }
 
-/// Every entry one transport message can carry fits this node's log:
-/// a leader sizes entries by the transport limit, and a follower whose log
-/// could not store one would stop.
-pub(super) fn entries_fit(wal: &WalConfig, transport: &TransportConfig) -> Result<(), Bad> {
+/// Warns when this node's log could not store every entry one transport
+/// message can carry. A group's leader limits entries to what its own log
+/// stores, so a cluster whose nodes share `segment_bytes` is safe either
+/// way; a node with smaller segments than its leader would have its log
+/// stopped by an entry it cannot store.
+pub(super) fn entries_fit(
+    wal: &WalConfig,
+    transport: &TransportConfig,
+    warnings: &mut Vec<String>,
+) {
     let stored = crate::storage::wal::entry_bytes_max(wal);
     if stored < transport.message_bytes_max {
-        return Err(bad(
-            "storage.segment_bytes",
-            format!(
-                "{} holds entries up to {stored} bytes (half a segment), less than transport.message_bytes_max ({}): make it at least {}",
-                wal.segment_bytes,
-                transport.message_bytes_max,
-                2 * transport.message_bytes_max as u64
-            ),
+        warnings.push(format!(
+            "storage.segment_bytes: {} holds entries up to {stored} bytes (half a segment), less than transport.message_bytes_max ({}): give every node of the cluster the same segment_bytes, or at least {}",
+            wal.segment_bytes,
+            transport.message_bytes_max,
+            2 * transport.message_bytes_max as u64
         ));
     }
-    Ok(())
 }
 
 /// `[transport]`: the endpoint's own check, and room for every peer.
