@@ -24,6 +24,7 @@ pub mod daemon;
 mod event_loop;
 mod handle;
 mod local;
+pub mod port_check;
 pub mod processes;
 mod replica;
 mod waker;
