@@ -341,7 +341,12 @@ mod tests {
             setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
             setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
             let raw = RawAddr::from_std(&addr);
-            if libc::bind(fd, &raw.storage as *const _ as *const libc::sockaddr, raw.len) != 0 {
+            if libc::bind(
+                fd,
+                &raw.storage as *const _ as *const libc::sockaddr,
+                raw.len,
+            ) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
             Ok(owned)
@@ -357,7 +362,9 @@ mod tests {
             assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE), "{other}: {e}");
         }
         // And the other way round: a port someone holds is refused, named.
-        let e = open(addr, &UdpConfig::default(), false).err().expect("taken");
+        let e = open(addr, &UdpConfig::default(), false)
+            .err()
+            .expect("taken");
         assert!(e.to_string().contains(&format!("bind {addr}")), "{e}");
     }
 

@@ -254,7 +254,10 @@ mod tests {
         assert_eq!(h.pid, std::process::id());
         let msg = taken.to_string();
         assert!(msg.contains(&format!("udp port {}", addr.port())), "{msg}");
-        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
         drop(s);
         assert_eq!(find_taken(&[udp(&addr.to_string())]), None);
     }
