@@ -78,7 +78,10 @@ pub fn port_claims(cfg: &DaemonConfig) -> Vec<Claim> {
         .map(|g| Claim {
             proto: Proto::Udp,
             addr: std::net::SocketAddr::new(udp.bind_ip, udp.base_port + g.group as u16),
-            what: format!("group {}: udp.base_port {} + {}", g.group, udp.base_port, g.group),
+            what: format!(
+                "group {}: udp.base_port {} + {}",
+                g.group, udp.base_port, g.group
+            ),
         })
         .collect();
     for (key, addr) in [
@@ -160,7 +163,11 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
     let (udp_claims, tcp_claims): (Vec<Claim>, Vec<Claim>) =
         claims.into_iter().partition(|c| c.proto == Proto::Udp);
     let listener = |key: &str| -> Vec<Claim> {
-        tcp_claims.iter().filter(|c| c.what == key).cloned().collect()
+        tcp_claims
+            .iter()
+            .filter(|c| c.what == key)
+            .cloned()
+            .collect()
     };
     let signals = block_stop_signals();
     let groups = cfg.node.groups.len();
@@ -172,11 +179,12 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         Ok(a) => a,
         Err(e) => return start_failed(id, &listener("node.admin_listen"), &e),
     };
-    let clients = match ClientServer::start(
+    let clients = match ClientServer::start_with(
         cfg.client_listen,
         Arc::clone(&node),
         &token,
         BTreeMap::new(),
+        cfg.client,
     ) {
         Ok(c) => c,
         Err(e) => return start_failed(id, &listener("node.client_listen"), &e),

@@ -160,6 +160,8 @@ pub struct NodeStatus {
     pub malformed_dropped: u64,
     /// The replication transport per peer.
     pub transport: Vec<TransportView>,
+    /// The client server's connection counters (zero without one).
+    pub clients: super::client_stats::ClientView,
 }
 
 /// The replication transport to one peer, summed over the node's cores.
@@ -288,6 +290,8 @@ pub struct NodeHandle {
     cores: Vec<CoreLoop>,
     /// Which loop owns each group.
     owner: BTreeMap<GroupId, usize>,
+    /// Counted by the client server, shown by the admin endpoint.
+    clients: std::sync::Arc<super::client_stats::ClientCounters>,
 }
 
 impl NodeHandle {
@@ -331,6 +335,7 @@ impl NodeHandle {
             id,
             cores: Vec::new(),
             owner: BTreeMap::new(),
+            clients: std::sync::Arc::default(),
         };
         for (i, (core, groups)) in plan.into_iter().enumerate() {
             for g in &groups {
@@ -694,8 +699,14 @@ impl NodeHandle {
         }
         if let Some(m) = merged.as_mut() {
             m.groups.sort_by_key(|g| g.group);
+            m.clients = self.clients.view();
         }
         merged
+    }
+
+    /// The counters the client server keeps for this node.
+    pub fn client_counters(&self) -> &std::sync::Arc<super::client_stats::ClientCounters> {
+        &self.clients
     }
 
     /// Stops every loop: in-flight flushes finish, then they exit.

@@ -17,7 +17,10 @@
 //! its heartbeat every `keepalive_ms` on both channels; serves commands.
 
 pub mod admin;
+pub mod client_admission;
+mod client_gate;
 pub mod client_server;
+pub mod client_stats;
 mod config;
 pub mod config_file;
 pub mod daemon;
