@@ -5,8 +5,8 @@
 use quire::node::config_file::{load, load_with_cores, ConfigError, DaemonConfig};
 use std::path::{Path, PathBuf};
 
-/// A temp dir holding a key file and a token file, where config files are
-/// written.
+/// A temp dir holding a key file and the client and admin token files,
+/// where config files are written.
 struct Dir {
     dir: tempfile::TempDir,
 }
@@ -20,6 +20,7 @@ impl Dir {
         )
         .unwrap();
         std::fs::write(dir.path().join("client.token"), "s3cret-token\n").unwrap();
+        std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-admin\n").unwrap();
         Dir { dir }
     }
 
@@ -85,6 +86,7 @@ fn the_ts60_example_loads() {
     // Its secrets live in /etc/quire on a real host; here, in the temp dir.
     let text = example.replace("/etc/quire/", &format!("{}/", d.path().display()));
     let c = d.load(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.admin_token_file, Some(d.path().join("admin.token")));
     let n = &c.node;
     assert_eq!(n.id, 1);
     assert_eq!(n.voters, vec![1, 2, 3]);
@@ -377,6 +379,16 @@ fn embedded_configs_are_checked_with_their_section() {
         msg.starts_with("storage.segment_bytes: 1000000 must be a multiple of 4096"),
         "{msg}"
     );
+    // A log that could not store an entry one transport message carries.
+    let (_, msg) = d.error(&minimal_with("[storage]\nsegment_bytes = 4194304\n"));
+    assert!(
+        msg.starts_with("storage.segment_bytes: 4194304 holds entries up to 2097152 bytes"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("transport.message_bytes_max (4194304)"),
+        "{msg}"
+    );
     let (_, msg) = d.error(&minimal_with("[serial]\nbaud = 115000\n"));
     assert_eq!(
         msg,
@@ -416,6 +428,32 @@ fn secret_files() {
     let (e, msg) = d.error(&MINIMAL.replace("client.token", "empty.token"));
     assert_eq!(e.key, "node.auth_token_file");
     assert!(msg.ends_with("empty.token is empty"), "{msg}");
+}
+
+#[test]
+fn admin_token_file_is_optional_long_and_not_the_client_token() {
+    let d = Dir::new();
+    assert_eq!(d.load(MINIMAL).unwrap().admin_token_file, None);
+    let with = |file: &str| {
+        MINIMAL.replace(
+            "auth_token_file = \"client.token\"\n",
+            &format!("auth_token_file = \"client.token\"\nadmin_token_file = \"{file}\"\n"),
+        )
+    };
+    let c = d
+        .load(&with("admin.token"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.admin_token_file, Some(d.path().join("admin.token")));
+    std::fs::write(d.path().join("short.token"), "abc\n").unwrap();
+    let (e, msg) = d.error(&with("short.token"));
+    assert_eq!(e.key, "node.admin_token_file");
+    assert!(msg.contains("holds 3 bytes; at least 16"), "{msg}");
+    std::fs::write(d.path().join("client.token"), "0123456789abcdef-admin\n").unwrap();
+    let (e, msg) = d.error(&with("admin.token"));
+    assert_eq!(e.key, "node.admin_token_file");
+    assert!(msg.contains("holds the client token"), "{msg}");
+    let (e, _) = d.error(&with("missing.token"));
+    assert_eq!(e.key, "node.admin_token_file");
 }
 
 #[test]

@@ -729,3 +729,120 @@ fn long() {
     check_everything(&c, &h);
     check::assert_state(&ledgers, &queue);
 }
+
+/// Group 0's term on every node that answers, and the highest.
+fn terms(c: &Cluster) -> Vec<u64> {
+    c.live()
+        .into_iter()
+        .filter_map(|id| c.group0(id).map(|g| g.1))
+        .collect()
+}
+
+/// Node `id`'s own stalls from `/status`: (count, longest ms).
+fn stalls(c: &Cluster, id: NodeId) -> (u64, u64) {
+    let s = c.status(id).expect("the node answers");
+    (
+        s["stalls"]["count"].as_u64().unwrap_or(0),
+        s["stalls"]["longest_ms"].as_u64().unwrap_or(0),
+    )
+}
+
+/// A whole-host pause (every daemon SIGSTOPped at once for 1.5 s, as a
+/// paused VM is): each node measures its own stall and does not count it
+/// against its peers or its election timer, so when they all resume no
+/// link is declared dead and no term changes. Before stall compensation
+/// every node saw every peer silent for 1.5 s on resuming and campaigned.
+#[test]
+fn a_pause_of_every_node_at_once_changes_no_term() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, |_| {});
+    c.wait_healthy("start");
+    let before = terms(&c);
+    let ids = c.ids();
+    for &id in &ids {
+        c.pause(id);
+    }
+    // The fault itself lasts this long (not a synchronisation).
+    std::thread::sleep(Duration::from_millis(1_500));
+    for &id in &ids {
+        c.resume(id);
+    }
+    c.wait_healthy("the pause");
+    let after = terms(&c);
+    assert_eq!(after, before, "a term changed across a pause of every node");
+    for &id in &ids {
+        let (count, longest_ms) = stalls(&c, id);
+        assert!(
+            count >= 1 && longest_ms >= 1_000,
+            "node {id}: {count} stalls, longest {longest_ms} ms"
+        );
+    }
+}
+
+/// The behaviour stall compensation must keep: a follower paused for 2 s
+/// rejoins without a term change anywhere (pre-vote, and its own stall
+/// not counted); the leader paused for 2 s is replaced exactly once, and
+/// when it resumes it steps down without another election.
+#[test]
+fn a_paused_follower_changes_no_term_and_a_paused_leader_one() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, |_| {});
+    c.wait_healthy("start");
+    let leader = nemesis::leader(&c);
+    let follower = c.ids().into_iter().find(|&id| id != leader).unwrap();
+    let before = terms(&c);
+    c.pause(follower);
+    std::thread::sleep(Duration::from_secs(2)); // the fault's length
+    c.resume(follower);
+    c.wait_healthy("a paused follower");
+    assert_eq!(terms(&c), before, "a paused follower changed a term");
+
+    let top = *before.iter().max().unwrap();
+    c.pause(leader);
+    std::thread::sleep(Duration::from_secs(2)); // the fault's length
+    c.resume(leader);
+    c.wait_healthy("a paused leader");
+    let after = terms(&c);
+    let new_leader = nemesis::leader(&c);
+    assert_ne!(new_leader, leader, "the survivors elected another leader");
+    // One election round: pre-vote keeps it to a single term increment.
+    assert!(
+        after.iter().all(|&t| t == top + 1),
+        "exactly one failover: terms {after:?} after {top}"
+    );
+}
+
+/// Two CPU hogs on the 2-core host for 30 s beside an idle cluster: the
+/// loops are starved now and then (their lateness is measured and not
+/// counted), and no term changes.
+#[test]
+fn busy_cpus_change_no_term() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(3, |_| {});
+    c.wait_healthy("start");
+    let before = terms(&c);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hogs: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        assert_eq!(terms(&c), before, "a term changed under CPU load");
+        // A sampling period, so the probe does not add load of its own.
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    c.wait_healthy("the load");
+    assert_eq!(terms(&c), before, "a term changed under CPU load");
+}

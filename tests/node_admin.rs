@@ -1,6 +1,7 @@
 //! The admin endpoint on a running (single-node) cluster: `/status` is
 //! JSON with the node's groups, links and alarm; `/metrics` is the
-//! Prometheus text format; anything else is a 404.
+//! Prometheus text format; anything else is a 404; membership changes
+//! need the admin token and answer 400/404/409 for what cannot apply.
 
 mod common;
 
@@ -9,12 +10,15 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
-/// One HTTP/1.1 request; the status code and the body.
-fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+const ADMIN_TOKEN: &str = "0123456789abcdef-admin";
+
+/// One HTTP/1.1 request with `headers` (`Name: value\r\n` each); the
+/// status code and the body.
+fn http(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
@@ -28,18 +32,32 @@ fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    http(addr, "GET", path)
+    http(addr, "GET", path, "")
 }
 
+/// A POST with the admin token.
 fn post(addr: SocketAddr, path: &str) -> (u16, String) {
-    http(addr, "POST", path)
+    http(
+        addr,
+        "POST",
+        path,
+        &format!("Authorization: Bearer {ADMIN_TOKEN}\r\n"),
+    )
+}
+
+/// An admin endpoint for `node` whose token file holds [`ADMIN_TOKEN`].
+fn admin_with_token(dir: &std::path::Path, node: &Arc<quire::node::NodeHandle>) -> AdminServer {
+    let f = dir.join("admin.token");
+    std::fs::write(&f, ADMIN_TOKEN).unwrap();
+    AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(node), Some(f)).unwrap()
 }
 
 #[test]
 fn status_and_metrics_over_http() {
     let dir = tempfile::tempdir().unwrap();
     let node = common::single_node(dir.path());
-    let admin = AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node)).unwrap();
+    let admin =
+        AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node), None).unwrap();
 
     let (code, body) = get(admin.addr(), "/status");
     assert_eq!(code, 200);
@@ -62,6 +80,11 @@ fn status_and_metrics_over_http() {
     assert!(body.contains("quire_link_alarm 0"), "{body}");
 
     assert_eq!(get(admin.addr(), "/nope").0, 404);
+    // No admin token configured: changes are off, and the answer says
+    // which key turns them on.
+    let (code, body) = post(admin.addr(), "/membership?group=0&change=learner&node=9");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("node.admin_token_file"), "{body}");
     drop(admin);
 }
 
@@ -92,7 +115,7 @@ fn every_exported_metric_is_documented() {
 fn membership_changes_through_the_admin_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let node = common::single_node(dir.path());
-    let admin = AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node)).unwrap();
+    let admin = admin_with_token(dir.path(), &node);
     let (code, body) = post(admin.addr(), "/membership?group=0&change=learner&node=9");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("AddLearner(9) applied at index"), "{body}");
@@ -105,8 +128,17 @@ fn membership_changes_through_the_admin_endpoint() {
         400
     );
     assert_eq!(post(admin.addr(), "/membership?change=voter&node=9").0, 400);
-    assert_eq!(
-        post(admin.addr(), "/membership?group=7&change=voter&node=9").0,
-        503
-    );
+    // What cannot apply says why, and is not a 503.
+    let (code, body) = post(admin.addr(), "/membership?group=7&change=voter&node=9");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("group 7 is not on this node"), "{body}");
+    let (code, body) = post(admin.addr(), "/membership?group=0&change=remove&node=0");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("node 0 is reserved"), "{body}");
+    let (code, body) = post(admin.addr(), "/membership?group=0&change=remove&node=5");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("node 5 is not a member"), "{body}");
+    let (code, body) = post(admin.addr(), "/membership?group=0&change=learner&node=9");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("already a member"), "{body}");
 }

@@ -68,7 +68,42 @@ both_backends!(
     backend_in_use_is_the_one_asked_for,
     entries_the_state_refers_to_stay_below_the_snapshot,
     snapshots_take_two_slots_in_turn,
+    entries_larger_than_a_flush_are_written_and_oversized_ones_refused,
 );
+
+/// An entry larger than `flush_bytes_max` takes a batch of its own (it
+/// stopped the log before); one larger than `entry_bytes_max` (half a
+/// segment) is refused with nothing queued, and the log goes on.
+fn entries_larger_than_a_flush_are_written_and_oversized_ones_refused(b: BackendChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wal, _) = open(dir.path(), b);
+    let c = cfg(b);
+    assert_eq!(wal.entry_bytes_max(), (c.segment_bytes / 2) as usize);
+    let big = |index: Index, bytes: usize| Entry {
+        term: 1,
+        index,
+        payload: Payload::Normal(vec![index as u8; bytes]),
+    };
+    append_range(&mut wal, 1, 3, 1);
+    // Three times flush_bytes_max, then small ones behind it.
+    let large = big(4, 3 * c.flush_bytes_max);
+    wal.append(None, std::slice::from_ref(&large))
+        .expect("a large entry is taken");
+    append_range(&mut wal, 5, 9, 1);
+    let too_big = big(10, wal.entry_bytes_max());
+    let err = wal
+        .append(None, &[too_big])
+        .expect_err("past entry_bytes_max");
+    assert!(err.to_string().contains("entry_bytes_max"), "{err}");
+    wal.sync().expect("the log is not stopped");
+    assert_eq!(wal.state(), &DiskState::Healthy);
+    assert_eq!(wal.durable(), (9, 1));
+    drop(wal);
+    let (mut wal, report) = open(dir.path(), b);
+    assert!(report.corruption.is_empty() && report.torn_tail.is_none());
+    assert_eq!(wal.read(4, 4).unwrap(), vec![large]);
+    assert_eq!(wal.read(9, 9).unwrap(), vec![entry(9, 1)]);
+}
 
 fn roundtrip_across_segments_and_reopen(b: BackendChoice) {
     let dir = tempfile::tempdir().unwrap();

@@ -225,9 +225,9 @@ impl ClusterEngine {
     ) -> Result<ClusterEngine, String> {
         let group = job.group;
         let highest = Arc::new(AtomicU64::new(0));
-        let client_id = |worker: u64| {
-            (u64::from(std::process::id()) << 32) ^ (clone_index << 16) ^ worker ^ 0x5eed_0000_0000
-        };
+        // Random per process (pids are reused), distinct per worker.
+        let base = crate::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
+        let client_id = |worker: u64| (base ^ (clone_index << 16) ^ worker).max(1);
         if matches!(job.rw, Workload::Produce | Workload::Consume) {
             prepare_queue(job, &target, client_id(0xfffe))?;
         }

@@ -43,7 +43,7 @@ impl WalEngine {
             .directory
             .as_ref()
             .ok_or("ioengine=wal needs --directory")?;
-        std::fs::create_dir_all(base).map_err(|e| format!("{}: {e}", base.display()))?;
+        crate::io::private::create_dir_all(base).map_err(|e| format!("{}: {e}", base.display()))?;
         let dir = base.join(format!("quire-bench.{}.{clone_index}", sanitize(&job.name)));
         // Only the directory this engine names for itself is cleared.
         if dir.exists() {

@@ -25,8 +25,10 @@ use std::time::{Duration, Instant};
 pub use crate::api::Entry;
 pub use crate::state::ledger::LedgerInfo;
 pub use crate::state::queue::{Delivery, QueueInfo};
+pub use id::{os_random_u64, random_client_id};
 pub use state::LedgerWriter;
 
+mod id;
 mod state;
 
 /// Why a client call failed.

@@ -73,7 +73,11 @@ impl Client {
     /// Creates a ledger in `group`, written by this client: its id and a
     /// fresh writer token.
     pub fn ledger_create(&mut self, group: u32) -> Result<LedgerWriter, ClientError> {
-        let token = crate::node::os_seed() | 1;
+        // The writer token fences: a guessable or colliding one would let
+        // another writer append, so it comes from the kernel's source.
+        let token = super::os_random_u64()
+            .map_err(|e| ClientError::Unavailable(format!("a writer token: {e}")))?
+            | 1;
         let cmd = Command::CreateLedger {
             writer_token: token,
             now_ms: 0, // the leader stamps its clock

@@ -11,6 +11,7 @@
 //! Only the thread that owns a backend touches it.
 
 pub mod portable;
+pub mod private;
 pub mod uring;
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};

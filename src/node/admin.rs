@@ -1,8 +1,11 @@
 //! The admin endpoint: HTTP `/metrics` in the Prometheus text format and
-//! `/status` as JSON, served by a thread of its own off the data path. It
-//! asks the node's loops for their status through the handle (channels),
-//! so it never touches their state.
+//! `/status` as JSON, readable by anyone who can reach it, and `POST
+//! /membership`, which only the admin token opens (`admin_auth`), served
+//! by a thread of its own off the data path. It asks the node's loops for
+//! their status through the handle (channels), so it never touches their
+//! state.
 
+use super::admin_auth::{Gate, RefusalCounts};
 use super::{NodeHandle, NodeStatus};
 use crate::consensus::Role;
 use prometheus_client::encoding::text::encode;
@@ -11,9 +14,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 /// Labels of a per-group metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,6 +52,12 @@ struct LinkLabel {
     channel: String,
 }
 
+/// Labels of the admin endpoint's refusals.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
 /// Labels of a per-peer metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabel {
@@ -63,8 +74,14 @@ fn role_name(r: Role) -> &'static str {
     }
 }
 
-/// The Prometheus text exposition of `s`.
+/// The Prometheus text exposition of `s` (the admin endpoint's own
+/// refusal counters at zero).
 pub fn metrics_text(s: &NodeStatus) -> String {
+    metrics_text_with(s, &RefusalCounts::default())
+}
+
+/// [`metrics_text`] with the admin endpoint's refusals so far.
+fn metrics_text_with(s: &NodeStatus, refusals: &RefusalCounts) -> String {
     let mut reg = Registry::with_prefix("quire");
     let gauge = |reg: &mut Registry, name: &str, help: &str| {
         let f = Family::<GroupLabel, Gauge<u64, AtomicU64>>::default();
@@ -284,6 +301,27 @@ pub fn metrics_text(s: &NodeStatus) -> String {
     let alarm = Gauge::<u64, AtomicU64>::default();
     reg.register("link_alarm", "1 while any link is dead", alarm.clone());
     alarm.set(u64::from(s.alarm));
+    for (name, help, value) in [
+        (
+            "loop_stalls",
+            "Loop turns late by more than stall_grace_ms (this node paused or starved)",
+            s.stalls.count,
+        ),
+        (
+            "loop_stalled_ms",
+            "Ms of this node's own stalls, not counted against peers or timers",
+            s.stalls.stalled_ms,
+        ),
+        (
+            "loop_stall_longest_ms",
+            "The longest single stall of any loop, ms",
+            s.stalls.longest_ms,
+        ),
+    ] {
+        let g = Gauge::<u64, AtomicU64>::default();
+        reg.register(name, help, g.clone());
+        g.set(value);
+    }
     let peer_gauge = |reg: &mut Registry, name: &str, help: &str| {
         let f = Family::<PeerOnly, Gauge<u64, AtomicU64>>::default();
         reg.register(name, help, f.clone());
@@ -358,6 +396,18 @@ pub fn metrics_text(s: &NodeStatus) -> String {
         reg.register(name, help, g.clone());
         g.set(value);
     }
+    let admin_refusals = Family::<ReasonLabel, Gauge<u64, AtomicU64>>::default();
+    reg.register(
+        "admin_refusals",
+        "Mutating admin requests refused, by reason (missing_token, malformed_token, wrong_token, browser, not_configured, token_file_unusable)",
+        admin_refusals.clone(),
+    );
+    for (reason, n) in refusals.iter() {
+        let label = ReasonLabel {
+            reason: reason.to_string(),
+        };
+        admin_refusals.get_or_create(&label).set(n);
+    }
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -369,6 +419,12 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
         "node": s.id,
         "uptime_ms": s.uptime_ms,
         "alarm": s.alarm,
+        "alarms": s.alarms(),
+        "stalls": {
+            "count": s.stalls.count,
+            "stalled_ms": s.stalls.stalled_ms,
+            "longest_ms": s.stalls.longest_ms,
+        },
         "groups": s.groups.iter().map(|g| serde_json::json!({
             "group": g.group,
             "role": role_name(g.role),
@@ -417,9 +473,24 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
 
 /// `POST /membership?group=G&change=remove|learner|voter&node=N`: one
 /// membership change of group G, proposed on this node (its leader);
-/// answers once applied, or why not.
-fn membership(node: &NodeHandle, query: &str) -> (u16, String) {
+/// answers once applied, or why not: 400 for a request that cannot apply
+/// (bad arguments, node 0, removing a non-member, adding a member twice),
+/// 404 for a group this node does not run, 409 if this node does not lead
+/// the group or another change or a leadership transfer is under way, 503
+/// if the group cannot serve (stopped log, full disk, no answer in time).
+/// Every outcome is logged with who asked (`peer`).
+fn membership(node: &NodeHandle, query: &str, peer: &str) -> (u16, String) {
+    let (code, body) = membership_outcome(node, query);
+    eprintln!(
+        "quired: admin: membership change {query:?} from {peer}: {code} {}",
+        body.trim_end()
+    );
+    (code, body)
+}
+
+fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
     use crate::consensus::MembershipChange;
+    const USAGE: &str = "want group=G&change=remove|learner|voter&node=N";
     let arg = |k: &str| {
         query
             .split('&')
@@ -427,32 +498,42 @@ fn membership(node: &NodeHandle, query: &str) -> (u16, String) {
             .find(|(key, _)| *key == k)
             .map(|(_, v)| v.to_string())
     };
-    let group = arg("group").and_then(|g| g.parse::<u32>().ok());
-    let peer = arg("node")
-        .and_then(|n| n.parse::<u64>().ok())
-        .filter(|&n| n != 0);
-    let change = match (arg("change").as_deref(), peer) {
-        (Some("remove"), Some(n)) => MembershipChange::Remove(n),
-        (Some("learner"), Some(n)) => MembershipChange::AddLearner(n),
-        (Some("voter"), Some(n)) => MembershipChange::AddVoter(n),
-        _ => {
-            return (
-                400,
-                "want group=G&change=remove|learner|voter&node=N\n".into(),
-            )
-        }
+    let (Some(group), Some(peer)) = (
+        arg("group").and_then(|g| g.parse::<u32>().ok()),
+        arg("node").and_then(|n| n.parse::<u64>().ok()),
+    ) else {
+        return (400, format!("{USAGE}\n"));
     };
-    let Some(group) = group else {
+    let change = match arg("change").as_deref() {
+        Some("remove") => MembershipChange::Remove(peer),
+        Some("learner") => MembershipChange::AddLearner(peer),
+        Some("voter") => MembershipChange::AddVoter(peer),
+        _ => return (400, format!("{USAGE}\n")),
+    };
+    if peer == 0 {
+        return (400, "node 0 is reserved: no node has that id\n".into());
+    }
+    if !node.groups().any(|g| g == group) {
+        let groups: Vec<String> = node.groups().map(|g| g.to_string()).collect();
         return (
-            400,
-            "want group=G&change=remove|learner|voter&node=N\n".into(),
+            404,
+            format!(
+                "group {group} is not on this node (its groups: {})\n",
+                groups.join(", ")
+            ),
         );
-    };
+    }
+    use super::ProposeError as E;
     match node.change_membership(group, change, std::time::Duration::from_secs(10)) {
         Ok(index) => (200, format!("{change:?} applied at index {index}\n")),
-        Err(e @ super::ProposeError::NotLeader(_)) => (409, format!("{e}\n")),
+        Err(e @ E::Invalid(_)) => (400, format!("{e}\n")),
+        Err(e @ (E::NotLeader(_) | E::Busy(_))) => (409, format!("{e}\n")),
         Err(e) => (503, format!("{e}\n")),
     }
+}
+
+fn header(name: &str, value: &str) -> tiny_http::Header {
+    tiny_http::Header::from_bytes(name, value).expect("a valid header")
 }
 
 /// A running admin endpoint; stops when dropped.
@@ -463,8 +544,15 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Serves `/metrics` and `/status` for `node` on `listen`.
-    pub fn start(listen: SocketAddr, node: Arc<NodeHandle>) -> Result<AdminServer, String> {
+    /// Serves `/metrics`, `/status` and `/membership` for `node` on
+    /// `listen`. Requests other than GET need the token in
+    /// `admin_token_file` (read again for each, so replacing the file
+    /// rotates it); with `None` they are all refused.
+    pub fn start(
+        listen: SocketAddr,
+        node: Arc<NodeHandle>,
+        admin_token_file: Option<PathBuf>,
+    ) -> Result<AdminServer, String> {
         let server = tiny_http::Server::http(listen)
             .map_err(|e| format!("admin endpoint on {listen}: {e}"))?;
         let addr = server
@@ -476,16 +564,52 @@ impl AdminServer {
         let thread = std::thread::Builder::new()
             .name("quire-admin".into())
             .spawn(move || {
+                let mut gate = Gate::new(admin_token_file);
                 for req in s.incoming_requests() {
                     let url = req.url().to_string();
                     let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+                    let peer = req
+                        .remote_addr()
+                        .map_or("an unknown peer".into(), |a| a.to_string());
+                    // Whatever is not a read passes the gate first, so a
+                    // route added later is closed unless said otherwise.
+                    let reading = matches!(
+                        req.method(),
+                        tiny_http::Method::Get | tiny_http::Method::Head
+                    );
+                    if !reading {
+                        let headers = req
+                            .headers()
+                            .iter()
+                            .map(|h| (h.field.as_str().as_str(), h.value.as_str()));
+                        let what = format!("{} {url}", req.method());
+                        if let Err(r) =
+                            gate.check(headers, &what, req.remote_addr().copied(), Instant::now())
+                        {
+                            let mut resp = tiny_http::Response::from_string(r.body)
+                                .with_status_code(r.refusal.status())
+                                .with_header(header("Content-Type", "text/plain"));
+                            if r.refusal.status() == 401 {
+                                resp.add_header(header(
+                                    "WWW-Authenticate",
+                                    "Bearer realm=\"quire-admin\"",
+                                ));
+                            }
+                            let _ = req.respond(resp);
+                            continue;
+                        }
+                    }
                     let (code, ctype, body) = match (req.method(), path) {
                         (tiny_http::Method::Post, "/membership") => {
-                            let (code, body) = membership(&node, query);
+                            let (code, body) = membership(&node, query, &peer);
                             (code, "text/plain", body)
                         }
                         (tiny_http::Method::Get, "/metrics") => match node.status() {
-                            Some(st) => (200, "text/plain; version=0.0.4", metrics_text(&st)),
+                            Some(st) => (
+                                200,
+                                "text/plain; version=0.0.4",
+                                metrics_text_with(&st, &gate.counts()),
+                            ),
                             None => (503, "text/plain", "node stopped\n".into()),
                         },
                         (tiny_http::Method::Get, "/status") => match node.status() {
@@ -498,11 +622,9 @@ impl AdminServer {
                             "try GET /metrics, GET /status or POST /membership\n".into(),
                         ),
                     };
-                    let header = tiny_http::Header::from_bytes("Content-Type", ctype)
-                        .expect("a valid header");
                     let resp = tiny_http::Response::from_string(body)
                         .with_status_code(code)
-                        .with_header(header);
+                        .with_header(header("Content-Type", ctype));
                     let _ = req.respond(resp);
                 }
             })

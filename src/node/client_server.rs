@@ -292,6 +292,11 @@ fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response
         ProposeError::Timeout => (ErrorCode::Timeout, None),
         ProposeError::Lost | ProposeError::Unavailable(_) => (ErrorCode::Unavailable, None),
         ProposeError::Refused(r) => (refusal_code(*r), None),
+        ProposeError::TooLarge { .. } => (ErrorCode::TooLarge, None),
+        ProposeError::Conflict { .. } => (ErrorCode::Conflict, None),
+        // Only membership changes give these, and clients cannot ask one.
+        ProposeError::Invalid(_) => (ErrorCode::BadRequest, None),
+        ProposeError::Busy(_) => (ErrorCode::Unavailable, None),
     };
     Response::Error {
         code,
@@ -306,9 +311,12 @@ fn refusal_code(e: crate::state::Error) -> ErrorCode {
     match e {
         E::Fenced => ErrorCode::Fenced,
         E::NoSuchLedger | E::NoSuchQueue => ErrorCode::NotFound,
-        E::NotWriter | E::Closed | E::LacBeyondEnd | E::QueueExists | E::Forgotten => {
-            ErrorCode::Conflict
-        }
+        E::NotWriter
+        | E::Closed
+        | E::LacBeyondEnd
+        | E::QueueExists
+        | E::Forgotten
+        | E::Conflict => ErrorCode::Conflict,
         E::Limit(_) => ErrorCode::TooLarge,
         E::Invalid => ErrorCode::BadRequest,
         E::AlreadyApplied => ErrorCode::Internal,

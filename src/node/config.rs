@@ -58,7 +58,14 @@ pub struct NodeSpec {
     /// Take a snapshot at least this often (ms) while entries are applied;
     /// `raft.snapshot_entries` takes one after that much log growth.
     pub snapshot_interval_ms: u64,
+    /// A loop turn that comes back later than it asked by more than this
+    /// is a stall of this node, not counted against its peers or timers.
+    pub stall_grace_ms: u64,
 }
+
+/// Default `stall_grace_ms`: well above a healthy turn's lateness (a few
+/// ms of scheduling), well below the 250 ms deadtime.
+pub const STALL_GRACE_MS: u64 = 50;
 
 /// Default `snapshot_interval_ms`: ten minutes.
 pub const SNAPSHOT_INTERVAL_MS: u64 = 600_000;
@@ -95,6 +102,7 @@ impl NodeSpec {
             detector: DetectorConfig::default(),
             serial_baud: 115_200,
             snapshot_interval_ms: SNAPSHOT_INTERVAL_MS,
+            stall_grace_ms: STALL_GRACE_MS,
         }
     }
 

@@ -5,7 +5,7 @@
 //! code 2.
 //!
 //! This module reads the config file, the cluster key file and the token
-//! file, resolves peer host names, and asks the kernel which cores this
+//! files, resolves peer host names, and asks the kernel which cores this
 //! process may run on. It binds nothing and opens no log: those errors
 //! belong to the runtime. The key table is in the README ("Node config
 //! file"); `tuning/quired-ts60.toml` is a commented example.
@@ -60,6 +60,11 @@ pub struct DaemonConfig {
     /// The file holding the clients' auth token (checked readable and not
     /// empty; the server reads it).
     pub token_file: PathBuf,
+    /// The file holding the admin token that membership changes through
+    /// the admin endpoint need (checked readable, long enough and not the
+    /// client token; the endpoint reads it again for each request, so
+    /// replacing it rotates the token). `None`: such changes are refused.
+    pub admin_token_file: Option<PathBuf>,
     /// Legal but suspicious settings, one line each, for the daemon to log.
     pub warnings: Vec<String>,
 }
@@ -189,10 +194,15 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     check::ports(&udp, &groups, listen, &peers)?;
     let mut voters: Vec<NodeId> = peers.iter().map(|p| p.id).chain([id]).collect();
     voters.sort_unstable();
+    let stall_grace_ms = raw
+        .timers
+        .stall_grace_ms
+        .unwrap_or(crate::node::STALL_GRACE_MS);
     let (detector, mut raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
     let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
     let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
     let transport = check::transport(raw.transport, peers.len())?;
+    check::entries_fit(&wal, &transport)?;
     let client = check::client(raw.client)?;
     let serial_baud = check::serial(
         raw.serial,
@@ -204,7 +214,8 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     // Secrets last: the rest of the file is worth checking without them.
     let key = check::cluster_key(&raw.node, dir, &mut warnings)?;
     let token_file = check::resolve(dir, &raw.node.auth_token_file);
-    check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
+    let client_token = check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
+    let admin_token_file = check::admin_token(&raw.node, dir, &client_token, &mut warnings)?;
 
     let node = NodeSpec {
         id,
@@ -219,6 +230,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         detector,
         serial_baud,
         snapshot_interval_ms,
+        stall_grace_ms,
     };
     // Everything above covers what this checks; a message from here is a
     // gap in this module, still better than a refusal at spawn.
@@ -230,6 +242,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         admin_listen,
         client,
         token_file,
+        admin_token_file,
         warnings,
     })
 }

@@ -175,7 +175,8 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         Ok(n) => Arc::new(n),
         Err(e) => return start_failed(id, &udp_claims, &e),
     };
-    let admin = match AdminServer::start(cfg.admin_listen, Arc::clone(&node)) {
+    let admin_token_file = cfg.admin_token_file.clone();
+    let admin = match AdminServer::start(cfg.admin_listen, Arc::clone(&node), admin_token_file) {
         Ok(a) => a,
         Err(e) => return start_failed(id, &listener("node.admin_listen"), &e),
     };
@@ -195,6 +196,15 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         clients.addr(),
         admin.addr()
     );
+    match &cfg.admin_token_file {
+        Some(f) => eprintln!(
+            "quired: node {id}: membership changes on the admin endpoint need the token in {} (re-read on each request)",
+            f.display()
+        ),
+        None => eprintln!(
+            "quired: node {id}: membership changes on the admin endpoint are off (no node.admin_token_file)"
+        ),
+    }
     let sig = wait_for_signal(&signals);
     eprintln!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
     drop(clients);

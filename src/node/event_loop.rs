@@ -12,6 +12,7 @@
 use super::config::NodeSpec;
 use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
 use super::replica::Replica;
+use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
@@ -118,6 +119,11 @@ pub(crate) struct EventLoop {
     buf: Vec<u8>,
     /// Raft messages the transport refused (window full): Raft resends.
     sends_refused: u64,
+    /// The loop's clock, which does not count its own stalls.
+    clock: StallClock,
+    /// When (real ms) a stall was last logged, and stalls not logged since.
+    stall_logged_real_ms: u64,
+    stalls_unlogged: u64,
 }
 
 impl EventLoop {
@@ -172,7 +178,7 @@ impl EventLoop {
             };
             let snapshot = report.restored.snapshot.clone();
             let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
-            let mut r = Replica::new(g.group, raft, wal, now);
+            let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
             r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
@@ -239,19 +245,59 @@ impl EventLoop {
             out: Vec::new(),
             buf: Vec::new(),
             sends_refused: 0,
+            clock: StallClock::new(now, spec.stall_grace_ms),
+            stall_logged_real_ms: 0,
+            stalls_unlogged: 0,
             spec,
         })
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Ms since the node started, on the wall clock.
+    fn real_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// The loop's clock: the node's, less the loop's own stalls (see
+    /// `stall`). Everything that times a peer or a timer reads this.
+    fn now_ms(&self) -> u64 {
+        self.clock.now(self.real_ms())
+    }
+
+    /// A turn ended at `real_ms`: counts a stall of this loop, and logs
+    /// a long one (at most one line a second, with the count of others).
+    fn note_wake(&mut self, real_ms: u64) {
+        let Some(stall_ms) = self.clock.woke(real_ms) else {
+            return;
+        };
+        if stall_ms < STALL_LOGGED_MS {
+            return;
+        }
+        if real_ms < self.stall_logged_real_ms + 1_000 {
+            self.stalls_unlogged += 1;
+            return;
+        }
+        self.stall_logged_real_ms = real_ms;
+        let others = std::mem::take(&mut self.stalls_unlogged);
+        let also = if others > 0 {
+            format!(" ({others} more since the last line)")
+        } else {
+            String::new()
+        };
+        let line = format!(
+            "at {} ms: this loop stalled {stall_ms} ms (paused or starved of CPU); not counted against peers or timers{also}",
+            self.now_ms()
+        );
+        self.note(line);
     }
 
     /// Runs until told to stop.
     pub(crate) fn run(&mut self) {
+        // Opening the logs is not a stall.
+        self.clock = StallClock::new(self.real_ms(), self.spec.stall_grace_ms);
         loop {
             let wait = self.next_deadline_ms().saturating_sub(self.now_ms());
             let wait = Duration::from_millis(wait).min(TURN_MAX);
+            self.clock.waiting(wait.as_millis() as u64);
             self.wake_fds.clear();
             self.wake_fds.push(self.waker.fd());
             if let Some(c) = &self.control {
@@ -262,6 +308,7 @@ impl EventLoop {
             if let Err(e) = self.udp.run_once(wait) {
                 eprintln!("node {}: waiting on the sockets failed: {e}", self.spec.id);
             }
+            self.note_wake(self.real_ms());
             self.waker.drain();
             // Commands are served after the drain and before the drive:
             // one that arrives later wakes the next wait at once, and what
@@ -791,6 +838,11 @@ impl EventLoop {
             clients: Default::default(),
             mac_failures: self.udp.endpoint().stats().mac_failures,
             malformed_dropped: self.udp.endpoint().stats().malformed_dropped,
+            stalls: super::handle::StallView {
+                count: self.clock.stalls(),
+                stalled_ms: self.clock.stalled_ms(),
+                longest_ms: self.clock.longest_ms(),
+            },
             transport: self
                 .spec
                 .peers

@@ -26,6 +26,28 @@ pub enum ProposeError {
     Timeout,
     /// The state machine refused the command (its state is unchanged).
     Refused(crate::state::Error),
+    /// The entry the request makes is larger than the group's
+    /// `entry_bytes_max`; refused before it was proposed.
+    TooLarge {
+        /// Bytes of the entry the request would make.
+        bytes: usize,
+        /// The group's limit, in bytes.
+        max: usize,
+    },
+    /// A retry (same client id and sequence number) whose bytes differ
+    /// from what was applied under them: two clients share an id, or a
+    /// client reused a sequence number. Nothing was applied.
+    Conflict {
+        /// The index the first request under that (client, seq) holds.
+        applied_at: Index,
+    },
+    /// The request cannot succeed as asked, whatever the timing (a
+    /// membership change that does not apply to the membership: removing
+    /// a non-member, adding a member twice); retrying will not help.
+    Invalid(String),
+    /// Another operation must finish first (a membership change still
+    /// uncommitted, a leadership transfer): retry later.
+    Busy(String),
 }
 
 impl std::fmt::Display for ProposeError {
@@ -38,6 +60,16 @@ impl std::fmt::Display for ProposeError {
             ProposeError::Unavailable(why) => write!(f, "unavailable: {why}"),
             ProposeError::Timeout => write!(f, "no answer in time; outcome unknown"),
             ProposeError::Refused(e) => write!(f, "refused: {e}"),
+            ProposeError::TooLarge { bytes, max } => write!(
+                f,
+                "too large: the request makes an entry of {bytes} bytes; this group's entry_bytes_max is {max} bytes"
+            ),
+            ProposeError::Conflict { applied_at } => write!(
+                f,
+                "conflict: this client id and sequence number were already used for other bytes (applied at index {applied_at}); nothing was applied"
+            ),
+            ProposeError::Invalid(why) => write!(f, "invalid: {why}"),
+            ProposeError::Busy(why) => write!(f, "busy: {why}"),
         }
     }
 }
@@ -162,6 +194,50 @@ pub struct NodeStatus {
     pub transport: Vec<TransportView>,
     /// The client server's connection counters (zero without one).
     pub clients: super::client_stats::ClientView,
+    /// The node's own stalls (its loops paused or starved), which are not
+    /// counted against its peers or timers.
+    pub stalls: StallView,
+}
+
+/// A node's own stalls, summed over its loops.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StallView {
+    /// Loop turns that came back later than asked by more than
+    /// `stall_grace_ms`.
+    pub count: u64,
+    /// Ms not counted, summed over the loops.
+    pub stalled_ms: u64,
+    /// The longest single stall of any loop, in ms.
+    pub longest_ms: u64,
+}
+
+impl StallView {
+    fn merge(&mut self, other: StallView) {
+        self.count += other.count;
+        self.stalled_ms += other.stalled_ms;
+        self.longest_ms = self.longest_ms.max(other.longest_ms);
+    }
+}
+
+impl NodeStatus {
+    /// What an operator must look at now, one line each: a dead link, a
+    /// group without a leader, a disk that failed or is full. Empty when
+    /// all is well; `quire status` prints each as an ALARM line.
+    pub fn alarms(&self) -> Vec<String> {
+        let mut alarms = Vec::new();
+        if self.alarm {
+            alarms.push("a link is down".to_string());
+        }
+        for g in &self.groups {
+            if g.leader.is_none() {
+                alarms.push(format!("group {} has no leader", g.group));
+            }
+            if g.disk.starts_with("failed") || g.disk == "full" {
+                alarms.push(format!("group {} disk {}", g.group, g.disk));
+            }
+        }
+        alarms
+    }
 }
 
 /// The replication transport to one peer, summed over the node's cores.
@@ -680,6 +756,7 @@ impl NodeHandle {
                     m.sends_refused += s.sends_refused;
                     m.mac_failures += s.mac_failures;
                     m.malformed_dropped += s.malformed_dropped;
+                    m.stalls.merge(s.stalls);
                     for t in s.transport {
                         match m.transport.iter_mut().find(|x| x.peer == t.peer) {
                             Some(x) => {

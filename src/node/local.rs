@@ -52,7 +52,8 @@ impl LocalCluster {
         for &a in &ids {
             for &b in ids.iter().filter(|&&b| b > a) {
                 let dir = cable_dir.join(format!("{a}-{b}"));
-                std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                crate::io::private::create_dir_all(&dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
                 let cable = NullModem::new(&dir).map_err(|e| format!("a PTY null-modem: {e}"))?;
                 cables.insert((a, b), cable);
             }

@@ -17,6 +17,7 @@
 //! its heartbeat every `keepalive_ms` on both channels; serves commands.
 
 pub mod admin;
+mod admin_auth;
 pub mod client_admission;
 mod client_gate;
 pub mod client_server;
@@ -30,12 +31,13 @@ mod local;
 pub mod port_check;
 pub mod processes;
 mod replica;
+mod stall;
 mod waker;
 
-pub use config::{GroupSpec, NodeSpec, PeerSpec, SNAPSHOT_INTERVAL_MS};
+pub use config::{GroupSpec, NodeSpec, PeerSpec, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use handle::{
     GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, QueryReply, ReadReply,
-    Reply, StateReply, TransportView, WalView,
+    Reply, StallView, StateReply, TransportView, WalView,
 };
 pub use local::LocalCluster;
 pub use replica::SnapshotStats;

@@ -1,15 +1,18 @@
 //! A local cluster of real daemon processes on 127.0.0.1, for `quire up`
-//! and the end-to-end tests: it writes a cluster key, a client token and a
-//! config file per node into a directory, runs a PTY null-modem cable
+//! and the end-to-end tests: it writes a cluster key, a client token, an
+//! admin token and a config file per node into a directory (files 0600,
+//! directories 0700: `io::private`), runs a PTY null-modem cable
 //! between every pair of nodes (in this process), and starts
 //! `<exe> daemon --config nodeN/node.toml` for each node with its log in
 //! `nodeN/quired.log`.
 
 use crate::consensus::NodeId;
+use crate::io::private;
 use crate::serial::{End, NullModem};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -43,8 +46,10 @@ pub struct LocalProcesses {
     pub exe: PathBuf,
     /// The nodes by id.
     pub nodes: BTreeMap<NodeId, NodeProcess>,
-    /// The client token.
+    /// The client token (`client.token`).
     pub token: Vec<u8>,
+    /// The admin token (`admin.token`), which `POST /membership` needs.
+    pub admin_token: Vec<u8>,
     /// The null-modem cable between each pair of nodes, keyed (lower id,
     /// higher id); it runs in this process, so a test can unplug it.
     cables: BTreeMap<(NodeId, NodeId), NullModem>,
@@ -81,24 +86,26 @@ fn random_hex(bytes: usize) -> String {
 }
 
 impl LocalProcesses {
-    /// Writes the key, token, configs and cables for `n` nodes of `groups`
+    /// Writes the key, tokens, configs and cables for `n` nodes of `groups`
     /// groups each under `dir` (created if missing); starts nothing yet.
     pub fn prepare(dir: &Path, n: u64, groups: u32, exe: &Path) -> Result<LocalProcesses, String> {
         let io = |what: &str| {
             let what = what.to_string();
             move |e: std::io::Error| format!("{what}: {e}")
         };
-        std::fs::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
+        private::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
         let token = random_hex(24);
-        std::fs::write(dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
-        std::fs::write(dir.join("client.token"), &token).map_err(io("client.token"))?;
+        private::write(&dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
+        private::write(&dir.join("client.token"), &token).map_err(io("client.token"))?;
+        let admin_token = random_hex(24);
+        private::write(&dir.join("admin.token"), &admin_token).map_err(io("admin.token"))?;
         let ids: Vec<NodeId> = (1..=n).collect();
         let mut cables = BTreeMap::new();
         let mut ends: BTreeMap<(NodeId, NodeId), PathBuf> = BTreeMap::new();
         for &a in &ids {
             for &b in ids.iter().filter(|&&b| b > a) {
                 let cdir = dir.join("cables").join(format!("{a}-{b}"));
-                std::fs::create_dir_all(&cdir).map_err(io("creating a cable directory"))?;
+                private::create_dir_all(&cdir).map_err(io("creating a cable directory"))?;
                 let cable = NullModem::new(&cdir).map_err(io("a PTY null-modem cable"))?;
                 ends.insert((a, b), cable.path(End::A).to_path_buf());
                 ends.insert((b, a), cable.path(End::B).to_path_buf());
@@ -133,6 +140,7 @@ impl LocalProcesses {
             let _ = writeln!(t, "[node]\nid = {id}");
             let _ = writeln!(t, "cluster_key_file = \"../cluster.key\"");
             let _ = writeln!(t, "auth_token_file = \"../client.token\"");
+            let _ = writeln!(t, "admin_token_file = \"../admin.token\"");
             let _ = writeln!(t, "cores = [{}]", (id as usize - 1) % cores);
             let _ = writeln!(t, "client_listen = \"{}\"", node.client);
             let _ = writeln!(t, "admin_listen = \"{}\"", node.admin);
@@ -147,14 +155,15 @@ impl LocalProcesses {
                 let _ = writeln!(t, "\n[[disks]]\npath = \"log{g}\"\ngroup = {g}");
             }
             let cfg_dir = node.config.parent().expect("nodeN/node.toml");
-            std::fs::create_dir_all(cfg_dir).map_err(io("creating a node directory"))?;
-            std::fs::write(&node.config, t).map_err(io("writing a node config"))?;
+            private::create_dir_all(cfg_dir).map_err(io("creating a node directory"))?;
+            private::write(&node.config, t).map_err(io("writing a node config"))?;
         }
         Ok(LocalProcesses {
             dir: dir.to_path_buf(),
             exe: exe.to_path_buf(),
             nodes,
             token: token.into_bytes(),
+            admin_token: admin_token.into_bytes(),
             cables,
         })
     }
@@ -180,6 +189,7 @@ impl LocalProcesses {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(private::FILE_MODE)
             .open(&log_path)
             .map_err(|e| format!("{}: {e}", log_path.display()))?;
         let mut cmd = Command::new(&self.exe);

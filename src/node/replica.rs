@@ -6,7 +6,9 @@
 
 use super::handle::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
-use crate::state::dedup::{decode_client_entry, encode_client_entry, Applied, DedupTable};
+use crate::state::dedup::{
+    decode_client_entry, encode_client_entry, fingerprint, Applied, DedupTable,
+};
 use crate::state::query::{decode_command_entry, encode_command_entry};
 use crate::state::{Answer, Command, Error as StateError, Outcome, Query, StateMachine};
 use crate::storage::{DiskState, Ticket, Wal, WalError};
@@ -14,6 +16,32 @@ use crate::transport::GroupId;
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
+
+/// The largest entry payload a group proposes: one its log stores (the
+/// WAL's limit counts the entry's header too) and one AppendEntries
+/// message of at most `message_bytes_max` carries (with the envelope byte).
+fn entry_bytes_max(wal: &Wal, message_bytes_max: usize) -> usize {
+    let stored = wal
+        .entry_bytes_max()
+        .saturating_sub(crate::consensus::ENTRY_OVERHEAD_BYTES);
+    let carried = message_bytes_max
+        .saturating_sub(1 + crate::transport::raft_codec::APPEND_OVERHEAD_BYTES_MAX);
+    stored.min(carried)
+}
+
+/// The fingerprint of a command for the dedup table: of its bytes as the
+/// client sent them, so the clock the leader stamps on some commands
+/// (which a retry through another leader stamps anew) does not count.
+fn command_fingerprint(command: &Command, bytes: &[u8]) -> u64 {
+    let mut unstamped = match command {
+        Command::CreateLedger { .. } | Command::Consume { .. } => command.clone(),
+        _ => return fingerprint(bytes),
+    };
+    if let Command::CreateLedger { now_ms, .. } | Command::Consume { now_ms, .. } = &mut unstamped {
+        *now_ms = 0;
+    }
+    fingerprint(&unstamped.encode())
+}
 
 /// A client waiting for its entry to be applied.
 pub(crate) struct Waiter {
@@ -143,12 +171,26 @@ pub(crate) struct Replica {
     /// on; a follower that installs the snapshot gets them with it).
     pub(crate) snapshot_stats: SnapshotStats,
     image_job: Option<ImageJob>,
+    /// The largest entry payload this group proposes: what the log stores
+    /// and one transport message carries. Larger requests are refused
+    /// before they are proposed (`ProposeError::TooLarge`).
+    entry_bytes_max: usize,
 }
 
 impl Replica {
-    pub(crate) fn new(group: GroupId, raft: Raft, wal: Wal, now_ms: u64) -> Self {
+    /// A replica of `group` whose entries also fit a transport message
+    /// of `message_bytes_max`.
+    pub(crate) fn new(
+        group: GroupId,
+        raft: Raft,
+        wal: Wal,
+        now_ms: u64,
+        message_bytes_max: usize,
+    ) -> Self {
         let reported = wal.durable();
+        let entry_bytes_max = entry_bytes_max(&wal, message_bytes_max);
         Replica {
+            entry_bytes_max,
             group,
             raft,
             wal,
@@ -240,6 +282,13 @@ impl Replica {
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
                 reply(Err(ProposeError::NotLeader(leader)));
             }
+            Err(crate::consensus::RaftError::InvalidMembershipChange(why)) => {
+                reply(Err(ProposeError::Invalid(why)));
+            }
+            Err(
+                e @ (crate::consensus::RaftError::MembershipChangePending
+                | crate::consensus::RaftError::TransferInProgress),
+            ) => reply(Err(ProposeError::Busy(e.to_string()))),
             Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
         }
     }
@@ -274,6 +323,13 @@ impl Replica {
     fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
         if let Some(why) = &self.stopped {
             reply.fail(ProposeError::Unavailable(why.clone()));
+            return;
+        }
+        if data.len() > self.entry_bytes_max {
+            reply.fail(ProposeError::TooLarge {
+                bytes: data.len(),
+                max: self.entry_bytes_max,
+            });
             return;
         }
         if let Err(WalError::DiskFull) = self.wal.admit() {
@@ -759,21 +815,26 @@ impl Replica {
         }
         if let (Payload::Normal(payload), Applied2::Index(outcome)) = (&e.payload, &mut outcome) {
             let data = match decode_client_entry(payload) {
-                Some((client, seq, data)) => match self.dedup.apply(client, seq, e.index) {
-                    Applied::New => Some(data),
-                    Applied::Duplicate(at) => {
-                        *outcome = Ok(at);
-                        self.not_applied.insert(e.index);
-                        None
+                Some((client, seq, data)) => {
+                    match self.dedup.apply(client, seq, e.index, fingerprint(data)) {
+                        Applied::New => Some(data),
+                        Applied::Duplicate(at) => {
+                            *outcome = Ok(at);
+                            self.not_applied.insert(e.index);
+                            None
+                        }
+                        Applied::Conflict(applied_at) => {
+                            *outcome = Err(ProposeError::Conflict { applied_at });
+                            self.not_applied.insert(e.index);
+                            None
+                        }
+                        Applied::Forgotten => {
+                            self.not_applied.insert(e.index);
+                            *outcome = Err(ProposeError::Refused(StateError::Forgotten));
+                            None
+                        }
                     }
-                    Applied::Forgotten => {
-                        self.not_applied.insert(e.index);
-                        *outcome = Err(ProposeError::Unavailable(format!(
-                            "client {client} sequence {seq} is older than the dedup window"
-                        )));
-                        None
-                    }
-                },
+                }
                 None => Some(&payload[..]),
             };
             if let Some(d) = data {
@@ -826,14 +887,14 @@ impl Replica {
             return Err(ProposeError::Refused(StateError::Invalid));
         };
         if client != 0 {
-            match self.dedup.apply(client, seq, index) {
+            match self
+                .dedup
+                .apply(client, seq, index, command_fingerprint(&command, bytes))
+            {
                 Applied::New => {}
                 Applied::Duplicate(at) => return Ok(self.retry_outcome(&command, at)),
-                Applied::Forgotten => {
-                    return Err(ProposeError::Unavailable(format!(
-                        "client {client} sequence {seq} is older than the dedup window"
-                    )))
-                }
+                Applied::Conflict(applied_at) => return Err(ProposeError::Conflict { applied_at }),
+                Applied::Forgotten => return Err(ProposeError::Refused(StateError::Forgotten)),
             }
         }
         self.machine

@@ -6,9 +6,18 @@
 //! it travels in snapshots.
 //!
 //! A client entry's payload: `0xC1 | client_id u64 LE | seq u64 LE | data`.
-//! Per client the table keeps the last `WINDOW` sequence numbers applied
-//! and their indexes; a sequence number older than the window is refused
-//! as a duplicate of something forgotten (clients keep fewer in flight).
+//! Per client the table keeps the last `WINDOW` sequence numbers applied,
+//! their indexes and a fingerprint of their bytes; a sequence number older
+//! than the window is refused as a duplicate of something forgotten
+//! (clients keep fewer in flight).
+//!
+//! The fingerprint (length and CRC32C of the request's bytes) tells a
+//! retry from a collision: the same (client, seq) with other bytes means
+//! two clients drew the same id or one reused a sequence number, and it is
+//! refused ([`Applied::Conflict`]) rather than answered with the index of
+//! someone else's record. Client ids are 64 random bits from the OS
+//! (`client::random_client_id`), so such a collision is itself rare; the
+//! fingerprint makes it visible instead of a silent loss.
 
 use crate::consensus::Index;
 use std::collections::{BTreeMap, VecDeque};
@@ -43,6 +52,13 @@ pub fn decode_client_entry(payload: &[u8]) -> Option<(u64, u64, &[u8])> {
     Some((id, seq, &payload[CLIENT_HEADER_BYTES..]))
 }
 
+/// A request's fingerprint: its length and CRC32C, never 0 (0 stands for
+/// "not recorded", in tables restored from snapshots written before
+/// fingerprints, and matches any bytes).
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    ((bytes.len() as u64 + 1) << 32) | u64::from(crc32c::crc32c(bytes))
+}
+
 /// What applying a client entry found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -50,14 +66,26 @@ pub enum Applied {
     New,
     /// Already applied at this index: do not apply again.
     Duplicate(Index),
+    /// The same (client, seq) was applied at this index with other bytes:
+    /// do not apply, and refuse it.
+    Conflict(Index),
     /// Older than the window: it may have been applied; do not apply.
     Forgotten,
 }
 
+/// One remembered request: its seq, the index it was applied at, and its
+/// fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    seq: u64,
+    index: Index,
+    fingerprint: u64,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Client {
-    /// (seq, index) of the last `WINDOW` applied, oldest first.
-    recent: VecDeque<(u64, Index)>,
+    /// The last `WINDOW` applied, oldest first.
+    recent: VecDeque<Seen>,
     /// Index of its last applied entry (for forgetting idle clients).
     last_index: Index,
 }
@@ -68,14 +96,25 @@ pub struct DedupTable {
     clients: BTreeMap<u64, Client>,
 }
 
+/// First four bytes of a table encoded with fingerprints. Tables encoded
+/// before start with their client count, which is at most `CLIENTS_MAX`
+/// and so never equals this.
+const FINGERPRINTED_MAGIC: u32 = u32::from_le_bytes(*b"QDD2");
+
 impl DedupTable {
-    /// Records `(client, seq)` applied at `index`, or says it already was.
-    pub fn apply(&mut self, client: u64, seq: u64, index: Index) -> Applied {
+    /// Records `(client, seq)` applied at `index` with bytes of
+    /// `fingerprint`, or says it already was (or was, with other bytes).
+    pub fn apply(&mut self, client: u64, seq: u64, index: Index, fingerprint: u64) -> Applied {
         if let Some(c) = self.clients.get(&client) {
-            if let Some(&(_, at)) = c.recent.iter().find(|(s, _)| *s == seq) {
-                return Applied::Duplicate(at);
+            if let Some(seen) = c.recent.iter().find(|s| s.seq == seq) {
+                let same = seen.fingerprint == 0 || seen.fingerprint == fingerprint;
+                return if same {
+                    Applied::Duplicate(seen.index)
+                } else {
+                    Applied::Conflict(seen.index)
+                };
             }
-            if c.recent.len() == WINDOW && c.recent.front().is_some_and(|(s, _)| seq < *s) {
+            if c.recent.len() == WINDOW && c.recent.front().is_some_and(|s| seq < s.seq) {
                 return Applied::Forgotten;
             }
         }
@@ -90,7 +129,11 @@ impl DedupTable {
         if c.recent.len() == WINDOW {
             c.recent.pop_front();
         }
-        c.recent.push_back((seq, index));
+        c.recent.push_back(Seen {
+            seq,
+            index,
+            fingerprint,
+        });
         c.last_index = index;
         Applied::New
     }
@@ -107,21 +150,25 @@ impl DedupTable {
 
     /// Appends the table's encoding (for snapshots) to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&FINGERPRINTED_MAGIC.to_le_bytes());
         out.extend_from_slice(&(self.clients.len() as u32).to_le_bytes());
         for (id, c) in &self.clients {
             out.extend_from_slice(&id.to_le_bytes());
             out.extend_from_slice(&c.last_index.to_le_bytes());
             out.extend_from_slice(&(c.recent.len() as u32).to_le_bytes());
-            for (seq, index) in &c.recent {
-                out.extend_from_slice(&seq.to_le_bytes());
-                out.extend_from_slice(&index.to_le_bytes());
+            for s in &c.recent {
+                out.extend_from_slice(&s.seq.to_le_bytes());
+                out.extend_from_slice(&s.index.to_le_bytes());
+                out.extend_from_slice(&s.fingerprint.to_le_bytes());
             }
         }
     }
 
-    /// Decodes a table from the start of `bytes`; returns it and the bytes
-    /// used, or `None` if they are not a valid table (a snapshot is
-    /// untrusted input: bounds are checked before anything is allocated).
+    /// Decodes a table from the start of `bytes` (with fingerprints, or
+    /// in the encoding from before them, whose fingerprints read as 0);
+    /// returns it and the bytes used, or `None` if they are not a valid
+    /// table (a snapshot is untrusted input: bounds are checked before
+    /// anything is allocated).
     pub fn decode(bytes: &[u8]) -> Option<(DedupTable, usize)> {
         let mut at = 0usize;
         let mut take = |n: usize| -> Option<&[u8]> {
@@ -129,23 +176,33 @@ impl DedupTable {
             at += n;
             Some(s)
         };
-        let u32_ = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize;
+        let u32_ = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
         let u64_ = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-        let n = u32_(take(4)?);
-        if n > CLIENTS_MAX {
+        let mut n = u32_(take(4)?);
+        let fingerprinted = n == FINGERPRINTED_MAGIC;
+        if fingerprinted {
+            n = u32_(take(4)?);
+        }
+        if n as usize > CLIENTS_MAX {
             return None;
         }
         let mut clients = BTreeMap::new();
         for _ in 0..n {
             let id = u64_(take(8)?);
             let last_index = u64_(take(8)?);
-            let k = u32_(take(4)?);
+            let k = u32_(take(4)?) as usize;
             if k > WINDOW {
                 return None;
             }
             let mut recent = VecDeque::with_capacity(k);
             for _ in 0..k {
-                recent.push_back((u64_(take(8)?), u64_(take(8)?)));
+                let (seq, index) = (u64_(take(8)?), u64_(take(8)?));
+                let fingerprint = if fingerprinted { u64_(take(8)?) } else { 0 };
+                recent.push_back(Seen {
+                    seq,
+                    index,
+                    fingerprint,
+                });
             }
             clients.insert(id, Client { recent, last_index });
         }
@@ -160,21 +217,49 @@ mod tests {
     #[test]
     fn a_retry_is_answered_with_the_original_index() {
         let mut t = DedupTable::default();
-        assert_eq!(t.apply(7, 1, 10), Applied::New);
-        assert_eq!(t.apply(7, 2, 11), Applied::New);
-        assert_eq!(t.apply(7, 1, 12), Applied::Duplicate(10));
-        assert_eq!(t.apply(8, 1, 13), Applied::New, "another client's seq 1");
+        assert_eq!(t.apply(7, 1, 10, 1), Applied::New);
+        assert_eq!(t.apply(7, 2, 11, 2), Applied::New);
+        assert_eq!(t.apply(7, 1, 12, 1), Applied::Duplicate(10));
+        assert_eq!(t.apply(8, 1, 13, 9), Applied::New, "another client's seq 1");
+    }
+
+    #[test]
+    fn a_reused_id_and_seq_with_other_bytes_is_a_conflict() {
+        let mut t = DedupTable::default();
+        let (a, b) = (fingerprint(b"record from client A"), fingerprint(b"from B"));
+        assert_ne!(a, b);
+        assert_eq!(t.apply(7, 1, 10, a), Applied::New);
+        assert_eq!(t.apply(7, 1, 11, b), Applied::Conflict(10));
+        assert_eq!(t.apply(7, 1, 12, a), Applied::Duplicate(10), "a true retry");
+        assert_ne!(fingerprint(b""), 0, "0 is reserved for unrecorded");
+        assert_ne!(fingerprint(b"ab"), fingerprint(b"ba"));
+    }
+
+    #[test]
+    fn tables_from_before_fingerprints_decode_and_match_any_retry() {
+        // The encoding before fingerprints: count, then per client id,
+        // last index, count and (seq, index) pairs.
+        let mut old = Vec::new();
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&7u64.to_le_bytes());
+        old.extend_from_slice(&10u64.to_le_bytes());
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&1u64.to_le_bytes());
+        old.extend_from_slice(&10u64.to_le_bytes());
+        let (mut t, used) = DedupTable::decode(&old).unwrap();
+        assert_eq!(used, old.len());
+        assert_eq!(t.apply(7, 1, 11, fingerprint(b"x")), Applied::Duplicate(10));
     }
 
     #[test]
     fn seqs_older_than_the_window_are_refused() {
         let mut t = DedupTable::default();
         for s in 0..WINDOW as u64 + 10 {
-            assert_eq!(t.apply(1, s + 100, s), Applied::New);
+            assert_eq!(t.apply(1, s + 100, s, 5), Applied::New);
         }
-        assert_eq!(t.apply(1, 100, 999_999), Applied::Forgotten);
+        assert_eq!(t.apply(1, 100, 999_999, 5), Applied::Forgotten);
         assert_eq!(
-            t.apply(1, 105 + WINDOW as u64, 1_000_000),
+            t.apply(1, 105 + WINDOW as u64, 1_000_000, 5),
             Applied::Duplicate(5 + WINDOW as u64)
         );
     }
@@ -192,7 +277,7 @@ mod tests {
         let mut t = DedupTable::default();
         for c in 0..5 {
             for s in 0..7 {
-                t.apply(c, s, c * 100 + s);
+                t.apply(c, s, c * 100 + s, fingerprint(&[c as u8, s as u8]));
             }
         }
         let mut bytes = Vec::new();

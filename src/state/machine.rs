@@ -19,7 +19,10 @@ use std::ops::Range;
 
 /// First bytes of a snapshot (format version 3: metadata only, the bytes
 /// of entries and messages stay in the log).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM3";
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM4";
+/// The encoding before produce fingerprints, still read (its
+/// fingerprints read as 0, "not recorded").
+const SNAPSHOT_MAGIC_QSM3: [u8; 4] = *b"QSM3";
 
 /// A state-machine command, as proposed to the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +160,9 @@ pub enum Error {
     /// A produce's seq is older than the producer's window: it may have
     /// been applied, and its ids are forgotten.
     Forgotten,
+    /// A produce retry (same producer and seq) whose messages differ from
+    /// those first produced under them: refused, nothing is added.
+    Conflict,
     /// A bound was exceeded (named).
     Limit(&'static str),
     /// A bad argument (empty or long name, zero visibility, ...).
@@ -501,14 +507,16 @@ impl StateMachine {
     /// checksum) is the snapshot store's job; this checks structure.
     pub fn restore(bytes: &[u8]) -> Result<StateMachine, BadSnapshot> {
         let mut r = Reader::new(bytes);
-        if r.take(4) != Some(&SNAPSHOT_MAGIC[..]) {
-            return Err(BadSnapshot);
-        }
+        let fingerprinted = match r.take(4) {
+            Some(m) if m == SNAPSHOT_MAGIC => true,
+            Some(m) if m == SNAPSHOT_MAGIC_QSM3 => false,
+            _ => return Err(BadSnapshot),
+        };
         let applied = r.u64().ok_or(BadSnapshot)?;
         let clock_ms = r.u64().ok_or(BadSnapshot)?;
         let oldest = r.u64().ok_or(BadSnapshot)?.checked_sub(1);
         let ledgers = Ledgers::decode(&mut r).ok_or(BadSnapshot)?;
-        let queues = Queues::decode(&mut r).ok_or(BadSnapshot)?;
+        let queues = Queues::decode(&mut r, fingerprinted).ok_or(BadSnapshot)?;
         if !r.is_done() {
             return Err(BadSnapshot);
         }
@@ -530,7 +538,8 @@ impl StateMachine {
     /// needs no bytes from the log).
     pub fn snapshot_oldest_stored(bytes: &[u8]) -> Option<Option<Index>> {
         let mut r = Reader::new(bytes);
-        if r.take(4) != Some(&SNAPSHOT_MAGIC[..]) {
+        let magic = r.take(4)?;
+        if magic != SNAPSHOT_MAGIC && magic != SNAPSHOT_MAGIC_QSM3 {
             return None;
         }
         r.take(16)?;

@@ -449,6 +449,9 @@ impl std::fmt::Display for Error {
             Error::Forgotten => f.write_str(
                 "produce sequence older than the producer's window (it may have been applied)",
             ),
+            Error::Conflict => f.write_str(
+                "conflict: this producer id and seq were already used for other messages; nothing was added",
+            ),
             Error::Limit(what) => write!(f, "limit exceeded: {what}"),
             Error::Invalid => f.write_str("invalid argument"),
             Error::AlreadyApplied => f.write_str("index already applied"),

@@ -84,8 +84,10 @@ struct Message {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Producer {
-    /// (seq, ids given) of its last `PRODUCE_WINDOW` produces, oldest first.
-    recent: VecDeque<(u64, Range<u64>)>,
+    /// (seq, ids given, fingerprint of the messages) of its last
+    /// `PRODUCE_WINDOW` produces, oldest first. A fingerprint of 0 (read
+    /// from a snapshot written before fingerprints) matches any retry.
+    recent: VecDeque<(u64, Range<u64>, u64)>,
     /// Index of its last produce (for forgetting idle producers).
     last_index: u64,
 }
@@ -194,12 +196,19 @@ impl Queues {
         index: u64,
     ) -> Result<(Range<u64>, bool), Error> {
         let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
+        let fingerprint = produce_fingerprint(messages);
         if let Some(p) = q.producers.get(&producer) {
-            if let Some((_, ids)) = p.recent.iter().find(|(s, _)| *s == seq) {
+            if let Some((_, ids, seen)) = p.recent.iter().find(|(s, _, _)| *s == seq) {
+                // Other messages under the same (producer, seq): two
+                // producers share an id, or one reused a seq. Answering
+                // with the first one's ids would lose these silently.
+                if *seen != 0 && *seen != fingerprint {
+                    return Err(Error::Conflict);
+                }
                 return Ok((ids.clone(), true));
             }
             let full = p.recent.len() == PRODUCE_WINDOW;
-            if full && p.recent.front().is_some_and(|(s, _)| seq < *s) {
+            if full && p.recent.front().is_some_and(|(s, _, _)| seq < *s) {
                 return Err(Error::Forgotten);
             }
         }
@@ -238,7 +247,7 @@ impl Queues {
         if p.recent.len() == PRODUCE_WINDOW {
             p.recent.pop_front();
         }
-        p.recent.push_back((seq, ids.clone()));
+        p.recent.push_back((seq, ids.clone(), fingerprint));
         p.last_index = index;
         Ok((ids, false))
     }
@@ -421,18 +430,20 @@ impl Queues {
                 put_u64(out, id);
                 put_u64(out, p.last_index);
                 put_u32(out, p.recent.len() as u32);
-                for (seq, ids) in &p.recent {
+                for (seq, ids, fingerprint) in &p.recent {
                     put_u64(out, *seq);
                     put_u64(out, ids.start);
                     put_u64(out, ids.end);
+                    put_u64(out, *fingerprint);
                 }
             }
         }
     }
 
     /// Decodes queues from `r`, refusing any that `apply` could not have
-    /// built (bounds, order, an id both acked and unacked, ...).
-    pub(crate) fn decode(r: &mut Reader<'_>) -> Option<Queues> {
+    /// built (bounds, order, an id both acked and unacked, ...);
+    /// `fingerprinted`: the encoding has produce fingerprints (QSM4 on).
+    pub(crate) fn decode(r: &mut Reader<'_>, fingerprinted: bool) -> Option<Queues> {
         let n = r.count(QUEUES_MAX, 4 + 4 + 8 + 4 * 4)?;
         let mut queues = OrdMap::new();
         for _ in 0..n {
@@ -445,7 +456,7 @@ impl Queues {
                 return None;
             }
             let name = name.to_string();
-            let q = decode_queue(r)?;
+            let q = decode_queue(r, fingerprinted)?;
             queues.insert(name, q);
         }
         Some(Queues { queues })
@@ -501,7 +512,19 @@ fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<OrdMap<u64, Message>
     Some(ms)
 }
 
-fn decode_queue(r: &mut Reader<'_>) -> Option<Queue> {
+/// A produce's fingerprint: the count, each message's length and a
+/// CRC32C over them all; never 0 (0 stands for "not recorded").
+fn produce_fingerprint(messages: &[Vec<u8>]) -> u64 {
+    let mut crc = crc32c::crc32c(&(messages.len() as u64).to_le_bytes());
+    for m in messages {
+        crc = crc32c::crc32c_append(crc, &(m.len() as u64).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, m);
+    }
+    let bytes: u64 = messages.iter().map(|m| m.len() as u64).sum();
+    ((bytes + 1) << 32) | u64::from(crc)
+}
+
+fn decode_queue(r: &mut Reader<'_>, fingerprinted: bool) -> Option<Queue> {
     let max_deliveries = r.u32()?;
     if !(1..=MAX_DELIVERIES_MAX).contains(&max_deliveries) {
         return None;
@@ -538,7 +561,7 @@ fn decode_queue(r: &mut Reader<'_>) -> Option<Queue> {
         let id = r.u64()?;
         let last_index = r.u64()?;
         let in_order = q.producers.get_max().is_none_or(|(prev, _)| *prev < id);
-        let j = r.count(PRODUCE_WINDOW, 24)?;
+        let j = r.count(PRODUCE_WINDOW, if fingerprinted { 32 } else { 24 })?;
         if !in_order {
             return None;
         }
@@ -548,10 +571,11 @@ fn decode_queue(r: &mut Reader<'_>) -> Option<Queue> {
         };
         for _ in 0..j {
             let (seq, s, e) = (r.u64()?, r.u64()?, r.u64()?);
+            let fingerprint = if fingerprinted { r.u64()? } else { 0 };
             if s > e || e > q.next_id {
                 return None;
             }
-            p.recent.push_back((seq, s..e));
+            p.recent.push_back((seq, s..e, fingerprint));
         }
         q.producers.insert(id, p);
     }
@@ -590,6 +614,21 @@ mod tests {
             "after the ack"
         );
         assert_eq!(qs.list()[0].unacked, 2);
+    }
+
+    #[test]
+    fn a_reused_producer_and_seq_with_other_messages_is_a_conflict() {
+        let mut qs = one_queue(5);
+        assert_eq!(qs.produce("q", 7, 1, &msgs(3), 0, 1), Ok((0..3, false)));
+        let other = vec![b"someone else's".to_vec()];
+        assert_eq!(qs.produce("q", 7, 1, &other, 0, 2), Err(Error::Conflict));
+        let reordered: Vec<Vec<u8>> = msgs(3).into_iter().rev().collect();
+        assert_eq!(
+            qs.produce("q", 7, 1, &reordered, 0, 3),
+            Err(Error::Conflict)
+        );
+        assert_eq!(qs.list()[0].produced, 3, "nothing added");
+        assert_eq!(qs.produce("q", 7, 1, &msgs(3), 0, 4), Ok((0..3, true)));
     }
 
     #[test]
@@ -691,11 +730,11 @@ mod tests {
         qs.encode(&mut bytes);
         // Two delivered messages, the rest of the first produce, and nine
         // untouched produces: 12 runs of 36 bytes (plus the producer's
-        // window of 10 produces, 24 bytes each), not 10,000 messages.
+        // window of 10 produces, 32 bytes each), not 10,000 messages.
         let run_bytes = 8 + 4 + 8 + 4 + 4 + 8;
-        let bound = 12 * run_bytes + 10 * 24 + 100;
+        let bound = 12 * run_bytes + 10 * 32 + 100;
         assert!(bytes.len() < bound, "{} bytes", bytes.len());
-        let back = Queues::decode(&mut Reader::new(&bytes)).unwrap();
+        let back = Queues::decode(&mut Reader::new(&bytes), true).unwrap();
         assert_eq!(back, qs);
         // One run written as two is not what `encode` writes: refused.
         let mut one = one_queue(3);
@@ -717,7 +756,7 @@ mod tests {
             b.splice(at + 4..at + 4 + run_bytes, first.into_iter().chain(second));
         };
         split(&mut bytes);
-        assert_eq!(Queues::decode(&mut Reader::new(&bytes)), None);
+        assert_eq!(Queues::decode(&mut Reader::new(&bytes), true), None);
     }
 
     #[test]
@@ -733,11 +772,11 @@ mod tests {
         let mut bytes = Vec::new();
         qs.encode(&mut bytes);
         let mut r = Reader::new(&bytes);
-        assert_eq!(Queues::decode(&mut r), Some(qs));
+        assert_eq!(Queues::decode(&mut r, true), Some(qs));
         assert!(r.is_done());
         for cut in 0..bytes.len() {
             assert!(
-                Queues::decode(&mut Reader::new(&bytes[..cut])).is_none(),
+                Queues::decode(&mut Reader::new(&bytes[..cut]), true).is_none(),
                 "cut {cut}"
             );
         }

@@ -344,6 +344,7 @@ pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError>
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(path)?;
         let size = f.metadata()?.len();
         if size < total {
@@ -457,6 +458,7 @@ fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
             .create(true)
             .truncate(true)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(&tmp)?;
         let zeros = vec![0u8; 1 << 20];
         let mut left = bytes;
@@ -475,6 +477,16 @@ fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
     result
 }
 
+/// Bytes an entry takes in a batch besides its `size_bytes` (record
+/// header and padding), counted when deciding where a batch is cut.
+const ENTRY_DISK_OVERHEAD_BYTES: usize = 64;
+
+/// [`Wal::entry_bytes_max`] of a log configured with `cfg`.
+pub fn entry_bytes_max(cfg: &WalConfig) -> usize {
+    let half_segment = usize::try_from(cfg.segment_bytes / 2).unwrap_or(usize::MAX);
+    half_segment.min(super::format::ENTRY_PAYLOAD_MAX)
+}
+
 fn is_enospc(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
 }
@@ -491,11 +503,13 @@ impl Wal {
                 cfg.segment_bytes, cfg.flush_bytes_max
             )));
         }
-        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        crate::io::private::create_dir_all(dir)
+            .map_err(io_err(format!("creating {}", dir.display())))?;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(dir.join("lock"))
             .map_err(io_err("opening the lock file"))?;
         // SAFETY: plain syscall on a descriptor we own.
@@ -717,6 +731,18 @@ impl Wal {
             self.start_batch_at(from);
         }
         for e in entries {
+            // An entry that would take the open batch past
+            // `flush_bytes_max` starts a batch of its own, so a batch is
+            // larger than `flush_bytes_max` only when it holds one entry
+            // that is (bounded by `entry_bytes_max`, so it fits a segment).
+            let entry_disk_bytes = e.size_bytes() + ENTRY_DISK_OVERHEAD_BYTES;
+            if self.open_batch.as_ref().is_some_and(|b| {
+                b.batch.count() > 0
+                    && b.batch.disk_bytes() + entry_disk_bytes > self.cfg.flush_bytes_max
+            }) {
+                let b = self.open_batch.take().expect("just checked");
+                self.sealed.push_back(b);
+            }
             let batch = self.batch_for_append(e.index);
             batch.batch.push(e);
             let full = batch.batch.disk_bytes() >= self.cfg.flush_bytes_max;
@@ -729,17 +755,23 @@ impl Wal {
         Ok(self.current_ticket())
     }
 
-    /// Refuses entries too big for one batch (each batch is one flush).
+    /// The largest entry (payload bytes) this log stores: half a segment,
+    /// so that a batch holding it alone, with its headers and padding,
+    /// always fits an empty segment. An entry larger than
+    /// `flush_bytes_max` takes a flush of its own.
+    pub fn entry_bytes_max(&self) -> usize {
+        entry_bytes_max(&self.cfg)
+    }
+
+    /// Refuses entries larger than `entry_bytes_max` (before anything
+    /// of the call is queued: a refused call changes nothing).
     fn check_entry_sizes(&self, entries: &[Entry]) -> Result<(), WalError> {
-        match entries
-            .iter()
-            .find(|e| e.size_bytes() + 64 > self.cfg.flush_bytes_max)
-        {
+        let max = self.entry_bytes_max();
+        match entries.iter().find(|e| e.size_bytes() > max) {
             Some(e) => Err(WalError::Invalid(format!(
-                "entry {} is {} bytes, more than flush_bytes_max ({})",
+                "entry {} is {} bytes, more than this log's entry_bytes_max ({max}, half of segment_bytes)",
                 e.index,
                 e.size_bytes(),
-                self.cfg.flush_bytes_max
             ))),
             None => Ok(()),
         }
@@ -825,7 +857,11 @@ impl Wal {
     /// Keeps a few batch-sized buffers for reuse.
     fn recycle(&mut self, bufs: Vec<AlignedBuf>) {
         for b in bufs {
-            if b.capacity() >= self.cfg.flush_bytes_max && self.buf_pool.len() < 8 {
+            // A buffer grown for one large entry is not kept: the pool
+            // holds batch-sized buffers only.
+            let batch_sized = b.capacity() >= self.cfg.flush_bytes_max
+                && b.capacity() <= 2 * self.cfg.flush_bytes_max + (64 << 10);
+            if batch_sized && self.buf_pool.len() < 8 {
                 self.buf_pool.push(b);
             }
         }
@@ -1692,6 +1728,7 @@ fn open_data_file(path: &Path, want_direct: bool) -> Result<(File, bool, String)
     let base = || {
         let mut o = OpenOptions::new();
         o.read(true).write(true).create(true).truncate(false);
+        o.mode(crate::io::private::FILE_MODE);
         o
     };
     if want_direct {

@@ -28,6 +28,10 @@ use std::collections::BTreeSet;
 pub const CODEC_VERSION: u8 = 2;
 /// Most members in one set of a membership; a cluster has 3 or 5 nodes.
 pub const MEMBERS_MAX: usize = 1024;
+/// Most bytes an AppendEntries message carrying one entry adds to that
+/// entry's payload (header, varints, the payload's length); with the
+/// envelope byte it bounds the entry a transport message can carry.
+pub const APPEND_OVERHEAD_BYTES_MAX: usize = 256;
 /// Smallest encoding of one entry (term, index, payload tag), in bytes;
 /// bounds the entry count by the input length.
 const ENTRY_BYTES_MIN: usize = 3;
@@ -504,6 +508,34 @@ mod tests {
             assert_eq!(decode_message(&enc), Ok(m.clone()), "{m:?}");
         }
         assert_eq!(tags.len(), 12, "every body tag exercised");
+    }
+
+    #[test]
+    fn one_entry_appends_stay_within_the_overhead_bound() {
+        // Every field at its widest varint: the bound must hold for any
+        // term, index and commit a leader may send.
+        let payload = vec![7u8; 5_000_000];
+        let m = Message {
+            from: u64::MAX,
+            to: u64::MAX,
+            term: u64::MAX,
+            body: Body::Append {
+                prev_index: u64::MAX,
+                prev_term: u64::MAX,
+                entries: vec![Entry {
+                    term: u64::MAX,
+                    index: u64::MAX,
+                    payload: Payload::Normal(payload.clone()),
+                }],
+                commit: u64::MAX,
+            },
+        };
+        let enc = encode_message_to_vec(&m);
+        assert!(enc.len() <= payload.len() + APPEND_OVERHEAD_BYTES_MAX);
+        assert!(
+            enc.len() > payload.len() + APPEND_OVERHEAD_BYTES_MAX / 4,
+            "bound not loose"
+        );
     }
 
     fn body_tag(m: &Message) -> usize {

@@ -49,7 +49,7 @@ pub struct Probe {
 
 /// Probes the disk holding `dir` for about `per_size` per write size.
 pub fn probe(dir: &Path, per_size: Duration) -> io::Result<Probe> {
-    std::fs::create_dir_all(dir)?;
+    crate::io::private::create_dir_all(dir)?;
     let path = dir.join("quire-tune-disk.probe");
     // Lay the file out once (like the WAL's preallocated segments), so the
     // timed writes overwrite allocated blocks.
@@ -58,6 +58,7 @@ pub fn probe(dir: &Path, per_size: Duration) -> io::Result<Probe> {
             .create(true)
             .truncate(true)
             .write(true)
+            .mode(crate::io::private::FILE_MODE)
             .open(&path)?;
         let zeros = vec![0u8; 1 << 20];
         for i in 0..FILE_BYTES / (1 << 20) {

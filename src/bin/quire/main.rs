@@ -11,6 +11,9 @@
 //! - `quire ledger create|append|close|open|read|tail|delete|list` and
 //!   `quire queue create|produce|consume|ack|list|dead|delete`: ledgers
 //!   and queues (state.rs), with `--json`;
+//! - `quire member --admin A --admin-token-file F --group G
+//!   remove|learner|voter --node N`: one membership change on the group's
+//!   leader, with the admin token;
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
 
 mod state;
@@ -122,6 +125,10 @@ enum Cmd {
         /// The node to change.
         #[arg(long)]
         node: u64,
+        /// File holding the admin token (node.admin_token_file; `quire up`
+        /// writes DIR/admin.token), sent as Authorization: Bearer.
+        #[arg(long)]
+        admin_token_file: PathBuf,
     },
     /// Ledgers: a single writer, dense entry ids, LAC, close, fencing.
     Ledger {
@@ -240,8 +247,7 @@ fn tune(what: TuneCmd) -> Result<bool, String> {
 fn client(t: &Target) -> Result<Client, String> {
     let token =
         std::fs::read(&t.token_file).map_err(|e| format!("{}: {e}", t.token_file.display()))?;
-    let id =
-        u64::from(std::process::id()) << 32 | u64::from(Instant::now().elapsed().subsec_nanos());
+    let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     Ok(Client::new(t.addr.clone(), token.trim_ascii_end(), id))
 }
 
@@ -276,7 +282,8 @@ fn main() -> ExitCode {
             group,
             change,
             node,
-        } => member(admin, group, &change, node),
+            admin_token_file,
+        } => member(admin, group, &change, node, &admin_token_file),
         Cmd::Append {
             target,
             group,
@@ -335,27 +342,36 @@ fn main() -> ExitCode {
     }
 }
 
-/// `quire member`: one POST to the admin endpoint.
-fn member(admin: SocketAddr, group: u32, change: &str, node: u64) -> Result<(), String> {
+/// `quire member`: one POST to the admin endpoint, with the admin token.
+fn member(
+    admin: SocketAddr,
+    group: u32,
+    change: &str,
+    node: u64,
+    token_file: &std::path::Path,
+) -> Result<(), String> {
     use std::io::{Read, Write};
+    let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
+    let token = String::from_utf8(token.trim_ascii_end().to_vec())
+        .map_err(|_| format!("{}: the admin token is not text", token_file.display()))?;
     let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
         .map_err(|e| format!("{admin}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "POST /membership?group={group}&change={change}&node={node} HTTP/1.1\r\nHost: quire\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "POST /membership?group={group}&change={change}&node={node} HTTP/1.1\r\nHost: quire\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| e.to_string())?;
-    let ok = text.split_whitespace().nth(1) == Some("200");
+    let code = text.split_whitespace().nth(1).unwrap_or("?");
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
-    if ok {
+    if code == "200" {
         println!("{body}");
         Ok(())
     } else {
-        Err(body.to_string())
+        Err(format!("{admin}: {code}: {body}"))
     }
 }
 
@@ -371,16 +387,10 @@ fn status(t: &Target) -> Result<(), String> {
             }
         };
         let v: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
-        println!(
-            "node {} at {addr}: up {} ms{}",
-            v["node"],
-            v["uptime_ms"],
-            if v["alarm"] == true {
-                "  ALARM: a link is down"
-            } else {
-                ""
-            }
-        );
+        println!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
+        for alarm in v["alarms"].as_array().into_iter().flatten() {
+            println!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+        }
         println!("  group  role           term  leader  commit  applied  persisted  disk");
         for g in v["groups"].as_array().into_iter().flatten() {
             let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
@@ -472,7 +482,8 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
         "quire: {nodes} nodes starting in {} (logs: nodeN/quired.log)",
         dir.display()
     );
-    let mut c = Client::new(addrs.clone(), &cluster.token, 1);
+    let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
+    let mut c = Client::new(addrs.clone(), &cluster.token, id);
     c.deadline = Duration::from_secs(20);
     let started = Instant::now();
     let mut indexes = Vec::new();
@@ -532,6 +543,19 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
         "     quire queue produce --addr {} --token-file {} jobs 'my message'   (after: quire queue create ... jobs)",
         addr_list.join(","),
         dir.join("client.token").display()
+    );
+    let admins: Vec<String> = cluster
+        .nodes
+        .values()
+        .map(|n| n.admin.to_string())
+        .collect();
+    println!(
+        "     quire member --admin LEADER_ADMIN --admin-token-file {} --group 0 learner|voter|remove --node N",
+        dir.join("admin.token").display()
+    );
+    println!(
+        "     (admin endpoints: {}; GET /status and /metrics are open, changes need admin.token)",
+        admins.join(", ")
     );
     if !demo_only {
         println!("Ctrl-C stops the cluster cleanly.");

@@ -15,6 +15,7 @@ use crate::heartbeat::message::{MAX_GROUPS, MAX_PEERS};
 use crate::heartbeat::DetectorConfig;
 use crate::io::BackendChoice;
 use crate::net::UdpConfig;
+use crate::node::admin_auth::ADMIN_TOKEN_BYTES_MIN;
 use crate::node::client_admission::ClientLimits;
 use crate::node::config::{GroupSpec, PeerSpec};
 use crate::serial::SerialConfig;
@@ -414,6 +415,25 @@ pub(super) fn storage(raw: RawStorage, disk_stall_ms: u64) -> Result<WalConfig, 
     Ok(wal)
 }
 
+/// Every entry one transport message can carry fits this node's log:
+/// a leader sizes entries by the transport limit, and a follower whose log
+/// could not store one would stop.
+pub(super) fn entries_fit(wal: &WalConfig, transport: &TransportConfig) -> Result<(), Bad> {
+    let stored = crate::storage::wal::entry_bytes_max(wal);
+    if stored < transport.message_bytes_max {
+        return Err(bad(
+            "storage.segment_bytes",
+            format!(
+                "{} holds entries up to {stored} bytes (half a segment), less than transport.message_bytes_max ({}): make it at least {}",
+                wal.segment_bytes,
+                transport.message_bytes_max,
+                2 * transport.message_bytes_max as u64
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `[transport]`: the endpoint's own check, and room for every peer.
 pub(super) fn transport(raw: RawTransport, peers: usize) -> Result<TransportConfig, Bad> {
     let tr = raw;
@@ -489,6 +509,43 @@ pub(super) fn cluster_key(
         ));
     }
     Ok(ClusterKey::derive(&secret))
+}
+
+/// `node.admin_token_file`, if given: long enough to resist guessing,
+/// and not the client token (a client must not be able to change the
+/// membership). Returns the resolved path.
+pub(super) fn admin_token(
+    raw: &RawNode,
+    dir: &Path,
+    client_token: &[u8],
+    warnings: &mut Vec<String>,
+) -> Result<Option<PathBuf>, Bad> {
+    const KEY: &str = "node.admin_token_file";
+    let Some(file) = &raw.admin_token_file else {
+        return Ok(None);
+    };
+    let file = resolve(dir, file);
+    let token = read_secret(KEY, &file, warnings)?;
+    if token.len() < ADMIN_TOKEN_BYTES_MIN {
+        return Err(bad(
+            KEY,
+            format!(
+                "{} holds {} bytes; at least {ADMIN_TOKEN_BYTES_MIN} are needed (head -c 32 /dev/urandom | base64 > FILE)",
+                file.display(),
+                token.len()
+            ),
+        ));
+    }
+    if token == client_token {
+        return Err(bad(
+            KEY,
+            format!(
+                "{} holds the client token (node.auth_token_file); the admin token must be a secret of its own",
+                file.display()
+            ),
+        ));
+    }
+    Ok(Some(file))
 }
 
 /// "0-1,4,6-7".

@@ -54,6 +54,7 @@ pub(super) struct RawNode {
     pub(super) id: NodeId,
     pub(super) cluster_key_file: PathBuf,
     pub(super) auth_token_file: PathBuf,
+    pub(super) admin_token_file: Option<PathBuf>,
     pub(super) cores: Option<Vec<usize>>,
     pub(super) client_listen: Option<String>,
     pub(super) admin_listen: Option<String>,
@@ -100,6 +101,7 @@ pub(super) struct RawTimers {
     pub(super) election_timeout_ms: Option<u64>,
     pub(super) heartbeat_interval_ms: Option<u64>,
     pub(super) fast_campaign_jitter_ms: Option<u64>,
+    pub(super) stall_grace_ms: Option<u64>,
 }
 
 #[derive(Default, Deserialize)]
