@@ -153,6 +153,10 @@ fn a_minimal_file_takes_every_default() {
     assert_eq!(c.cores, vec![0]);
     assert_eq!(c.client_listen, "0.0.0.0:7100".parse().unwrap());
     assert_eq!(c.admin_listen, "127.0.0.1:7200".parse().unwrap());
+    assert_eq!(
+        c.client,
+        quire::node::client_admission::ClientLimits::default()
+    );
     assert_eq!(c.token_file, d.path().join("client.token"));
     assert_eq!(n.transport, quire::transport::TransportConfig::default());
     let udp = quire::net::UdpConfig::default();
@@ -413,6 +417,15 @@ fn embedded_configs_are_checked_with_their_section() {
     );
     let (_, msg) = d.error(&minimal_with("[udp]\ngso_segments_max = 65\n"));
     assert_eq!(msg, "udp.gso_segments_max: must be in 1..=64");
+    let (_, msg) = d.error(&minimal_with("[client]\nunauthenticated_max = 0\n"));
+    assert_eq!(
+        msg,
+        "client.unauthenticated_max: is 0: no client could connect"
+    );
+    let c = d
+        .load(&minimal_with("[client]\nhello_timeout_ms = 300\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.client.hello_timeout_ms, 300);
 }
 
 #[test]
@@ -489,6 +502,7 @@ fn every_key_is_in_the_readme_table() {
         ("storage", minimal_with("[storage]\nbogus = 1\n")),
         ("transport", minimal_with("[transport]\nbogus = 1\n")),
         ("serial", minimal_with("[serial]\nbogus = 1\n")),
+        ("client", minimal_with("[client]\nbogus = 1\n")),
     ];
     let mut keys = 0;
     for (section, text) in sections {

@@ -9,6 +9,10 @@
 //! packing small ones into batch requests (`AppendBatch`), and falls back
 //! to one-by-one retries (same sequence numbers) for whatever a failover
 //! interrupts.
+//!
+//! A refusal of the connection itself (a wrong token, a protocol version
+//! the node does not speak) is permanent and the same on every node: the
+//! call returns it at once, without retrying this node or any other.
 
 use crate::api::{ClientConfig, ClientSession, ErrorCode, LeaderInfo, Received, Request, Response};
 use crate::consensus::NodeId;
@@ -49,6 +53,39 @@ impl std::fmt::Display for ClientError {
 
 impl std::error::Error for ClientError {}
 
+/// Why one exchange with one node failed.
+#[derive(Debug)]
+enum CallError {
+    /// The connection could not be made or broke: retry, here or on
+    /// another node.
+    Lost(String),
+    /// The node refused the connection for a reason every node shares
+    /// (the token is cluster-wide, so is the protocol version): retrying
+    /// anywhere would only repeat it.
+    Fatal(ErrorCode, String),
+}
+
+impl CallError {
+    /// A connection-level refusal with `code`: fatal if no retry can help.
+    fn refused(code: ErrorCode, message: String) -> CallError {
+        match code {
+            ErrorCode::Unauthorized | ErrorCode::UnsupportedVersion => {
+                CallError::Fatal(code, message)
+            }
+            _ => CallError::Lost(format!("{code}: {message}")),
+        }
+    }
+}
+
+impl From<CallError> for ClientError {
+    fn from(e: CallError) -> ClientError {
+        match e {
+            CallError::Lost(why) => ClientError::Unavailable(why),
+            CallError::Fatal(code, why) => ClientError::Refused(code, why),
+        }
+    }
+}
+
 struct Conn {
     stream: TcpStream,
     session: ClientSession,
@@ -86,28 +123,37 @@ impl Client {
         }
     }
 
-    fn connect(&mut self, i: usize) -> Result<(), String> {
+    fn connect(&mut self, i: usize) -> Result<(), CallError> {
         if self.conns.contains_key(&i) {
             return Ok(());
         }
         let addr = self.addrs[i];
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-            .map_err(|e| format!("{addr}: {e}"))?;
+        let lost = |e: std::io::Error| CallError::Lost(format!("{addr}: {e}"));
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map_err(lost)?;
         let _ = stream.set_nodelay(true);
         stream
             .set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.to_string())?;
+            .map_err(lost)?;
         let mut conn = Conn {
             stream,
             session: ClientSession::new(ClientConfig::new(&self.token)),
             node: 0,
         };
-        let (_, frame) = conn.session.hello().map_err(|e| format!("{e:?}"))?;
-        conn.stream.write_all(&frame).map_err(|e| e.to_string())?;
+        let (_, frame) = conn
+            .session
+            .hello()
+            .map_err(|e| CallError::Lost(format!("{e:?}")))?;
+        conn.stream.write_all(&frame).map_err(lost)?;
         match read_answer(&mut conn)? {
             Response::HelloOk { node } => conn.node = node,
-            Response::Error { code, message, .. } => return Err(format!("{code}: {message}")),
-            other => return Err(format!("unexpected answer to Hello: {other:?}")),
+            Response::Error { code, message, .. } => {
+                return Err(CallError::refused(code, format!("{addr}: {message}")))
+            }
+            other => {
+                return Err(CallError::Lost(format!(
+                    "unexpected answer to Hello: {other:?}"
+                )))
+            }
         }
         self.nodes.insert(i, conn.node);
         self.conns.insert(i, conn);
@@ -116,12 +162,17 @@ impl Client {
 
     /// Sends `req` to address `i` and waits for its answer; a broken
     /// connection is dropped (and reopened on the next call).
-    fn call(&mut self, i: usize, req: &Request) -> Result<Response, String> {
+    fn call(&mut self, i: usize, req: &Request) -> Result<Response, CallError> {
         self.connect(i)?;
         let conn = self.conns.get_mut(&i).expect("just connected");
         let r = (|| {
-            let (_, frame) = conn.session.request(req).map_err(|e| format!("{e:?}"))?;
-            conn.stream.write_all(&frame).map_err(|e| e.to_string())?;
+            let (_, frame) = conn
+                .session
+                .request(req)
+                .map_err(|e| CallError::Lost(format!("{e:?}")))?;
+            conn.stream
+                .write_all(&frame)
+                .map_err(|e| CallError::Lost(e.to_string()))?;
             read_answer(conn)
         })();
         if r.is_err() {
@@ -187,7 +238,10 @@ impl Client {
                     }
                     return Ok(resp);
                 }
-                Err(e) => {
+                Err(CallError::Fatal(code, message)) => {
+                    return Err(ClientError::Refused(code, message))
+                }
+                Err(CallError::Lost(e)) => {
                     last = e;
                     self.leaders.remove(&group);
                 }
@@ -241,7 +295,13 @@ impl Client {
         // The pipelined pass, on the leader's connection.
         let leader = self.order(group, 0);
         let mut failed: Vec<usize> = Vec::new();
-        if self.connect(leader).is_ok() {
+        let connected = match self.connect(leader) {
+            Err(CallError::Fatal(code, message)) => {
+                return Err(ClientError::Refused(code, message))
+            }
+            r => r.is_ok(),
+        };
+        if connected {
             let conn = self.conns.get_mut(&leader).expect("connected");
             let mut pending: BTreeMap<u64, usize> = BTreeMap::new();
             let mut next = 0;
@@ -391,7 +451,7 @@ impl Client {
             Ok(other) => Err(ClientError::Unavailable(format!(
                 "unexpected answer {other:?}"
             ))),
-            Err(e) => Err(ClientError::Unavailable(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -402,7 +462,7 @@ impl Client {
             Ok(other) => Err(ClientError::Unavailable(format!(
                 "unexpected answer {other:?}"
             ))),
-            Err(e) => Err(ClientError::Unavailable(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -413,40 +473,48 @@ impl Client {
             Ok(other) => Err(ClientError::Unavailable(format!(
                 "unexpected answer {other:?}"
             ))),
-            Err(e) => Err(ClientError::Unavailable(e)),
+            Err(e) => Err(e.into()),
         }
     }
 }
 
 /// Reads from the connection until the session yields an answer, with its
 /// request id.
-fn read_reply(conn: &mut Conn) -> Result<(u64, Response), String> {
+fn read_reply(conn: &mut Conn) -> Result<(u64, Response), CallError> {
     let mut buf = [0u8; 64 << 10];
     loop {
         match conn.session.poll() {
             Ok(Some(Received::Response { id, resp })) => return Ok((id, resp)),
             Ok(Some(Received::ConnectionError { code, message })) => {
-                return Err(format!("connection refused ({code}): {message}"))
+                return Err(CallError::refused(
+                    code,
+                    format!("connection refused: {message}"),
+                ))
             }
             Ok(None) => {}
-            Err(e) => return Err(format!("protocol error: {e:?}")),
+            Err(e) => return Err(CallError::Lost(format!("protocol error: {e:?}"))),
         }
-        let n = conn.stream.read(&mut buf).map_err(|e| e.to_string())?;
+        let n = conn
+            .stream
+            .read(&mut buf)
+            .map_err(|e| CallError::Lost(e.to_string()))?;
         if n == 0 {
-            return Err("connection closed".into());
+            return Err(CallError::Lost("connection closed".into()));
         }
         let mut at = 0;
         while at < n {
             let took = conn.session.push(&buf[at..n]);
             at += took;
             if took == 0 {
-                return Err("the answer does not fit the session's buffer".into());
+                return Err(CallError::Lost(
+                    "the answer does not fit the session's buffer".into(),
+                ));
             }
         }
     }
 }
 
 /// Reads from the connection until the session yields an answer.
-fn read_answer(conn: &mut Conn) -> Result<Response, String> {
+fn read_answer(conn: &mut Conn) -> Result<Response, CallError> {
     read_reply(conn).map(|(_, resp)| resp)
 }

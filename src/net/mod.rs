@@ -4,10 +4,12 @@
 //! of the transport; the protocol itself (sequence numbers, NACKs,
 //! windows, MACs) lives in the core and nothing here second-guesses it.
 //!
-//! - **One socket per group**, bound on `base_port + group` with
-//!   SO_REUSEADDR, so that the core that owns a group owns its socket and
-//!   RSS can steer its packets there. For now one [`UdpDriver`] owns the
-//!   sockets of the groups of its thread; it is `Send` but never shared.
+//! - **One socket per group**, bound on `base_port + group`, so that the
+//!   core that owns a group owns its socket and RSS can steer its packets
+//!   there. Bound exclusively (no SO_REUSEADDR, no SO_REUSEPORT): no other
+//!   socket can share the port and receive the group's datagrams. For
+//!   now one [`UdpDriver`] owns the sockets of the groups of its thread;
+//!   it is `Send` but never shared.
 //! - **Buffers** sized from [`UdpConfig`]; where the kernel grants less
 //!   (net.core.rmem_max / wmem_max) the [`BindReport`] says so and how to
 //!   fix it. Datagrams the kernel then drops show up as `RcvbufErrors` in

@@ -1,7 +1,13 @@
-//! Opening one group socket: created with libc so that SO_REUSEADDR and
-//! the buffer sizes are set before `bind`, the sizes the kernel granted
-//! compared with those asked, and GSO and GRO probed. Also the
-//! `SocketAddr` <-> `sockaddr` conversions the batched calls need.
+//! Opening one group socket: created with libc so that the buffer sizes
+//! are set before `bind`, the sizes the kernel granted compared with
+//! those asked, and GSO and GRO probed. Also the `SocketAddr` <->
+//! `sockaddr` conversions the batched calls need.
+//!
+//! The socket is bound exclusively: neither SO_REUSEADDR nor SO_REUSEPORT
+//! is set, so while a node runs no other socket can bind its port (Linux
+//! lets two UDP sockets share a port only if both set one of them), and a
+//! port already taken makes `bind` fail instead of splitting the node's
+//! datagrams with whoever holds it.
 
 use super::config::UdpConfig;
 use std::io;
@@ -239,10 +245,11 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
     }
     // SAFETY: fd is a fresh descriptor that nothing else owns.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    // A restarted daemon must rebind its port at once, while datagrams
-    // of its earlier life may still be queued to the old socket.
-    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)
-        .map_err(|e| io::Error::new(e.kind(), format!("SO_REUSEADDR: {e}")))?;
+    // No SO_REUSEADDR: on a UDP socket it does not speed up a restart (a
+    // closed UDP socket frees its port at once, there is no TIME_WAIT; the
+    // old process's queued datagrams die with its socket) and it lets any
+    // other process that sets it too bind the same port and take the
+    // node's datagrams (unicast goes to the last socket bound).
     let mut warnings = Vec::new();
     // Sizes before bind: datagrams may arrive as soon as it is bound.
     let recv_buffer_bytes = set_buffer(fd, libc::SO_RCVBUF, cfg.recv_buffer_bytes, &mut warnings);
@@ -260,7 +267,7 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
         let e = io::Error::last_os_error();
         let hint = match e.raw_os_error() {
             Some(libc::EADDRINUSE) => {
-                " (another process holds the port without SO_REUSEADDR: is a second quired running?)"
+                " (another socket holds the port: is a second quired running?)"
             }
             Some(libc::EADDRNOTAVAIL) => " (bind_ip is not an address of this host)",
             Some(libc::EACCES) => " (ports below 1024 need CAP_NET_BIND_SERVICE)",
@@ -319,6 +326,46 @@ mod tests {
         assert_ne!(o.socket.local_addr().unwrap().port(), 0);
         assert!(o.recv_buffer_bytes >= 64 << 10, "{}", o.recv_buffer_bytes);
         assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    }
+
+    /// Another socket binding the port with SO_REUSEADDR and SO_REUSEPORT
+    /// set: what a process that wants the group's datagrams would try.
+    fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
+        // SAFETY: plain syscalls on a fresh descriptor; results checked.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let owned = OwnedFd::from_raw_fd(fd);
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+            let raw = RawAddr::from_std(&addr);
+            if libc::bind(
+                fd,
+                &raw.storage as *const _ as *const libc::sockaddr,
+                raw.len,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(owned)
+        }
+    }
+
+    #[test]
+    fn a_group_socket_is_bound_exclusively() {
+        let o = open("127.0.0.1:0".parse().unwrap(), &UdpConfig::default(), false).unwrap();
+        let addr = o.socket.local_addr().unwrap();
+        for other in [addr, SocketAddr::from(([0, 0, 0, 0], addr.port()))] {
+            let e = bind_shared(other).expect_err("the port is not shared");
+            assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE), "{other}: {e}");
+        }
+        // And the other way round: a port someone holds is refused, named.
+        let e = open(addr, &UdpConfig::default(), false)
+            .err()
+            .expect("taken");
+        assert!(e.to_string().contains(&format!("bind {addr}")), "{e}");
     }
 
     #[test]

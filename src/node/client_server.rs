@@ -9,8 +9,16 @@
 //! behind a mutex of its own, which the node's loops never take: their
 //! callbacks only queue the answer for the writer. A malformed frame gets
 //! one Error frame, then that connection closes; others carry on.
+//!
+//! Which connections are taken and kept (budgets for connections before
+//! and after their Hello, a limit per source address, the Hello deadline)
+//! is decided by `client_admission::Admission`; `client_gate` applies
+//! its verdicts to the sockets and counts and logs them; this file only
+//! calls the gate at accept, Hello, each read before the Hello, and close.
 
 use super::admin::status_json;
+use super::client_admission::{ClientLimits, ConnId};
+use super::client_gate::{read_some, Gate, Got};
 use super::{NodeHandle, ProposeError};
 use crate::api::{ErrorCode, Incoming, LeaderInfo, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
@@ -27,9 +35,9 @@ use std::time::Duration;
 const TAIL_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Entries in one Read answer at most.
 const READ_ENTRIES_MAX: usize = 4096;
-/// Client connections served at once; beyond, new ones are closed at
-/// once (each costs two threads).
-pub const CONNECTIONS_MAX: usize = 1024;
+/// Authenticated client connections served at once by default
+/// (`client.connections_max`; each costs two threads).
+pub const CONNECTIONS_MAX: usize = super::client_admission::CONNECTIONS_MAX_DEFAULT;
 /// Tail requests waiting at once, over all connections (each waits on a
 /// thread); beyond, a Tail is answered Unavailable.
 pub const TAILS_MAX: usize = 256;
@@ -75,13 +83,28 @@ pub struct ClientServer {
 impl ClientServer {
     /// Listens on `listen` for clients of `node`, which present `token`;
     /// `client_addrs` maps node ids to their client addresses, for
-    /// NotLeader redirects.
+    /// NotLeader redirects. The default [`ClientLimits`].
     pub fn start(
         listen: SocketAddr,
         node: Arc<NodeHandle>,
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
     ) -> Result<ClientServer, String> {
+        Self::start_with(listen, node, token, client_addrs, ClientLimits::default())
+    }
+
+    /// [`start`](Self::start) with the connection bounds of `limits`
+    /// (the config file's `[client]` section).
+    pub fn start_with(
+        listen: SocketAddr,
+        node: Arc<NodeHandle>,
+        token: &[u8],
+        client_addrs: BTreeMap<NodeId, String>,
+        limits: ClientLimits,
+    ) -> Result<ClientServer, String> {
+        limits
+            .validate()
+            .map_err(|e| format!("client limits: {e}"))?;
         let listener =
             TcpListener::bind(listen).map_err(|e| format!("client listener on {listen}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -89,7 +112,11 @@ impl ClientServer {
         let addrs = Arc::new(client_addrs);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
-        let connections = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Gate::new(
+            limits,
+            node.id(),
+            Arc::clone(node.client_counters()),
+        ));
         let tails = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("quire-clients".into())
@@ -99,19 +126,22 @@ impl ClientServer {
                         return;
                     }
                     let Ok(stream) = conn else { continue };
-                    let Some(slot) = Slot::take(&connections, CONNECTIONS_MAX) else {
-                        continue; // too many clients: this one is closed
+                    let Some(id) = gate.admit(&stream) else {
+                        continue; // refused: dropping it closes it
                     };
                     let _ = stream.set_nodelay(true);
                     let (cfg, node, addrs) =
                         (Arc::clone(&cfg), Arc::clone(&node), Arc::clone(&addrs));
-                    let tails = Arc::clone(&tails);
-                    let _ = std::thread::Builder::new()
+                    let (tails, g) = (Arc::clone(&tails), Arc::clone(&gate));
+                    let spawned = std::thread::Builder::new()
                         .name("quire-client".into())
                         .spawn(move || {
-                            serve(stream, cfg, node, addrs, tails);
-                            drop(slot);
+                            serve(stream, id, &g, cfg, node, addrs, tails);
+                            g.closed(id);
                         });
+                    if spawned.is_err() {
+                        gate.closed(id);
+                    }
                 }
             })
             .map_err(|e| format!("starting the client server: {e}"))?;
@@ -142,6 +172,8 @@ impl Drop for ClientServer {
 /// One connection: this thread reads; a second one writes.
 fn serve(
     stream: TcpStream,
+    id: ConnId,
+    gate: &Gate,
     cfg: Arc<ServerConfig>,
     node: Arc<NodeHandle>,
     addrs: Arc<BTreeMap<NodeId, String>>,
@@ -169,12 +201,26 @@ fn serve(
         }
         let _ = writer_stream.shutdown(Shutdown::Write);
     });
+    let peer = stream.peer_addr().ok();
     let mut reader = stream;
     let mut buf = vec![0u8; 64 << 10];
+    let mut greeted = false;
     'conn: loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let n = match read_some(&mut reader, &mut buf, gate, id, &mut greeted) {
+            Got::Bytes(n) => n,
+            Got::Closed => break,
+            Got::HelloTimeout => {
+                gate.hello_expired(id, peer);
+                let why = Response::Error {
+                    code: ErrorCode::Timeout,
+                    message: format!("no Hello within {} ms", gate.hello_timeout_ms),
+                    leader: None,
+                };
+                if let Ok(mut s) = session.lock() {
+                    let _ = out.send(Out::Frame(s.respond(0, &why)));
+                }
+                break;
+            }
         };
         let mut at = 0;
         while at < n {
@@ -186,12 +232,25 @@ fn serve(
                 at += s.push(&buf[at..n]);
                 loop {
                     match s.poll() {
-                        Ok(Some(Incoming::Handshake { reply, .. })) => {
-                            let _ = out.send(Out::Frame(reply));
+                        Ok(Some(Incoming::Handshake { id: hello, reply })) => {
+                            if gate.authenticate(id, peer) {
+                                let _ = out.send(Out::Frame(reply));
+                                continue;
+                            }
+                            let why = Response::Error {
+                                code: ErrorCode::Unavailable,
+                                message: "too many client connections; retry later".into(),
+                                leader: None,
+                            };
+                            let _ = out.send(Out::Frame(s.respond(hello, &why)));
+                            break true;
                         }
                         Ok(Some(Incoming::Request { id, req })) => requests.push((id, req)),
                         Ok(None) => break false,
-                        Err(_) => {
+                        Err(e) => {
+                            if e == crate::api::ProtocolError::BadToken {
+                                gate.bad_token(peer);
+                            }
                             if let Some(frame) = s.close_frame() {
                                 let _ = out.send(Out::Frame(frame));
                             }

@@ -55,6 +55,8 @@ pub struct DaemonConfig {
     pub client_listen: SocketAddr,
     /// The admin endpoint: `/metrics` and `/status` (HTTP).
     pub admin_listen: SocketAddr,
+    /// The client server's connection bounds (`[client]`).
+    pub client: super::client_admission::ClientLimits,
     /// The file holding the clients' auth token (checked readable and not
     /// empty; the server reads it).
     pub token_file: PathBuf,
@@ -201,6 +203,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
     let transport = check::transport(raw.transport, peers.len())?;
     check::entries_fit(&wal, &transport, &mut warnings);
+    let client = check::client(raw.client)?;
     let serial_baud = check::serial(
         raw.serial,
         &peers,
@@ -237,6 +240,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         cores,
         client_listen,
         admin_listen,
+        client,
         token_file,
         admin_token_file,
         warnings,

@@ -1,13 +1,16 @@
 //! The daemon (`quired`, or `quire daemon`): loads and checks the config
 //! (exit code 2 and one message naming the key if anything is wrong),
-//! starts one pinned event loop per configured core, the client server and
+//! refuses to start if any of its ports is taken (exit code 2, naming the
+//! port and its holder: a second daemon on the same config, or another
+//! process on a replication port, see `port_check`), starts one pinned event loop per configured core, the client server and
 //! the admin endpoint; on SIGTERM or SIGINT stops taking work, lets
 //! in-flight flushes finish and exits 0. A restart recovers every group
 //! from its log.
 
 use super::admin::AdminServer;
 use super::client_server::ClientServer;
-use super::config_file;
+use super::config_file::{self, DaemonConfig};
+use super::port_check::{self, Claim, Proto};
 use super::NodeHandle;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -57,6 +60,61 @@ pub struct DaemonOptions {
     pub unsafe_ack_before_fsync: bool,
 }
 
+/// The exit code of `quired` when a port it needs is taken; the same as a
+/// bad config (2): restarting does not help until the operator acts, and
+/// systemd's `RestartPreventExitStatus=2` keeps it from looping.
+pub const EXIT_CODE_PORT_IN_USE: u8 = 2;
+
+/// Every port `cfg` makes the daemon bind: each group's UDP socket, then
+/// the client and admin listeners (a port 0 is the kernel's choice and
+/// never taken).
+pub fn port_claims(cfg: &DaemonConfig) -> Vec<Claim> {
+    let udp = &cfg.node.udp;
+    let mut claims: Vec<Claim> = cfg
+        .node
+        .groups
+        .iter()
+        .filter(|_| udp.base_port != 0)
+        .map(|g| Claim {
+            proto: Proto::Udp,
+            addr: std::net::SocketAddr::new(udp.bind_ip, udp.base_port + g.group as u16),
+            what: format!(
+                "group {}: udp.base_port {} + {}",
+                g.group, udp.base_port, g.group
+            ),
+        })
+        .collect();
+    for (key, addr) in [
+        ("node.client_listen", cfg.client_listen),
+        ("node.admin_listen", cfg.admin_listen),
+    ] {
+        if addr.port() != 0 {
+            claims.push(Claim {
+                proto: Proto::Tcp,
+                addr,
+                what: key.into(),
+            });
+        }
+    }
+    claims
+}
+
+/// The exit for a start that failed with `e`: 2 and the port's holder if
+/// one of `claims` is taken now (another process won a race with our own
+/// check), else 1 and `e`.
+fn start_failed(id: u64, claims: &[Claim], e: &str) -> ExitCode {
+    match port_check::find_taken(claims) {
+        Some(taken) => {
+            eprintln!("quired: node {id}: {taken}");
+            ExitCode::from(EXIT_CODE_PORT_IN_USE)
+        }
+        None => {
+            eprintln!("quired: node {id}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// Runs the daemon with the config at `config` until a stop signal.
 pub fn run(config: &Path) -> ExitCode {
     run_with(config, DaemonOptions::default())
@@ -95,34 +153,42 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before any log is opened: a second daemon on this config must not
+    // touch the disks of the first.
+    let claims = port_claims(&cfg);
+    if let Some(taken) = port_check::find_taken(&claims) {
+        eprintln!("quired: node {id}: {taken}");
+        return ExitCode::from(EXIT_CODE_PORT_IN_USE);
+    }
+    let (udp_claims, tcp_claims): (Vec<Claim>, Vec<Claim>) =
+        claims.into_iter().partition(|c| c.proto == Proto::Udp);
+    let listener = |key: &str| -> Vec<Claim> {
+        tcp_claims
+            .iter()
+            .filter(|c| c.what == key)
+            .cloned()
+            .collect()
+    };
     let signals = block_stop_signals();
     let groups = cfg.node.groups.len();
     let node = match NodeHandle::spawn_on(cfg.node, &cfg.cores) {
         Ok(n) => Arc::new(n),
-        Err(e) => {
-            eprintln!("quired: node {id}: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return start_failed(id, &udp_claims, &e),
     };
     let admin_token_file = cfg.admin_token_file.clone();
     let admin = match AdminServer::start(cfg.admin_listen, Arc::clone(&node), admin_token_file) {
         Ok(a) => a,
-        Err(e) => {
-            eprintln!("quired: node {id}: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return start_failed(id, &listener("node.admin_listen"), &e),
     };
-    let clients = match ClientServer::start(
+    let clients = match ClientServer::start_with(
         cfg.client_listen,
         Arc::clone(&node),
         &token,
         BTreeMap::new(),
+        cfg.client,
     ) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("quired: node {id}: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return start_failed(id, &listener("node.client_listen"), &e),
     };
     eprintln!(
         "quired: node {id} up: {groups} groups on cores {:?}; clients on {}; admin on http://{}/status",

@@ -844,6 +844,7 @@ impl EventLoop {
                 .is_some_and(|c| c.detector.any_link_dead()),
             transitions: self.transitions.iter().cloned().collect(),
             sends_refused: self.sends_refused,
+            clients: Default::default(),
             mac_failures: self.udp.endpoint().stats().mac_failures,
             malformed_dropped: self.udp.endpoint().stats().malformed_dropped,
             stalls: super::handle::StallView {

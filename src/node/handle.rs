@@ -192,6 +192,8 @@ pub struct NodeStatus {
     pub malformed_dropped: u64,
     /// The replication transport per peer.
     pub transport: Vec<TransportView>,
+    /// The client server's connection counters (zero without one).
+    pub clients: super::client_stats::ClientView,
     /// The node's own stalls (its loops paused or starved), which are not
     /// counted against its peers or timers.
     pub stalls: StallView,
@@ -364,6 +366,8 @@ pub struct NodeHandle {
     cores: Vec<CoreLoop>,
     /// Which loop owns each group.
     owner: BTreeMap<GroupId, usize>,
+    /// Counted by the client server, shown by the admin endpoint.
+    clients: std::sync::Arc<super::client_stats::ClientCounters>,
 }
 
 impl NodeHandle {
@@ -407,6 +411,7 @@ impl NodeHandle {
             id,
             cores: Vec::new(),
             owner: BTreeMap::new(),
+            clients: std::sync::Arc::default(),
         };
         for (i, (core, groups)) in plan.into_iter().enumerate() {
             for g in &groups {
@@ -771,8 +776,14 @@ impl NodeHandle {
         }
         if let Some(m) = merged.as_mut() {
             m.groups.sort_by_key(|g| g.group);
+            m.clients = self.clients.view();
         }
         merged
+    }
+
+    /// The counters the client server keeps for this node.
+    pub fn client_counters(&self) -> &std::sync::Arc<super::client_stats::ClientCounters> {
+        &self.clients
     }
 
     /// Stops every loop: in-flight flushes finish, then they exit.

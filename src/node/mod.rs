@@ -18,13 +18,17 @@
 
 pub mod admin;
 mod admin_auth;
+pub mod client_admission;
+mod client_gate;
 pub mod client_server;
+pub mod client_stats;
 mod config;
 pub mod config_file;
 pub mod daemon;
 mod event_loop;
 mod handle;
 mod local;
+pub mod port_check;
 pub mod processes;
 mod replica;
 mod stall;

@@ -3,7 +3,8 @@
 //! first fault, naming its key.
 
 use super::raw::{
-    RawDisk, RawNode, RawPeer, RawSerial, RawSnapshot, RawStorage, RawTimers, RawTransport, RawUdp,
+    RawClient, RawDisk, RawNode, RawPeer, RawSerial, RawSnapshot, RawStorage, RawTimers,
+    RawTransport, RawUdp,
 };
 use super::{
     bad, Bad, ADMIN_LISTEN_DEFAULT, CLIENT_LISTEN_DEFAULT, CLUSTER_KEY_BYTES_MIN,
@@ -15,6 +16,7 @@ use crate::heartbeat::DetectorConfig;
 use crate::io::BackendChoice;
 use crate::net::UdpConfig;
 use crate::node::admin_auth::ADMIN_TOKEN_BYTES_MIN;
+use crate::node::client_admission::ClientLimits;
 use crate::node::config::{GroupSpec, PeerSpec};
 use crate::serial::SerialConfig;
 use crate::storage::format::BLOCK_BYTES;
@@ -348,6 +350,15 @@ pub(super) fn timers(
         ));
     }
     Ok((detector, raft))
+}
+
+/// `[client]`: the client server's connection bounds.
+pub(super) fn client(raw: RawClient) -> Result<ClientLimits, Bad> {
+    let mut limits = ClientLimits::default();
+    set_present!(limits, raw; hello_timeout_ms, connections_max, unauthenticated_max,
+        connections_per_source_max);
+    limits.validate().map_err(|e| in_section("client", e))?;
+    Ok(limits)
 }
 
 /// `[snapshot]`: when to take one (`entries` of log growth, and at least

@@ -28,6 +28,17 @@ pub(super) struct RawFile {
     pub(super) serial: RawSerial,
     #[serde(default)]
     pub(super) snapshot: RawSnapshot,
+    #[serde(default)]
+    pub(super) client: RawClient,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClient {
+    pub(super) hello_timeout_ms: Option<u64>,
+    pub(super) connections_max: Option<usize>,
+    pub(super) unauthenticated_max: Option<usize>,
+    pub(super) connections_per_source_max: Option<usize>,
 }
 
 #[derive(Default, Deserialize)]
