@@ -18,8 +18,9 @@ mod common;
 
 use quire::client::Client;
 use quire::node::processes::LocalProcesses;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+
+use std::io::Write;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -39,18 +40,7 @@ fn cluster(dir: &Path, tune: impl Fn(&Path)) -> LocalProcesses {
 /// One HTTP/1.1 request with `headers` (`Name: value\r\n` each); the
 /// status code and the body, or `None` if the node does not answer.
 fn http(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(SLOW)).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Some((code, body.to_string()))
+    common::http(addr, method, path, headers, SLOW)
 }
 
 fn status(addr: SocketAddr) -> Option<serde_json::Value> {

@@ -60,18 +60,8 @@ fn log_of(procs: &LocalProcesses, id: u64) -> String {
 
 /// GET `path` from an admin endpoint: the body, if it answered 200.
 fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let limit = Duration::from_secs(2);
-    let mut s = TcpStream::connect_timeout(&addr, limit).ok()?;
-    s.set_read_timeout(Some(limit)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+    let (code, body) = common::http(addr, "GET", path, "", Duration::from_secs(2))?;
+    (code == 200).then_some(body)
 }
 
 /// An unlabelled metric's value in a Prometheus text exposition.

@@ -319,14 +319,15 @@ pub(crate) fn apply_command(
                 ..
             },
         ) => {
-            // Every producer shares one window.
+            // Every producer shares one window, matched by seq alone (as
+            // before fingerprints, which would refuse the other batch).
             let cmd = Command::Produce {
                 queue: queue.clone(),
                 producer_id: 0,
                 seq: *seq,
                 messages: messages.clone(),
             };
-            sm.apply(index, &cmd)
+            sm.apply_without_produce_fingerprints(index, &cmd)
         }
         _ => sm.apply(index, cmd),
     }

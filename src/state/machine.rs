@@ -406,6 +406,26 @@ impl StateMachine {
     /// per entry); a refused command changes no ledger or queue, but its
     /// index (and `now_ms`) count as applied.
     pub fn apply(&mut self, index: Index, cmd: &Command) -> Result<Outcome, Error> {
+        self.apply_checked(index, cmd, true)
+    }
+
+    /// `apply` with produce retries matched by (producer, seq) alone, as
+    /// before fingerprints: for the simulator's planted bug
+    /// `DedupIgnoresProducer` only, which must still lose a produce.
+    pub(crate) fn apply_without_produce_fingerprints(
+        &mut self,
+        index: Index,
+        cmd: &Command,
+    ) -> Result<Outcome, Error> {
+        self.apply_checked(index, cmd, false)
+    }
+
+    fn apply_checked(
+        &mut self,
+        index: Index,
+        cmd: &Command,
+        fingerprints: bool,
+    ) -> Result<Outcome, Error> {
         if index <= self.applied {
             return Err(Error::AlreadyApplied);
         }
@@ -457,8 +477,15 @@ impl StateMachine {
                 seq,
                 messages,
             } => {
-                let (ids, retry) =
-                    qs.produce(queue, *producer_id, *seq, messages, now_ms, index)?;
+                let (ids, retry) = qs.produce_checked(
+                    queue,
+                    *producer_id,
+                    *seq,
+                    messages,
+                    now_ms,
+                    index,
+                    fingerprints,
+                )?;
                 Outcome::Produced { ids, retry }
             }
             Command::Consume {

@@ -21,6 +21,32 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
     }
 }
 
+/// One HTTP/1.1 request with an empty body to an admin endpoint (extra
+/// `headers` are whole lines, each ending in CRLF): the status code and
+/// the body, or `None` if it does not answer within `limit`.
+pub fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    limit: Duration,
+) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, limit).ok()?;
+    s.set_read_timeout(Some(limit)).ok()?;
+    s.set_write_timeout(Some(limit)).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Some((code, body.to_string()))
+}
+
 /// Runs a command; true if it ran and succeeded.
 pub fn run(cmd: &str, args: &[&str]) -> bool {
     Command::new(cmd)

@@ -9,8 +9,9 @@ use quire::client::Client;
 use quire::consensus::NodeId;
 use quire::node::processes::LocalProcesses;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -330,17 +331,6 @@ pub fn fresh_client_id() -> u64 {
 /// GET `path` from an admin endpoint as JSON; None if it does not answer
 /// within half a second or the body is not JSON.
 pub fn http_get_json(addr: SocketAddr, path: &str) -> Option<serde_json::Value> {
-    let limit = Duration::from_millis(500);
-    let mut s = TcpStream::connect_timeout(&addr, limit).ok()?;
-    s.set_read_timeout(Some(limit)).ok()?;
-    s.set_write_timeout(Some(limit)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (_, body) = text.split_once("\r\n\r\n")?;
-    serde_json::from_str(body).ok()
+    let (_, body) = common::http(addr, "GET", path, "", Duration::from_millis(500))?;
+    serde_json::from_str(&body).ok()
 }
