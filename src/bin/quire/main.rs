@@ -1,6 +1,6 @@
 //! `quire`: the operator's and client's command line.
 //!
-//! - `quire up [--nodes 3] [--groups 1] [--dir D] [--demo-only]`: a local
+//! - `quire up [--nodes 3] [--groups 1] [--dir D] [--demo-only] [--force]`: a local
 //!   cluster of real daemon processes on 127.0.0.1 with PTY null-modem
 //!   cables between them; appends a few records, reads them back from every
 //!   node, prints the status, and runs until Ctrl-C (then stops cleanly);
@@ -23,7 +23,7 @@ use quire::client::Client;
 use quire::node::daemon;
 use quire::node::processes::LocalProcesses;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -63,6 +63,11 @@ enum Cmd {
         /// Stop after the demonstration instead of running until Ctrl-C.
         #[arg(long)]
         demo_only: bool,
+        /// Delete --dir even if an earlier `quire up` did not create it
+        /// (without this, only a directory holding quire up's marker file
+        /// `.quire-up`, or an empty one, is reused).
+        #[arg(long)]
+        force: bool,
     },
     /// Every node's groups and links.
     Status {
@@ -273,7 +278,8 @@ fn main() -> ExitCode {
             groups,
             dir,
             demo_only,
-        } => up(nodes, groups, dir, demo_only),
+            force,
+        } => up(nodes, groups, dir, demo_only, force),
         Cmd::Status { target } => status(&target),
         Cmd::Ledger { what } => state::ledger(what),
         Cmd::Queue { what } => state::queue(what),
@@ -465,17 +471,92 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     Ok(())
 }
 
+/// The file `quire up` writes into its directory first. A later `quire
+/// up` deletes a directory that holds it (or is empty) and no other
+/// without `--force`: `--dir` may name a directory of the user's own.
+const UP_MARKER: &str = ".quire-up";
+
+/// Makes way for `quire up` in `dir`: nothing to do if it does not exist
+/// or is empty; deleted if an earlier `quire up` made it (or `force`);
+/// otherwise refused, naming `--force`.
+fn clear_up_dir(dir: &Path, force: bool) -> Result<(), String> {
+    match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("--dir {}: {e}", dir.display())),
+        Ok(mut entries) => {
+            if entries.next().is_none() {
+                return Ok(());
+            }
+        }
+    }
+    if !force && !dir.join(UP_MARKER).is_file() {
+        return Err(format!(
+            "--dir {} exists and quire up did not create it (it has no {UP_MARKER} file), so it is left as it is; name another --dir, or add --force to delete it and everything in it",
+            dir.display()
+        ));
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| format!("clearing {}: {e}", dir.display()))
+}
+
+/// `p` as one shell word: as it is if it needs no quoting, else in single
+/// quotes, so a printed command works when pasted.
+fn shell_word(p: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-:,=+@%".contains(c);
+    if !p.is_empty() && p.chars().all(plain) {
+        p.to_string()
+    } else {
+        format!("'{}'", p.replace('\'', "'\\''"))
+    }
+}
+
+/// Polls every node's status until each sees every link up on both
+/// channels and every peer up (the serial heartbeat needs a few periods
+/// after start), or `limit` passes; true if they did.
+fn wait_for_links_up(c: &mut Client, nodes: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let all_up = |v: &serde_json::Value, key: &str, field: &str| {
+        v[key]
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|l| l[field] == "up"))
+    };
+    let mut pending: Vec<usize> = (0..nodes).collect();
+    while !pending.is_empty() {
+        pending.retain(|&i| {
+            let v = c
+                .status(i)
+                .ok()
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok());
+            !v.is_some_and(|v| all_up(&v, "links", "state") && all_up(&v, "peers", "status"))
+        });
+        if Instant::now() > deadline {
+            return false;
+        }
+        if !pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(50)); // a heartbeat period is 100s of ms
+        }
+    }
+    true
+}
+
 /// `quire up`.
-fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), String> {
+fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
     if !(1..=7).contains(&nodes) || groups == 0 {
         return Err("--nodes must be 1 to 7 and --groups at least 1".into());
     }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
-    }
+    clear_up_dir(&dir, force)?;
+    quire::io::private::create_dir_all(&dir)
+        .and_then(|()| {
+            quire::io::private::write(
+                &dir.join(UP_MARKER),
+                "Written by `quire up`: the next `quire up` naming this directory deletes it.\n",
+            )
+        })
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let signals = daemon::block_stop_signals();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cluster = LocalProcesses::prepare(&dir, nodes, groups, &exe)?;
+    // Absolute from here on (`prepare` made it so), for the printed commands.
+    let dir = cluster.dir.clone();
     cluster.start_all()?;
     let addrs = cluster.client_addrs();
     println!(
@@ -518,31 +599,47 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
     }
     println!("read back identical from {} nodes", copies.len());
     ledger_and_queue_demo(&mut c)?;
+    if !wait_for_links_up(&mut c, addrs.len(), Duration::from_secs(10)) {
+        println!("not every link came up within 10 s (see the ALARM lines)");
+    }
     let target = Target {
         addr: addrs.clone(),
         token_file: dir.join("client.token"),
     };
     status(&target)?;
-    let addr_list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    println!(
-        "\ntry: quire status --addr {} --token-file {}",
-        addr_list.join(","),
-        dir.join("client.token").display()
+    // Commands that work as printed: this binary's own path (`quire` is
+    // not on PATH after `cargo run`) and absolute paths.
+    let quire = shell_word(&exe.to_string_lossy());
+    let on = format!(
+        "--addr {} --token-file {}",
+        addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        shell_word(&dir.join("client.token").to_string_lossy())
     );
+    println!();
+    for n in cluster.nodes.values() {
+        println!(
+            "node {}: client {}, admin http://{}",
+            n.id, n.client, n.admin
+        );
+    }
+    println!("try: {quire} status {on}");
+    println!("     {quire} append {on} 'my record'");
+    println!("     {quire} ledger list {on}");
+    println!("     {quire} queue create {on} jobs");
+    println!("     {quire} queue produce {on} jobs 'my message'");
+    let leader_admin = c
+        .leaders(0)
+        .ok()
+        .and_then(|ls| ls.into_iter().find(|l| l.group == 0).map(|l| l.leader))
+        .and_then(|l| cluster.nodes.get(&l))
+        .map_or("LEADER_ADMIN".to_string(), |n| n.admin.to_string());
     println!(
-        "     quire append --addr {} --token-file {} 'my record'",
-        addr_list.join(","),
-        dir.join("client.token").display()
-    );
-    println!(
-        "     quire ledger list --addr {} --token-file {}",
-        addr_list.join(","),
-        dir.join("client.token").display()
-    );
-    println!(
-        "     quire queue produce --addr {} --token-file {} jobs 'my message'   (after: quire queue create ... jobs)",
-        addr_list.join(","),
-        dir.join("client.token").display()
+        "     {quire} member --admin {leader_admin} --admin-token-file {} --group 0 learner|voter|remove --node N",
+        shell_word(&dir.join("admin.token").to_string_lossy())
     );
     let admins: Vec<String> = cluster
         .nodes
@@ -550,11 +647,8 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
         .map(|n| n.admin.to_string())
         .collect();
     println!(
-        "     quire member --admin LEADER_ADMIN --admin-token-file {} --group 0 learner|voter|remove --node N",
-        dir.join("admin.token").display()
-    );
-    println!(
-        "     (admin endpoints: {}; GET /status and /metrics are open, changes need admin.token)",
+        "     curl -s http://{}/status   (admin endpoints: {}; GET /status and /metrics are open, changes need admin.token)",
+        admins[0],
         admins.join(", ")
     );
     if !demo_only {
