@@ -5,10 +5,13 @@
 //! - `quire up` with a relative `--dir` brings every link of every node up
 //!   on both channels (the configs' paths resolve);
 //! - `quire up` deletes only a directory it made (or with `--force`);
-//! - the commands `quire up` prints work when pasted into a shell.
+//! - the commands `quire up` prints work when pasted into a shell;
+//! - `quire status`: `--json`, the detector's peer labels, exit code 1 on
+//!   an alarm or a node that does not answer ("timed out").
 
 mod common;
 
+use quire::node::processes::LocalProcesses;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -185,5 +188,126 @@ fn the_commands_quire_up_prints_work_as_printed() {
         rest.iter()
             .any(|l| l.contains("node 1 exit 0, node 2 exit 0, node 3 exit 0")),
         "{rest:?}"
+    );
+}
+
+/// Three `quired` daemons under `dir`, started.
+fn cluster(dir: &Path) -> LocalProcesses {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_quired"));
+    let mut c = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
+    c.start_all().expect("daemons start");
+    c
+}
+
+/// `quire ARGS --addr <every node> --token-file DIR/client.token`.
+fn quire_on(procs: &LocalProcesses, args: &[&str]) -> Output {
+    let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
+    Command::new(QUIRE)
+        .args(args)
+        .args(["--addr", &addrs.join(","), "--token-file"])
+        .arg(procs.dir.join("client.token"))
+        .output()
+        .expect("quire runs")
+}
+
+/// The last column of every link row: the peer's classification.
+fn peer_labels(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() >= 3 && (w[1] == "udp" || w[1] == "serial")
+        })
+        .map(|l| l.split_whitespace().last().unwrap().to_string())
+        .collect()
+}
+
+const SERVE_BOUND: Duration = Duration::from_secs(20);
+
+#[test]
+fn quire_status_prints_json_the_detectors_labels_and_exits_1_on_an_alarm_or_a_dead_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = cluster(dir.path());
+    // Healthy: exit 0, every peer classified up, no ALARM.
+    let healthy = common::wait_for("a healthy status, exit 0", SERVE_BOUND, || {
+        let o = quire_on(&procs, &["status"]);
+        o.status.success().then(|| stdout(&o))
+    })
+    .0;
+    assert!(!healthy.contains("ALARM"), "{healthy}");
+    assert!(healthy.contains("peer status"), "{healthy}");
+    let labels = peer_labels(&healthy);
+    assert_eq!(labels.len(), 12, "{healthy}");
+    assert!(labels.iter().all(|l| l == "up"), "{healthy}");
+
+    // --json: one array, each element the node's /status plus its addr.
+    let o = quire_on(&procs, &["status", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON value");
+    let nodes = v.as_array().expect("an array of nodes");
+    assert_eq!(nodes.len(), 3);
+    for (n, addr) in nodes.iter().zip(procs.client_addrs()) {
+        assert_eq!(n["addr"], addr.to_string());
+        assert!(n["node"].as_u64().is_some(), "{n}");
+        assert_eq!(n["alarms"], serde_json::json!([]), "{n}");
+        assert_eq!(n["links"].as_array().unwrap().len(), 4, "{n}");
+        assert_eq!(n["groups"][0]["group"], 0, "{n}");
+        assert!(n["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["status"] == "up"));
+    }
+
+    // A cut serial cable: its ends classify each other serial-down, raise
+    // the alarm, and status exits 1 naming the count.
+    procs.cable(1, 2).unwrap().unplug();
+    // (Only node 1 has a row "2 serial": node 3's cable to 2 is plugged.)
+    let serial_down = |text: &str, peer: &str| {
+        text.lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() > 3 && w[..2] == [peer, "serial"] && w.last() == Some(&"serial-down")
+        })
+    };
+    let (cut, code) = common::wait_for("both ends serial-down", SERVE_BOUND, || {
+        let o = quire_on(&procs, &["status"]);
+        let text = stdout(&o);
+        (serial_down(&text, "1") && serial_down(&text, "2")).then(|| (text, o.status.code()))
+    })
+    .0;
+    assert_eq!(code, Some(1), "{cut}");
+    assert!(cut.contains("ALARM: a link is down"), "{cut}");
+    procs.cable(1, 2).unwrap().replug();
+
+    // A stopped node reads "timed out", not an OS error number.
+    let third = procs.client_addrs()[2];
+    procs.signal(3, libc::SIGSTOP);
+    let o = quire_on(&procs, &["status"]);
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("node at {third}: unreachable (timed out)")),
+        "{text}"
+    );
+    assert!(!text.contains("os error"), "{text}");
+    let err = stderr(&o);
+    assert!(err.contains("1 of 3 nodes unreachable"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let o = quire_on(&procs, &["status", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v[2]["addr"], third.to_string());
+    assert_eq!(v[2]["error"], "timed out");
+
+    // A node that is gone: connection refused, still exit 1.
+    procs.signal(3, libc::SIGKILL);
+    procs.wait(3);
+    let o = quire_on(&procs, &["status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains(&format!(
+            "node at {third}: unreachable (connection refused)"
+        )),
+        "{}",
+        stdout(&o)
     );
 }

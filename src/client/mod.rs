@@ -92,7 +92,7 @@ impl Client {
         }
         let addr = self.addrs[i];
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|e| format!("{addr}: {}", io_text(&e)))?;
         let _ = stream.set_nodelay(true);
         stream
             .set_read_timeout(Some(Duration::from_secs(2)))
@@ -431,7 +431,7 @@ fn read_reply(conn: &mut Conn) -> Result<(u64, Response), String> {
             Ok(None) => {}
             Err(e) => return Err(format!("protocol error: {e:?}")),
         }
-        let n = conn.stream.read(&mut buf).map_err(|e| e.to_string())?;
+        let n = conn.stream.read(&mut buf).map_err(|e| io_text(&e))?;
         if n == 0 {
             return Err("connection closed".into());
         }
@@ -443,6 +443,18 @@ fn read_reply(conn: &mut Conn) -> Result<(u64, Response), String> {
                 return Err("the answer does not fit the session's buffer".into());
             }
         }
+    }
+}
+
+/// An I/O error as an operator reads it: a read that hit the socket's
+/// timeout says so (not "Resource temporarily unavailable (os error 11)").
+fn io_text(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => "timed out".into(),
+        ErrorKind::ConnectionRefused => "connection refused".into(),
+        ErrorKind::ConnectionReset => "connection reset".into(),
+        _ => e.to_string(),
     }
 }
 

@@ -4,7 +4,7 @@
 //!   cluster of real daemon processes on 127.0.0.1 with PTY null-modem
 //!   cables between them; appends a few records, reads them back from every
 //!   node, prints the status, and runs until Ctrl-C (then stops cleanly);
-//! - `quire status --addr A,B,C --token-file F`: every node's groups and
+//! - `quire status --addr A,B,C --token-file F [--json]`: every node's groups and
 //!   link table;
 //! - `quire append|read|tail --addr .. --token-file F --group G ...`: the
 //!   raw group log;
@@ -69,10 +69,16 @@ enum Cmd {
         #[arg(long)]
         force: bool,
     },
-    /// Every node's groups and links.
+    /// Every node's groups and links. Exit code 0 if every node answered
+    /// and none raises an alarm, 1 otherwise.
     Status {
         #[command(flatten)]
         target: Target,
+        /// Print one JSON array: each node's admin `/status` object (with
+        /// its `addr`), or `{"addr", "error"}` for a node that did not
+        /// answer.
+        #[arg(long)]
+        json: bool,
     },
     /// Append records (one per argument) to a group's log.
     Append {
@@ -280,7 +286,16 @@ fn main() -> ExitCode {
             demo_only,
             force,
         } => up(nodes, groups, dir, demo_only, force),
-        Cmd::Status { target } => status(&target),
+        Cmd::Status { target, json } => status(&target, json).and_then(|(unreachable, alarms)| {
+            if unreachable + alarms == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "status: {unreachable} of {} nodes unreachable, {alarms} alarms raised",
+                    target.addr.len()
+                ))
+            }
+        }),
         Cmd::Ledger { what } => state::ledger(what),
         Cmd::Queue { what } => state::queue(what),
         Cmd::Member {
@@ -381,54 +396,101 @@ fn member(
     }
 }
 
-/// Prints every node's status as a table (groups, then links).
-fn status(t: &Target) -> Result<(), String> {
+/// Prints every node's status as a table (groups, then links), or with
+/// `json` as one JSON array: each node's `/status` object with its `addr`
+/// added, or `{"addr", "error"}` for a node that did not answer. Returns
+/// the nodes that did not answer and the alarms raised; `quire status`
+/// exits 1 if either is not zero.
+fn status(t: &Target, json: bool) -> Result<(usize, usize), String> {
     let mut c = client(t)?;
+    let (mut unreachable, mut alarms) = (0, 0);
+    let mut all = Vec::new();
     for (i, addr) in t.addr.iter().enumerate() {
-        let json = match c.status(i) {
-            Ok(j) => j,
+        let v = match c.status(i) {
+            Ok(j) => serde_json::from_str::<serde_json::Value>(&j).map_err(|e| e.to_string())?,
             Err(e) => {
-                println!("node at {addr}: unreachable ({e})");
+                unreachable += 1;
+                let why = match e {
+                    quire::client::ClientError::Unavailable(why) => why,
+                    other => other.to_string(),
+                };
+                // The client names the address already; say it once.
+                let why = why
+                    .strip_prefix(&format!("{addr}: "))
+                    .unwrap_or(&why)
+                    .to_string();
+                if json {
+                    all.push(serde_json::json!({"addr": addr.to_string(), "error": why}));
+                } else {
+                    println!("node at {addr}: unreachable ({why})");
+                }
                 continue;
             }
         };
-        let v: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
-        println!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
-        for alarm in v["alarms"].as_array().into_iter().flatten() {
-            println!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+        alarms += v["alarms"].as_array().map_or(0, Vec::len);
+        if json {
+            let mut v = v;
+            v["addr"] = addr.to_string().into();
+            all.push(v);
+            continue;
         }
-        println!("  group  role           term  leader  commit  applied  persisted  disk");
-        for g in v["groups"].as_array().into_iter().flatten() {
-            let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
-            println!(
-                "  {:<5}  {:<13}  {:>4}  {:>6}  {:>6}  {:>7}  {:>9}  {}",
-                n("group"),
-                g["role"].as_str().unwrap_or("?"),
-                n("term"),
-                n("leader"),
-                n("commit"),
-                n("applied"),
-                n("persisted"),
-                g["disk"].as_str().unwrap_or("?")
-            );
-        }
-        println!("  peer  channel  state  last heard    rtt");
-        for l in v["links"].as_array().into_iter().flatten() {
-            println!(
-                "  {:<4}  {:<7}  {:<5}  {:<12}  {}",
-                l["peer"].as_u64().map_or("?".into(), |p| p.to_string()),
-                l["channel"].as_str().unwrap_or("?"),
-                l["state"].as_str().unwrap_or("?"),
-                l["last_heard_ago_ms"]
-                    .as_u64()
-                    .map_or("never".into(), |t| format!("{t} ms ago")),
-                l["rtt_us"]
-                    .as_u64()
-                    .map_or(String::new(), |r| format!("{r} us"))
-            );
-        }
+        print_node_status(addr, &v);
     }
-    Ok(())
+    if json {
+        println!("{}", serde_json::Value::Array(all));
+    }
+    Ok((unreachable, alarms))
+}
+
+/// One node's `/status` as text: its alarms, groups and links, each link
+/// with its peer's classification by the detector (up, ip-partitioned,
+/// serial-down, down, unknown).
+fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
+    println!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
+    for alarm in v["alarms"].as_array().into_iter().flatten() {
+        println!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+    }
+    println!("  group  role           term  leader  commit  applied  persisted  disk");
+    for g in v["groups"].as_array().into_iter().flatten() {
+        let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
+        println!(
+            "  {:<5}  {:<13}  {:>4}  {:>6}  {:>6}  {:>7}  {:>9}  {}",
+            n("group"),
+            g["role"].as_str().unwrap_or("?"),
+            n("term"),
+            n("leader"),
+            n("commit"),
+            n("applied"),
+            n("persisted"),
+            g["disk"].as_str().unwrap_or("?")
+        );
+    }
+    let peer_status = |peer: &serde_json::Value| {
+        v["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["peer"] == *peer)
+            .and_then(|p| p["status"].as_str())
+            .unwrap_or("-")
+            .to_string()
+    };
+    println!("  peer  channel  state  last heard    rtt       peer status");
+    for l in v["links"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<4}  {:<7}  {:<5}  {:<12}  {:<8}  {}",
+            l["peer"].as_u64().map_or("?".into(), |p| p.to_string()),
+            l["channel"].as_str().unwrap_or("?"),
+            l["state"].as_str().unwrap_or("?"),
+            l["last_heard_ago_ms"]
+                .as_u64()
+                .map_or("never".into(), |t| format!("{t} ms ago")),
+            l["rtt_us"]
+                .as_u64()
+                .map_or("-".into(), |r| format!("{r} us")),
+            peer_status(&l["peer"])
+        );
+    }
 }
 
 /// The ledger and queue half of `quire up`'s demonstration: a ledger
@@ -606,7 +668,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         addr: addrs.clone(),
         token_file: dir.join("client.token"),
     };
-    status(&target)?;
+    status(&target, false)?;
     // Commands that work as printed: this binary's own path (`quire` is
     // not on PATH after `cargo run`) and absolute paths.
     let quire = shell_word(&exe.to_string_lossy());
