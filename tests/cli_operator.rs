@@ -311,3 +311,136 @@ fn quire_status_prints_json_the_detectors_labels_and_exits_1_on_an_alarm_or_a_de
         stdout(&o)
     );
 }
+
+#[test]
+fn every_binary_prints_its_version() {
+    for (name, exe) in [
+        ("quire", QUIRE),
+        ("quired", env!("CARGO_BIN_EXE_quired")),
+        ("quire-sim", env!("CARGO_BIN_EXE_quire-sim")),
+        ("quire-bench", env!("CARGO_BIN_EXE_quire-bench")),
+    ] {
+        let out = Command::new(exe).arg("--version").output().unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_eq!(
+            stdout(&out),
+            format!("{name} {}\n", env!("CARGO_PKG_VERSION")),
+            "{name}"
+        );
+    }
+}
+
+/// Runs `exe args` with its stdout a pipe whose reading end is already
+/// closed (as `| head` leaves it once head has exited).
+fn with_closed_stdout(exe: &str, args: &[&str]) -> Output {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors, each owned once below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fds[0] is the reading end, ours alone; dropped at once.
+    drop(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+    // SAFETY: fds[1] is the writing end, ours alone, handed to the child.
+    let write_end = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    Command::new(exe)
+        .args(args)
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_each_binary_quietly_not_with_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let fake_root = tempfile::tempdir().unwrap();
+    let root = fake_root.path().to_str().unwrap();
+    for (exe, args) in [
+        (QUIRE, vec!["tune", "check", "--root", root]),
+        (QUIRE, vec!["--help"]),
+        (
+            env!("CARGO_BIN_EXE_quire-sim"),
+            vec!["--seeds", "1", "--verbose"],
+        ),
+        (env!("CARGO_BIN_EXE_quire-bench"), vec!["--help"]),
+    ] {
+        let out = with_closed_stdout(exe, &args);
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "{exe} {args:?}: {err}");
+        assert_ne!(out.status.code(), Some(101), "{exe} {args:?}: {err}");
+        // Ended by SIGPIPE, as `cat` is, or by clap's own quiet exit.
+        assert!(
+            out.status.signal() == Some(libc::SIGPIPE) || out.status.code() == Some(0),
+            "{exe} {args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn usage_and_config_errors_exit_2_with_one_line() {
+    let out = Command::new(QUIRE)
+        .args(["up", "--nodes", "9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("1..=7"), "{}", stderr(&out));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, "[node]\nid = 0\n").unwrap();
+    let out = Command::new(QUIRE)
+        .args(["tune", "check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("quire: ") && err.contains("node.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn errors_read_once_and_quire_status_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let procs = cluster(dir.path());
+    let created = common::wait_for("a ledger created", SERVE_BOUND, || {
+        let o = quire_on(&procs, &["ledger", "create", "--json"]);
+        o.status.success().then(|| stdout(&o))
+    })
+    .0;
+    let v: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let (ledger, token) = (v["ledger"].as_u64().unwrap(), v["token"].as_u64().unwrap());
+    let wrong = (token + 1).to_string();
+    let out = quire_on(
+        &procs,
+        &[
+            "ledger",
+            "close",
+            "--ledger",
+            &ledger.to_string(),
+            "--token",
+            &wrong,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "quire: refused (conflict): not the ledger's writer (wrong token)\n"
+    );
+
+    let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
+    let token_file = procs.dir.join("client.token");
+    let args = [
+        "status",
+        "--addr",
+        &addrs.join(","),
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let out = with_closed_stdout(QUIRE, &args);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+}

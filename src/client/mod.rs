@@ -41,10 +41,34 @@ pub enum ClientError {
 impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ClientError::Unavailable(why) => write!(f, "cluster unavailable: {why}"),
-            ClientError::Refused(code, why) => write!(f, "refused ({code}): {why}"),
+            ClientError::Unavailable(why) => {
+                write!(
+                    f,
+                    "cluster unavailable: {}",
+                    without(why, &["unavailable: "])
+                )
+            }
+            ClientError::Refused(code, why) => {
+                let own = format!("{code}: ");
+                write!(
+                    f,
+                    "refused ({code}): {}",
+                    without(why, &["refused: ", &own])
+                )
+            }
         }
     }
+}
+
+/// `why` less the words the error already says in front of it: a reason
+/// relayed through the node and the retry loop arrives as "unavailable:
+/// unavailable: …" or "refused: …", and an error should read once.
+fn without<'a>(why: &'a str, prefixes: &[&str]) -> &'a str {
+    let mut w = why;
+    while let Some(rest) = prefixes.iter().find_map(|p| w.strip_prefix(p)) {
+        w = rest;
+    }
+    w
 }
 
 impl std::error::Error for ClientError {}

@@ -15,8 +15,22 @@
 //!   remove|learner|voter --node N`: one membership change on the group's
 //!   leader, with the admin token;
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
+//!
+//! Exit codes: 0 ok; 1 refused or failed (`status`: a node did not answer
+//! or raises an alarm); 2 bad usage (clap) or a bad config file. Errors
+//! are printed once, on stderr, as `quire: ...`.
 
 mod state;
+
+/// `println!` for `quire up`, whose stdout may close (`quire up | head`)
+/// while its cluster runs: what follows is dropped, and the cluster runs
+/// on until Ctrl-C and stops cleanly (a panic would SIGKILL it).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 use clap::{Parser, Subcommand};
 use quire::client::Client;
@@ -30,7 +44,9 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug)]
 #[command(
     name = "quire",
-    about = "The quire replication appliance: local cluster, status, client"
+    version,
+    about = "The quire replication appliance: local cluster, status, client",
+    after_help = "Exit codes: 0 ok; 1 refused or failed (for `status`: a node did not answer or raises an alarm); 2 bad usage or a bad config file."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -51,11 +67,11 @@ struct Target {
 enum Cmd {
     /// Start a local cluster of real daemons with emulated serial cables.
     Up {
-        /// Nodes (3 or 5 make sense).
-        #[arg(long, default_value_t = 3)]
+        /// Nodes, 1 to 7 (3 or 5 make sense).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
         nodes: u64,
-        /// Raft groups (log disks) per node.
-        #[arg(long, default_value_t = 1)]
+        /// Raft groups (log disks) per node, 1 to 64.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         groups: u32,
         /// Directory for configs, logs and cables (default: ./quire-up).
         #[arg(long, default_value = "quire-up")]
@@ -205,18 +221,25 @@ enum TuneCmd {
     },
 }
 
+/// Why a `quire tune` command did not run: a bad `--config` (exit code 2)
+/// or a failure (1).
+enum TuneError {
+    Config(String),
+    Failed(String),
+}
+
 fn load_config(
     path: &Option<PathBuf>,
-) -> Result<Option<quire::node::config_file::DaemonConfig>, String> {
+) -> Result<Option<quire::node::config_file::DaemonConfig>, TuneError> {
     match path {
         None => Ok(None),
         Some(p) => quire::node::config_file::load(p)
             .map(Some)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| TuneError::Config(e.to_string())),
     }
 }
 
-fn tune(what: TuneCmd) -> Result<bool, String> {
+fn tune(what: TuneCmd) -> Result<bool, TuneError> {
     use quire::tune::{self, Host, Status};
     match what {
         TuneCmd::Check { config, json, root } => {
@@ -248,7 +271,7 @@ fn tune(what: TuneCmd) -> Result<bool, String> {
         }
         TuneCmd::Disk { dir, seconds } => {
             let p = tune::disk::probe(&dir, Duration::from_secs_f64(seconds.max(0.05)))
-                .map_err(|e| format!("probing {}: {e}", dir.display()))?;
+                .map_err(|e| TuneError::Failed(format!("probing {}: {e}", dir.display())))?;
             print!("{}", tune::disk::render(&p));
             Ok(true)
         }
@@ -263,7 +286,20 @@ fn client(t: &Target) -> Result<Client, String> {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout (`quire status | head -1`, `quire tail | head`) ends
+    // the command quietly, as it ends `cat`, instead of a panic with exit
+    // code 101. The client's sockets send with MSG_NOSIGNAL, so only
+    // stdout and stderr can raise SIGPIPE.
+    // SAFETY: signal(2) before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Daemon { .. } | Cmd::Up { .. }) {
+        // Except where it would leave others behind: the daemon must see
+        // EPIPE rather than die, and `quire up` must stop its cluster
+        // (its output after a closed pipe is dropped: `say!`).
+        // SAFETY: as above.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    }
     let r = match cli.cmd {
         Cmd::Daemon {
             config,
@@ -277,7 +313,11 @@ fn main() -> ExitCode {
         Cmd::Tune { what } => match tune(what) {
             Ok(true) => return ExitCode::SUCCESS,
             Ok(false) => return ExitCode::from(1),
-            Err(e) => Err(e),
+            Err(TuneError::Config(e)) => {
+                eprintln!("quire: {e}");
+                return ExitCode::from(2);
+            }
+            Err(TuneError::Failed(e)) => Err(e),
         },
         Cmd::Up {
             nodes,
@@ -422,7 +462,7 @@ fn status(t: &Target, json: bool) -> Result<(usize, usize), String> {
                 if json {
                     all.push(serde_json::json!({"addr": addr.to_string(), "error": why}));
                 } else {
-                    println!("node at {addr}: unreachable ({why})");
+                    say!("node at {addr}: unreachable ({why})");
                 }
                 continue;
             }
@@ -446,14 +486,14 @@ fn status(t: &Target, json: bool) -> Result<(usize, usize), String> {
 /// with its peer's classification by the detector (up, ip-partitioned,
 /// serial-down, down, unknown).
 fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
-    println!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
+    say!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
     for alarm in v["alarms"].as_array().into_iter().flatten() {
-        println!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+        say!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
     }
-    println!("  group  role           term  leader  commit  applied  persisted  disk");
+    say!("  group  role           term  leader  commit  applied  persisted  disk");
     for g in v["groups"].as_array().into_iter().flatten() {
         let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
-        println!(
+        say!(
             "  {:<5}  {:<13}  {:>4}  {:>6}  {:>6}  {:>7}  {:>9}  {}",
             n("group"),
             g["role"].as_str().unwrap_or("?"),
@@ -475,9 +515,9 @@ fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
             .unwrap_or("-")
             .to_string()
     };
-    println!("  peer  channel  state  last heard    rtt       peer status");
+    say!("  peer  channel  state  last heard    rtt       peer status");
     for l in v["links"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "  {:<4}  {:<7}  {:<5}  {:<12}  {:<8}  {}",
             l["peer"].as_u64().map_or("?".into(), |p| p.to_string()),
             l["channel"].as_str().unwrap_or("?"),
@@ -505,7 +545,7 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     let info = c.ledger_open(0, w.id, true).map_err(e)?;
     let fenced = c.ledger_append(0, w, b"late").is_err();
     let read = c.ledger_read(0, w.id, 0, u64::MAX).map_err(e)?;
-    println!(
+    say!(
         "ledger {}: 3 entries confirmed; opened with recovery (sealed at {:?}); the writer is {}; read back {} entries",
         w.id,
         info.lac,
@@ -524,7 +564,7 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     let acked = c
         .ack(0, &queue, &got.iter().map(|d| d.id).collect::<Vec<_>>())
         .map_err(e)?;
-    println!(
+    say!(
         "queue {queue}: produced ids {}..{}, consumed {}, acked {acked}",
         ids.start,
         ids.end,
@@ -602,9 +642,6 @@ fn wait_for_links_up(c: &mut Client, nodes: usize, limit: Duration) -> bool {
 
 /// `quire up`.
 fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
-    if !(1..=7).contains(&nodes) || groups == 0 {
-        return Err("--nodes must be 1 to 7 and --groups at least 1".into());
-    }
     clear_up_dir(&dir, force)?;
     quire::io::private::create_dir_all(&dir)
         .and_then(|()| {
@@ -621,7 +658,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     let dir = cluster.dir.clone();
     cluster.start_all()?;
     let addrs = cluster.client_addrs();
-    println!(
+    say!(
         "quire: {nodes} nodes starting in {} (logs: nodeN/quired.log)",
         dir.display()
     );
@@ -636,9 +673,9 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
             .append(0, record.as_bytes())
             .map_err(|e| format!("appending: {e}"))?;
         indexes.push(index);
-        println!("appended {record:?} at index {index}");
+        say!("appended {record:?} at index {index}");
     }
-    println!(
+    say!(
         "5 appends confirmed in {:?} (durable on a majority)",
         started.elapsed()
     );
@@ -659,10 +696,10 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     if !same {
         return Err(format!("the nodes' copies differ: {copies:?}"));
     }
-    println!("read back identical from {} nodes", copies.len());
+    say!("read back identical from {} nodes", copies.len());
     ledger_and_queue_demo(&mut c)?;
     if !wait_for_links_up(&mut c, addrs.len(), Duration::from_secs(10)) {
-        println!("not every link came up within 10 s (see the ALARM lines)");
+        say!("not every link came up within 10 s (see the ALARM lines)");
     }
     let target = Target {
         addr: addrs.clone(),
@@ -681,25 +718,27 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
             .join(","),
         shell_word(&dir.join("client.token").to_string_lossy())
     );
-    println!();
+    say!();
     for n in cluster.nodes.values() {
-        println!(
+        say!(
             "node {}: client {}, admin http://{}",
-            n.id, n.client, n.admin
+            n.id,
+            n.client,
+            n.admin
         );
     }
-    println!("try: {quire} status {on}");
-    println!("     {quire} append {on} 'my record'");
-    println!("     {quire} ledger list {on}");
-    println!("     {quire} queue create {on} jobs");
-    println!("     {quire} queue produce {on} jobs 'my message'");
+    say!("try: {quire} status {on}");
+    say!("     {quire} append {on} 'my record'");
+    say!("     {quire} ledger list {on}");
+    say!("     {quire} queue create {on} jobs");
+    say!("     {quire} queue produce {on} jobs 'my message'");
     let leader_admin = c
         .leaders(0)
         .ok()
         .and_then(|ls| ls.into_iter().find(|l| l.group == 0).map(|l| l.leader))
         .and_then(|l| cluster.nodes.get(&l))
         .map_or("LEADER_ADMIN".to_string(), |n| n.admin.to_string());
-    println!(
+    say!(
         "     {quire} member --admin {leader_admin} --admin-token-file {} --group 0 learner|voter|remove --node N",
         shell_word(&dir.join("admin.token").to_string_lossy())
     );
@@ -708,18 +747,18 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         .values()
         .map(|n| n.admin.to_string())
         .collect();
-    println!(
+    say!(
         "     curl -s http://{}/status   (admin endpoints: {}; GET /status and /metrics are open, changes need admin.token)",
         admins[0],
         admins.join(", ")
     );
     if !demo_only {
-        println!("Ctrl-C stops the cluster cleanly.");
+        say!("Ctrl-C stops the cluster cleanly.");
         daemon::wait_for_signal(&signals);
     }
     let results = cluster.stop_all();
     let clean = results.iter().all(|(_, code)| *code == Some(0));
-    println!(
+    say!(
         "stopped: {}",
         results
             .iter()
