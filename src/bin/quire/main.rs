@@ -20,6 +20,7 @@
 //! or raises an alarm); 2 bad usage (clap) or a bad config file. Errors
 //! are printed once, on stderr, as `quire: ...`.
 
+mod input;
 mod state;
 
 /// `println!` for `quire up`, whose stdout may close (`quire up | head`)
@@ -96,14 +97,16 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Append records (one per argument) to a group's log.
+    /// Append records (one per argument) to a group's log; given `-`,
+    /// one per line of stdin, pipelined as the lines arrive.
     Append {
         #[command(flatten)]
         target: Target,
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// The records.
+        /// The records, or `-` for stdin's lines.
+        #[arg(required = true)]
         records: Vec<String>,
     },
     /// Read committed records of a group's log.
@@ -113,11 +116,11 @@ enum Cmd {
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// First index.
-        #[arg(long, default_value_t = 1)]
+        /// First index (the log starts at 1).
+        #[arg(long, default_value_t = 1, value_parser = input::log_index)]
         from: u64,
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many (1 to 4096: one read's answer).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=4096))]
         max: u32,
     },
     /// Follow a group's log from an index, printing records as they commit.
@@ -127,8 +130,8 @@ enum Cmd {
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// First index.
-        #[arg(long, default_value_t = 1)]
+        /// First index (the log starts at 1).
+        #[arg(long, default_value_t = 1, value_parser = input::log_index)]
         from: u64,
     },
     /// Check and tune the host (see tuning/README.md).
@@ -350,9 +353,16 @@ fn main() -> ExitCode {
             group,
             records,
         } => client(&target).and_then(|mut c| {
-            for r in records {
-                let index = c.append(group, r.as_bytes()).map_err(|e| e.to_string())?;
-                println!("appended at index {index}: {r}");
+            let mut records = input::Records::from_args(records);
+            // Up to 1024 records in flight on the leader's connection, 64
+            // to a batch request (`Client::append_all`).
+            while let Some(batch) = records.next_batch(1024, 1 << 20)? {
+                let indexes = c
+                    .append_all(group, &batch, 16, 64)
+                    .map_err(|e| e.to_string())?;
+                for (index, r) in indexes.iter().zip(&batch) {
+                    println!("appended at index {index}: {}", String::from_utf8_lossy(r));
+                }
             }
             Ok(())
         }),
