@@ -574,3 +574,41 @@ fn append_and_produce_read_one_record_per_line_of_stdin_given_a_dash() {
         serde_json::from_str(stdout(&got).lines().next().unwrap()).unwrap();
     assert_eq!(first["data"], "job 1");
 }
+
+#[test]
+fn tune_disk_refuses_a_missing_directory_and_tune_apply_names_both_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let out = Command::new(QUIRE)
+        .args(["tune", "disk", "--seconds", "0.05"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("typo") && err.contains("no such directory"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!missing.exists(), "not created");
+    assert_eq!(stdout(&out), "", "nothing was measured");
+
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(QUIRE)
+        .args(["tune", "disk"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+
+    let out = Command::new(QUIRE)
+        .args(["tune", "apply"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("--dry-run") && err.contains("--yes"), "{err}");
+}

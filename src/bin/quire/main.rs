@@ -198,13 +198,15 @@ enum TuneCmd {
         #[arg(long, default_value = "/")]
         root: PathBuf,
     },
-    /// Apply the settings that are safe to change at run time.
+    /// Apply the settings that are safe to change at run time: with
+    /// --dry-run, print them; with --yes, change them (one is needed).
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["dry_run", "yes"])))]
     Apply {
         /// The node's config file.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Only print what would change.
-        #[arg(long, conflicts_with = "yes", required_unless_present = "yes")]
+        #[arg(long, conflicts_with = "yes")]
         dry_run: bool,
         /// Change them.
         #[arg(long)]
@@ -224,10 +226,10 @@ enum TuneCmd {
     },
 }
 
-/// Why a `quire tune` command did not run: a bad `--config` (exit code 2)
-/// or a failure (1).
+/// Why a `quire tune` command did not run: a bad `--config` or argument
+/// (exit code 2) or a failure (1).
 enum TuneError {
-    Config(String),
+    Usage(String),
     Failed(String),
 }
 
@@ -238,7 +240,7 @@ fn load_config(
         None => Ok(None),
         Some(p) => quire::node::config_file::load(p)
             .map(Some)
-            .map_err(|e| TuneError::Config(e.to_string())),
+            .map_err(|e| TuneError::Usage(e.to_string())),
     }
 }
 
@@ -273,6 +275,17 @@ fn tune(what: TuneCmd) -> Result<bool, TuneError> {
             Ok(!lines.iter().any(|l| l.starts_with("could not")))
         }
         TuneCmd::Disk { dir, seconds } => {
+            if !dir.is_dir() {
+                let what = if dir.exists() {
+                    "not a directory"
+                } else {
+                    "no such directory; it is not created (that would probe the filesystem of its parent)"
+                };
+                return Err(TuneError::Usage(format!(
+                    "tune disk {}: {what}: name an existing directory on the disk to probe",
+                    dir.display()
+                )));
+            }
             let p = tune::disk::probe(&dir, Duration::from_secs_f64(seconds.max(0.05)))
                 .map_err(|e| TuneError::Failed(format!("probing {}: {e}", dir.display())))?;
             print!("{}", tune::disk::render(&p));
@@ -316,7 +329,7 @@ fn main() -> ExitCode {
         Cmd::Tune { what } => match tune(what) {
             Ok(true) => return ExitCode::SUCCESS,
             Ok(false) => return ExitCode::from(1),
-            Err(TuneError::Config(e)) => {
+            Err(TuneError::Usage(e)) => {
                 eprintln!("quire: {e}");
                 return ExitCode::from(2);
             }
