@@ -55,6 +55,17 @@ fn quire_up_with_a_relative_dir_brings_every_link_up_on_both_channels() {
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     assert!(!text.contains("ALARM"), "{text}");
+    // No Rust debug formatting in the demo's lines.
+    assert!(text.contains("(sealed at entry 2)"), "{text}");
+    assert!(!text.contains("Some("), "{text}");
+    let took = text
+        .lines()
+        .find_map(|l| l.strip_prefix("5 appends confirmed in "))
+        .unwrap();
+    assert!(
+        took.split(' ').next().unwrap().parse::<f64>().is_ok(),
+        "{took}"
+    );
     let rows = link_rows(&text);
     // 3 nodes × 2 peers × 2 channels.
     assert_eq!(rows.len(), 12, "{text}");
@@ -611,4 +622,95 @@ fn tune_disk_refuses_a_missing_directory_and_tune_apply_names_both_modes() {
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("--dry-run") && err.contains("--yes"), "{err}");
+}
+
+/// True if `s` is RFC 3339 to the millisecond: `2026-12-01T11:16:15.451Z`
+/// or with a `+01:00` offset.
+fn is_rfc3339_ms(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    let zone = &s[23.min(s.len())..];
+    s.len() >= 24
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'.'
+        && digits(20..23)
+        && (zone == "Z"
+            || (zone.len() == 6
+                && (zone.starts_with('+') || zone.starts_with('-'))
+                && zone.as_bytes()[3] == b':'))
+}
+
+#[test]
+fn human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let procs = cluster(dir.path());
+    let json = |o: &Output| -> serde_json::Value {
+        serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+    };
+    let created = common::wait_for("a ledger created", SERVE_BOUND, || {
+        let o = quire_on(&procs, &["ledger", "create", "--json"]);
+        o.status.success().then(|| json(&o))
+    })
+    .0;
+    let (id, token) = (created["ledger"].to_string(), created["token"].to_string());
+    // An empty ledger: its LAC and last entry are absent.
+    let open = quire_on(&procs, &["ledger", "open", "--ledger", &id]);
+    let text = stdout(&open);
+    assert!(
+        text.contains(": open, 0 entries, 0 bytes, LAC -, created "),
+        "{text}"
+    );
+    let closed = quire_on(
+        &procs,
+        &["ledger", "close", "--ledger", &id, "--token", &token],
+    );
+    assert_eq!(
+        stdout(&closed),
+        format!("ledger {id} closed; last entry -\n")
+    );
+    // One with entries.
+    let w = json(&quire_on(&procs, &["ledger", "create", "--json"]));
+    let (id2, token2) = (w["ledger"].to_string(), w["token"].to_string());
+    let ok = quire_on(
+        &procs,
+        &[
+            "ledger", "append", "--ledger", &id2, "--token", &token2, "a", "b",
+        ],
+    );
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let closed = quire_on(
+        &procs,
+        &["ledger", "close", "--ledger", &id2, "--token", &token2],
+    );
+    assert_eq!(
+        stdout(&closed),
+        format!("ledger {id2} closed; last entry 1\n")
+    );
+
+    let list = stdout(&quire_on(&procs, &["ledger", "list"]));
+    let rows: Vec<Vec<&str>> = list.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), 2, "{list}");
+    for r in &rows {
+        assert_eq!(r.len(), 6, "{list}");
+        assert_eq!(r[1], "closed", "{list}");
+        let date = r[5].strip_prefix("created ").unwrap();
+        assert!(is_rfc3339_ms(date), "{date}");
+    }
+    assert_eq!(rows[0][4], "LAC -");
+    assert_eq!(rows[1][4], "LAC 1");
+    for text in [&list, &stdout(&open)] {
+        for debug in ["Some(", "None", "Open", "Closed", " ms"] {
+            assert!(!text.contains(debug), "{debug:?} in {text}");
+        }
+    }
 }

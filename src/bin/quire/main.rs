@@ -20,6 +20,7 @@
 //! or raises an alarm); 2 bad usage (clap) or a bad config file. Errors
 //! are printed once, on stderr, as `quire: ...`.
 
+mod human;
 mod input;
 mod state;
 
@@ -569,9 +570,9 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     let fenced = c.ledger_append(0, w, b"late").is_err();
     let read = c.ledger_read(0, w.id, 0, u64::MAX).map_err(e)?;
     say!(
-        "ledger {}: 3 entries confirmed; opened with recovery (sealed at {:?}); the writer is {}; read back {} entries",
+        "ledger {}: 3 entries confirmed; opened with recovery (sealed at entry {}); the writer is {}; read back {} entries",
         w.id,
-        info.lac,
+        human::opt(info.lac),
         if fenced { "fenced" } else { "NOT fenced" },
         read.len()
     );
@@ -699,8 +700,8 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         say!("appended {record:?} at index {index}");
     }
     say!(
-        "5 appends confirmed in {:?} (durable on a majority)",
-        started.elapsed()
+        "5 appends confirmed in {} (durable on a majority)",
+        human::duration(started.elapsed())
     );
     // Every node applies them: read each node's copy back.
     let deadline = Instant::now() + Duration::from_secs(10);

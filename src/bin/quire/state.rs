@@ -2,6 +2,7 @@
 //! commands, each one request to the group's leader, printed as text or,
 //! with `--json`, as one JSON object per line.
 
+use super::human;
 use super::input::{queue_name, Records};
 use super::{client, Target};
 use clap::Subcommand;
@@ -192,10 +193,18 @@ fn text(data: &[u8]) -> String {
     String::from_utf8_lossy(data).into_owned()
 }
 
+fn state_name(l: &LedgerInfo) -> &'static str {
+    if l.state == quire::state::ledger::LedgerState::Closed {
+        "closed"
+    } else {
+        "open"
+    }
+}
+
 fn ledger_json(l: &LedgerInfo) -> Value {
     json!({
         "ledger": l.id,
-        "state": if l.state == quire::state::ledger::LedgerState::Closed { "closed" } else { "open" },
+        "state": state_name(l),
         "fenced": l.fenced,
         "length": l.length,
         "bytes": l.bytes,
@@ -259,7 +268,7 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
         LedgerCmd::Close { on, ledger, token } => {
             let w = LedgerWriter { id: ledger, token };
             let last = connect(&on)?.ledger_close(on.group, w).map_err(e)?;
-            let plain = format!("ledger {ledger} closed; last entry {last:?}");
+            let plain = format!("ledger {ledger} closed; last entry {}", human::opt(last));
             say(&on, json!({"ledger": ledger, "last_entry": last}), plain);
         }
         LedgerCmd::Open {
@@ -271,13 +280,14 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
                 .ledger_open(on.group, ledger, recover)
                 .map_err(e)?;
             let plain = format!(
-                "ledger {}: {:?}{}, {} entries, {} bytes, LAC {:?}",
+                "ledger {}: {}{}, {} entries, {} bytes, LAC {}, created {}",
                 l.id,
-                l.state,
+                state_name(&l),
                 if l.fenced { " (fenced)" } else { "" },
                 l.length,
                 l.bytes,
-                l.lac
+                human::opt(l.lac),
+                human::rfc3339_local(l.created_ms)
             );
             say(&on, ledger_json(&l), plain);
         }
@@ -328,14 +338,14 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
         LedgerCmd::List { on } => {
             for l in connect(&on)?.ledger_list(on.group).map_err(e)? {
                 let plain = format!(
-                    "{}\t{:?}{}\t{} entries\t{} bytes\tLAC {:?}\tcreated {} ms",
+                    "{}\t{}{}\t{} entries\t{} bytes\tLAC {}\tcreated {}",
                     l.id,
-                    l.state,
+                    state_name(&l),
                     if l.fenced { " fenced" } else { "" },
                     l.length,
                     l.bytes,
-                    l.lac,
-                    l.created_ms
+                    human::opt(l.lac),
+                    human::rfc3339_local(l.created_ms)
                 );
                 say(&on, ledger_json(&l), plain);
             }
