@@ -188,6 +188,11 @@ fn the_commands_quire_up_prints_work_as_printed() {
     let out = sh(append);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("my record"), "{}", stdout(&out));
+    let member = commands.iter().find(|c| c.contains(" member ")).unwrap();
+    assert!(
+        !member.contains("LEADER_ADMIN") && !member.contains('|'),
+        "{member}"
+    );
     for verb in [" queue create ", " queue produce ", " ledger list "] {
         let cmd = commands.iter().find(|c| c.contains(verb)).unwrap();
         let out = sh(cmd);

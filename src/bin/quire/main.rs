@@ -763,7 +763,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         .and_then(|l| cluster.nodes.get(&l))
         .map_or("LEADER_ADMIN".to_string(), |n| n.admin.to_string());
     say!(
-        "     {quire} member --admin {leader_admin} --admin-token-file {} --group 0 learner|voter|remove --node N",
+        "     {quire} member --admin {leader_admin} --admin-token-file {} --group 0 CHANGE --node N   (CHANGE: learner, voter or remove)",
         shell_word(&dir.join("admin.token").to_string_lossy())
     );
     let admins: Vec<String> = cluster
