@@ -719,3 +719,28 @@ fn human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dash
         }
     }
 }
+
+#[test]
+fn a_bench_job_that_could_not_run_exits_1_and_says_error_in_its_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("client.token");
+    std::fs::write(&token, "no-such-cluster").unwrap();
+    // Nothing listens on port 9: not one append can succeed.
+    let out = Command::new(env!("CARGO_BIN_EXE_quire-bench"))
+        .args([
+            "--name=nocluster",
+            "--ioengine=cluster",
+            "--servers=127.0.0.1:9",
+            "--runtime=1",
+            "--output-format=json",
+        ])
+        .arg(format!("--token_file={}", token.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 1, "{job}");
+    let msg = job["error_message"].as_str().expect("an error_message");
+    assert!(msg.starts_with("no operation succeeded; failed: "), "{msg}");
+}
