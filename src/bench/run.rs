@@ -218,6 +218,24 @@ fn run_group(
             results.push(grouped);
         }
     }
+    // A job that could not run at all (no cluster, a wrong token) failed,
+    // even though each operation's error was counted rather than returned:
+    // its report says so and quire-bench exits 1.
+    for r in &mut results {
+        let ops = r.stats.write.ops + r.stats.read.ops;
+        if r.error.is_none() && ops == 0 && !r.stats.errors.is_empty() {
+            let kinds: Vec<String> = r
+                .stats
+                .errors
+                .iter()
+                .map(|(kind, n)| format!("{n} {kind}"))
+                .collect();
+            r.error = Some(format!(
+                "no operation succeeded; failed: {}",
+                kinds.join(", ")
+            ));
+        }
+    }
     Ok(results)
 }
 

@@ -14,6 +14,7 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(
     name = "quire-sim",
+    version,
     about = "Deterministic simulation of a quire cluster"
 )]
 struct Args {
@@ -54,6 +55,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // `quire-sim --seeds 1000 --verbose | head` ends quietly, as `cat` does,
+    // instead of panicking on the closed pipe.
+    // SAFETY: signal(2) before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
     let Some(workload) = Workload::by_name(&args.workload) else {
         eprintln!(

@@ -1,11 +1,15 @@
 //! `quired`: the quire node daemon. See `quire::node::daemon`.
+//!
+//! Exit codes: 0 after a clean stop (SIGTERM or SIGINT), 1 if it failed
+//! while running, 2 for bad usage or a bad config file. SIGPIPE stays
+//! ignored (Rust's default): a daemon must see EPIPE on a socket, not die.
 
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "quired", about = "The quire node daemon")]
+#[command(name = "quired", version, about = "The quire node daemon")]
 struct Args {
     /// The node's config file (TOML; see the README's "Node config file").
     #[arg(long)]

@@ -45,10 +45,34 @@ pub enum ClientError {
 impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ClientError::Unavailable(why) => write!(f, "cluster unavailable: {why}"),
-            ClientError::Refused(code, why) => write!(f, "refused ({code}): {why}"),
+            ClientError::Unavailable(why) => {
+                write!(
+                    f,
+                    "cluster unavailable: {}",
+                    without(why, &["unavailable: "])
+                )
+            }
+            ClientError::Refused(code, why) => {
+                let own = format!("{code}: ");
+                write!(
+                    f,
+                    "refused ({code}): {}",
+                    without(why, &["refused: ", &own])
+                )
+            }
         }
     }
+}
+
+/// `why` less the words the error already says in front of it: a reason
+/// relayed through the node and the retry loop arrives as "unavailable:
+/// unavailable: …" or "refused: …", and an error should read once.
+fn without<'a>(why: &'a str, prefixes: &[&str]) -> &'a str {
+    let mut w = why;
+    while let Some(rest) = prefixes.iter().find_map(|p| w.strip_prefix(p)) {
+        w = rest;
+    }
+    w
 }
 
 impl std::error::Error for ClientError {}
@@ -128,7 +152,7 @@ impl Client {
             return Ok(());
         }
         let addr = self.addrs[i];
-        let lost = |e: std::io::Error| CallError::Lost(format!("{addr}: {e}"));
+        let lost = |e: std::io::Error| CallError::Lost(format!("{addr}: {}", io_text(&e)));
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map_err(lost)?;
         let _ = stream.set_nodelay(true);
         stream
@@ -497,7 +521,7 @@ fn read_reply(conn: &mut Conn) -> Result<(u64, Response), CallError> {
         let n = conn
             .stream
             .read(&mut buf)
-            .map_err(|e| CallError::Lost(e.to_string()))?;
+            .map_err(|e| CallError::Lost(io_text(&e)))?;
         if n == 0 {
             return Err(CallError::Lost("connection closed".into()));
         }
@@ -511,6 +535,18 @@ fn read_reply(conn: &mut Conn) -> Result<(u64, Response), CallError> {
                 ));
             }
         }
+    }
+}
+
+/// An I/O error as an operator reads it: a read that hit the socket's
+/// timeout says so (not "Resource temporarily unavailable (os error 11)").
+fn io_text(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => "timed out".into(),
+        ErrorKind::ConnectionRefused => "connection refused".into(),
+        ErrorKind::ConnectionReset => "connection reset".into(),
+        _ => e.to_string(),
     }
 }
 

@@ -76,6 +76,14 @@ fn free_udp_base(groups: u32) -> std::io::Result<u16> {
     Err(std::io::Error::other("no run of free UDP ports"))
 }
 
+/// `p` as a TOML basic string (a JSON string is one: the same escapes).
+fn toml_path(p: &Path) -> Result<String, String> {
+    let s = p
+        .to_str()
+        .ok_or_else(|| format!("{}: the path is not UTF-8", p.display()))?;
+    Ok(serde_json::Value::from(s).to_string())
+}
+
 fn random_hex(bytes: usize) -> String {
     let mut s = String::new();
     for _ in 0..bytes.div_ceil(8) {
@@ -88,11 +96,20 @@ fn random_hex(bytes: usize) -> String {
 impl LocalProcesses {
     /// Writes the key, tokens, configs and cables for `n` nodes of `groups`
     /// groups each under `dir` (created if missing); starts nothing yet.
+    ///
+    /// A relative `dir` is made absolute first (against the current
+    /// directory): the config loader resolves a relative path in a config
+    /// against the config file's directory, so a path written relative to
+    /// the current directory (`quire-up/cables/1-2/ttyA`) would name a
+    /// cable that does not exist. The paths in the configs are either
+    /// absolute (serial devices) or relative to the config by construction
+    /// (`../cluster.key`, `log0`).
     pub fn prepare(dir: &Path, n: u64, groups: u32, exe: &Path) -> Result<LocalProcesses, String> {
         let io = |what: &str| {
             let what = what.to_string();
             move |e: std::io::Error| format!("{what}: {e}")
         };
+        let dir = &std::path::absolute(dir).map_err(io("the cluster directory"))?;
         private::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
         let token = random_hex(24);
         private::write(&dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
@@ -149,7 +166,7 @@ impl LocalProcesses {
             let _ = writeln!(t, "\n[storage]\nsegment_bytes = 8388608");
             for (&p, peer) in nodes.iter().filter(|(&p, _)| p != id) {
                 let _ = writeln!(t, "\n[[peers]]\nid = {p}\nudp = \"127.0.0.1:{}\"", peer.udp);
-                let _ = writeln!(t, "serial = \"{}\"", ends[&(id, p)].display());
+                let _ = writeln!(t, "serial = {}", toml_path(&ends[&(id, p)])?);
             }
             for g in 0..groups {
                 let _ = writeln!(t, "\n[[disks]]\npath = \"log{g}\"\ngroup = {g}");

@@ -48,8 +48,15 @@ pub struct Probe {
 }
 
 /// Probes the disk holding `dir` for about `per_size` per write size.
+/// `dir` must be an existing directory: creating it would probe the
+/// filesystem of its nearest existing parent (a typo would measure `/`).
 pub fn probe(dir: &Path, per_size: Duration) -> io::Result<Probe> {
-    crate::io::private::create_dir_all(dir)?;
+    if !std::fs::metadata(dir)?.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            "not a directory",
+        ));
+    }
     let path = dir.join("quire-tune-disk.probe");
     // Lay the file out once (like the WAL's preallocated segments), so the
     // timed writes overwrite allocated blocks.

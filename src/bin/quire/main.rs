@@ -1,10 +1,10 @@
 //! `quire`: the operator's and client's command line.
 //!
-//! - `quire up [--nodes 3] [--groups 1] [--dir D] [--demo-only]`: a local
+//! - `quire up [--nodes 3] [--groups 1] [--dir D] [--demo-only] [--force]`: a local
 //!   cluster of real daemon processes on 127.0.0.1 with PTY null-modem
 //!   cables between them; appends a few records, reads them back from every
 //!   node, prints the status, and runs until Ctrl-C (then stops cleanly);
-//! - `quire status --addr A,B,C --token-file F`: every node's groups and
+//! - `quire status --addr A,B,C --token-file F [--json]`: every node's groups and
 //!   link table;
 //! - `quire append|read|tail --addr .. --token-file F --group G ...`: the
 //!   raw group log;
@@ -15,22 +15,40 @@
 //!   remove|learner|voter --node N`: one membership change on the group's
 //!   leader, with the admin token;
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
+//!
+//! Exit codes: 0 ok; 1 refused or failed (`status`: a node did not answer
+//! or raises an alarm); 2 bad usage (clap) or a bad config file. Errors
+//! are printed once, on stderr, as `quire: ...`.
 
+mod human;
+mod input;
 mod state;
+
+/// `println!` for `quire up`, whose stdout may close (`quire up | head`)
+/// while its cluster runs: what follows is dropped, and the cluster runs
+/// on until Ctrl-C and stops cleanly (a panic would SIGKILL it).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 use clap::{Parser, Subcommand};
 use quire::client::Client;
 use quire::node::daemon;
 use quire::node::processes::LocalProcesses;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "quire",
-    about = "The quire replication appliance: local cluster, status, client"
+    version,
+    about = "The quire replication appliance: local cluster, status, client",
+    after_help = "Exit codes: 0 ok; 1 refused or failed (for `status`: a node did not answer or raises an alarm); 2 bad usage or a bad config file."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -51,11 +69,11 @@ struct Target {
 enum Cmd {
     /// Start a local cluster of real daemons with emulated serial cables.
     Up {
-        /// Nodes (3 or 5 make sense).
-        #[arg(long, default_value_t = 3)]
+        /// Nodes, 1 to 7 (3 or 5 make sense).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
         nodes: u64,
-        /// Raft groups (log disks) per node.
-        #[arg(long, default_value_t = 1)]
+        /// Raft groups (log disks) per node, 1 to 64.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         groups: u32,
         /// Directory for configs, logs and cables (default: ./quire-up).
         #[arg(long, default_value = "quire-up")]
@@ -63,20 +81,33 @@ enum Cmd {
         /// Stop after the demonstration instead of running until Ctrl-C.
         #[arg(long)]
         demo_only: bool,
+        /// Delete --dir even if an earlier `quire up` did not create it
+        /// (without this, only a directory holding quire up's marker file
+        /// `.quire-up`, or an empty one, is reused).
+        #[arg(long)]
+        force: bool,
     },
-    /// Every node's groups and links.
+    /// Every node's groups and links. Exit code 0 if every node answered
+    /// and none raises an alarm, 1 otherwise.
     Status {
         #[command(flatten)]
         target: Target,
+        /// Print one JSON array: each node's admin `/status` object (with
+        /// its `addr`), or `{"addr", "error"}` for a node that did not
+        /// answer.
+        #[arg(long)]
+        json: bool,
     },
-    /// Append records (one per argument) to a group's log.
+    /// Append records (one per argument) to a group's log; given `-`,
+    /// one per line of stdin, pipelined as the lines arrive.
     Append {
         #[command(flatten)]
         target: Target,
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// The records.
+        /// The records, or `-` for stdin's lines.
+        #[arg(required = true)]
         records: Vec<String>,
     },
     /// Read committed records of a group's log.
@@ -86,11 +117,11 @@ enum Cmd {
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// First index.
-        #[arg(long, default_value_t = 1)]
+        /// First index (the log starts at 1).
+        #[arg(long, default_value_t = 1, value_parser = input::log_index)]
         from: u64,
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many (1 to 4096: one read's answer).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=4096))]
         max: u32,
     },
     /// Follow a group's log from an index, printing records as they commit.
@@ -100,8 +131,8 @@ enum Cmd {
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// First index.
-        #[arg(long, default_value_t = 1)]
+        /// First index (the log starts at 1).
+        #[arg(long, default_value_t = 1, value_parser = input::log_index)]
         from: u64,
     },
     /// Check and tune the host (see tuning/README.md).
@@ -168,13 +199,15 @@ enum TuneCmd {
         #[arg(long, default_value = "/")]
         root: PathBuf,
     },
-    /// Apply the settings that are safe to change at run time.
+    /// Apply the settings that are safe to change at run time: with
+    /// --dry-run, print them; with --yes, change them (one is needed).
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["dry_run", "yes"])))]
     Apply {
         /// The node's config file.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Only print what would change.
-        #[arg(long, conflicts_with = "yes", required_unless_present = "yes")]
+        #[arg(long, conflicts_with = "yes")]
         dry_run: bool,
         /// Change them.
         #[arg(long)]
@@ -194,18 +227,25 @@ enum TuneCmd {
     },
 }
 
+/// Why a `quire tune` command did not run: a bad `--config` or argument
+/// (exit code 2) or a failure (1).
+enum TuneError {
+    Usage(String),
+    Failed(String),
+}
+
 fn load_config(
     path: &Option<PathBuf>,
-) -> Result<Option<quire::node::config_file::DaemonConfig>, String> {
+) -> Result<Option<quire::node::config_file::DaemonConfig>, TuneError> {
     match path {
         None => Ok(None),
         Some(p) => quire::node::config_file::load(p)
             .map(Some)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| TuneError::Usage(e.to_string())),
     }
 }
 
-fn tune(what: TuneCmd) -> Result<bool, String> {
+fn tune(what: TuneCmd) -> Result<bool, TuneError> {
     use quire::tune::{self, Host, Status};
     match what {
         TuneCmd::Check { config, json, root } => {
@@ -236,8 +276,19 @@ fn tune(what: TuneCmd) -> Result<bool, String> {
             Ok(!lines.iter().any(|l| l.starts_with("could not")))
         }
         TuneCmd::Disk { dir, seconds } => {
+            if !dir.is_dir() {
+                let what = if dir.exists() {
+                    "not a directory"
+                } else {
+                    "no such directory; it is not created (that would probe the filesystem of its parent)"
+                };
+                return Err(TuneError::Usage(format!(
+                    "tune disk {}: {what}: name an existing directory on the disk to probe",
+                    dir.display()
+                )));
+            }
             let p = tune::disk::probe(&dir, Duration::from_secs_f64(seconds.max(0.05)))
-                .map_err(|e| format!("probing {}: {e}", dir.display()))?;
+                .map_err(|e| TuneError::Failed(format!("probing {}: {e}", dir.display())))?;
             print!("{}", tune::disk::render(&p));
             Ok(true)
         }
@@ -252,7 +303,20 @@ fn client(t: &Target) -> Result<Client, String> {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout (`quire status | head -1`, `quire tail | head`) ends
+    // the command quietly, as it ends `cat`, instead of a panic with exit
+    // code 101. The client's sockets send with MSG_NOSIGNAL, so only
+    // stdout and stderr can raise SIGPIPE.
+    // SAFETY: signal(2) before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Daemon { .. } | Cmd::Up { .. }) {
+        // Except where it would leave others behind: the daemon must see
+        // EPIPE rather than die, and `quire up` must stop its cluster
+        // (its output after a closed pipe is dropped: `say!`).
+        // SAFETY: as above.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    }
     let r = match cli.cmd {
         Cmd::Daemon {
             config,
@@ -266,15 +330,29 @@ fn main() -> ExitCode {
         Cmd::Tune { what } => match tune(what) {
             Ok(true) => return ExitCode::SUCCESS,
             Ok(false) => return ExitCode::from(1),
-            Err(e) => Err(e),
+            Err(TuneError::Usage(e)) => {
+                eprintln!("quire: {e}");
+                return ExitCode::from(2);
+            }
+            Err(TuneError::Failed(e)) => Err(e),
         },
         Cmd::Up {
             nodes,
             groups,
             dir,
             demo_only,
-        } => up(nodes, groups, dir, demo_only),
-        Cmd::Status { target } => status(&target),
+            force,
+        } => up(nodes, groups, dir, demo_only, force),
+        Cmd::Status { target, json } => status(&target, json).and_then(|(unreachable, alarms)| {
+            if unreachable + alarms == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "status: {unreachable} of {} nodes unreachable, {alarms} alarms raised",
+                    target.addr.len()
+                ))
+            }
+        }),
         Cmd::Ledger { what } => state::ledger(what),
         Cmd::Queue { what } => state::queue(what),
         Cmd::Member {
@@ -289,9 +367,16 @@ fn main() -> ExitCode {
             group,
             records,
         } => client(&target).and_then(|mut c| {
-            for r in records {
-                let index = c.append(group, r.as_bytes()).map_err(|e| e.to_string())?;
-                println!("appended at index {index}: {r}");
+            let mut records = input::Records::from_args(records);
+            // Up to 1024 records in flight on the leader's connection, 64
+            // to a batch request (`Client::append_all`).
+            while let Some(batch) = records.next_batch(1024, 1 << 20)? {
+                let indexes = c
+                    .append_all(group, &batch, 16, 64)
+                    .map_err(|e| e.to_string())?;
+                for (index, r) in indexes.iter().zip(&batch) {
+                    println!("appended at index {index}: {}", String::from_utf8_lossy(r));
+                }
             }
             Ok(())
         }),
@@ -375,54 +460,101 @@ fn member(
     }
 }
 
-/// Prints every node's status as a table (groups, then links).
-fn status(t: &Target) -> Result<(), String> {
+/// Prints every node's status as a table (groups, then links), or with
+/// `json` as one JSON array: each node's `/status` object with its `addr`
+/// added, or `{"addr", "error"}` for a node that did not answer. Returns
+/// the nodes that did not answer and the alarms raised; `quire status`
+/// exits 1 if either is not zero.
+fn status(t: &Target, json: bool) -> Result<(usize, usize), String> {
     let mut c = client(t)?;
+    let (mut unreachable, mut alarms) = (0, 0);
+    let mut all = Vec::new();
     for (i, addr) in t.addr.iter().enumerate() {
-        let json = match c.status(i) {
-            Ok(j) => j,
+        let v = match c.status(i) {
+            Ok(j) => serde_json::from_str::<serde_json::Value>(&j).map_err(|e| e.to_string())?,
             Err(e) => {
-                println!("node at {addr}: unreachable ({e})");
+                unreachable += 1;
+                let why = match e {
+                    quire::client::ClientError::Unavailable(why) => why,
+                    other => other.to_string(),
+                };
+                // The client names the address already; say it once.
+                let why = why
+                    .strip_prefix(&format!("{addr}: "))
+                    .unwrap_or(&why)
+                    .to_string();
+                if json {
+                    all.push(serde_json::json!({"addr": addr.to_string(), "error": why}));
+                } else {
+                    say!("node at {addr}: unreachable ({why})");
+                }
                 continue;
             }
         };
-        let v: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
-        println!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
-        for alarm in v["alarms"].as_array().into_iter().flatten() {
-            println!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+        alarms += v["alarms"].as_array().map_or(0, Vec::len);
+        if json {
+            let mut v = v;
+            v["addr"] = addr.to_string().into();
+            all.push(v);
+            continue;
         }
-        println!("  group  role           term  leader  commit  applied  persisted  disk");
-        for g in v["groups"].as_array().into_iter().flatten() {
-            let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
-            println!(
-                "  {:<5}  {:<13}  {:>4}  {:>6}  {:>6}  {:>7}  {:>9}  {}",
-                n("group"),
-                g["role"].as_str().unwrap_or("?"),
-                n("term"),
-                n("leader"),
-                n("commit"),
-                n("applied"),
-                n("persisted"),
-                g["disk"].as_str().unwrap_or("?")
-            );
-        }
-        println!("  peer  channel  state  last heard    rtt");
-        for l in v["links"].as_array().into_iter().flatten() {
-            println!(
-                "  {:<4}  {:<7}  {:<5}  {:<12}  {}",
-                l["peer"].as_u64().map_or("?".into(), |p| p.to_string()),
-                l["channel"].as_str().unwrap_or("?"),
-                l["state"].as_str().unwrap_or("?"),
-                l["last_heard_ago_ms"]
-                    .as_u64()
-                    .map_or("never".into(), |t| format!("{t} ms ago")),
-                l["rtt_us"]
-                    .as_u64()
-                    .map_or(String::new(), |r| format!("{r} us"))
-            );
-        }
+        print_node_status(addr, &v);
     }
-    Ok(())
+    if json {
+        println!("{}", serde_json::Value::Array(all));
+    }
+    Ok((unreachable, alarms))
+}
+
+/// One node's `/status` as text: its alarms, groups and links, each link
+/// with its peer's classification by the detector (up, ip-partitioned,
+/// serial-down, down, unknown).
+fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
+    say!("node {} at {addr}: up {} ms", v["node"], v["uptime_ms"]);
+    for alarm in v["alarms"].as_array().into_iter().flatten() {
+        say!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
+    }
+    say!("  group  role           term  leader  commit  applied  persisted  disk");
+    for g in v["groups"].as_array().into_iter().flatten() {
+        let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
+        say!(
+            "  {:<5}  {:<13}  {:>4}  {:>6}  {:>6}  {:>7}  {:>9}  {}",
+            n("group"),
+            g["role"].as_str().unwrap_or("?"),
+            n("term"),
+            n("leader"),
+            n("commit"),
+            n("applied"),
+            n("persisted"),
+            g["disk"].as_str().unwrap_or("?")
+        );
+    }
+    let peer_status = |peer: &serde_json::Value| {
+        v["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["peer"] == *peer)
+            .and_then(|p| p["status"].as_str())
+            .unwrap_or("-")
+            .to_string()
+    };
+    say!("  peer  channel  state  last heard    rtt       peer status");
+    for l in v["links"].as_array().into_iter().flatten() {
+        say!(
+            "  {:<4}  {:<7}  {:<5}  {:<12}  {:<8}  {}",
+            l["peer"].as_u64().map_or("?".into(), |p| p.to_string()),
+            l["channel"].as_str().unwrap_or("?"),
+            l["state"].as_str().unwrap_or("?"),
+            l["last_heard_ago_ms"]
+                .as_u64()
+                .map_or("never".into(), |t| format!("{t} ms ago")),
+            l["rtt_us"]
+                .as_u64()
+                .map_or("-".into(), |r| format!("{r} us")),
+            peer_status(&l["peer"])
+        );
+    }
 }
 
 /// The ledger and queue half of `quire up`'s demonstration: a ledger
@@ -437,10 +569,10 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     let info = c.ledger_open(0, w.id, true).map_err(e)?;
     let fenced = c.ledger_append(0, w, b"late").is_err();
     let read = c.ledger_read(0, w.id, 0, u64::MAX).map_err(e)?;
-    println!(
-        "ledger {}: 3 entries confirmed; opened with recovery (sealed at {:?}); the writer is {}; read back {} entries",
+    say!(
+        "ledger {}: 3 entries confirmed; opened with recovery (sealed at entry {}); the writer is {}; read back {} entries",
         w.id,
-        info.lac,
+        human::opt(info.lac),
         if fenced { "fenced" } else { "NOT fenced" },
         read.len()
     );
@@ -456,7 +588,7 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     let acked = c
         .ack(0, &queue, &got.iter().map(|d| d.id).collect::<Vec<_>>())
         .map_err(e)?;
-    println!(
+    say!(
         "queue {queue}: produced ids {}..{}, consumed {}, acked {acked}",
         ids.start,
         ids.end,
@@ -465,20 +597,92 @@ fn ledger_and_queue_demo(c: &mut Client) -> Result<(), String> {
     Ok(())
 }
 
+/// The file `quire up` writes into its directory first. A later `quire
+/// up` deletes a directory that holds it (or is empty) and no other
+/// without `--force`: `--dir` may name a directory of the user's own.
+const UP_MARKER: &str = ".quire-up";
+
+/// Makes way for `quire up` in `dir`: nothing to do if it does not exist
+/// or is empty; deleted if an earlier `quire up` made it (or `force`);
+/// otherwise refused, naming `--force`.
+fn clear_up_dir(dir: &Path, force: bool) -> Result<(), String> {
+    match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("--dir {}: {e}", dir.display())),
+        Ok(mut entries) => {
+            if entries.next().is_none() {
+                return Ok(());
+            }
+        }
+    }
+    if !force && !dir.join(UP_MARKER).is_file() {
+        return Err(format!(
+            "--dir {} exists and quire up did not create it (it has no {UP_MARKER} file), so it is left as it is; name another --dir, or add --force to delete it and everything in it",
+            dir.display()
+        ));
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| format!("clearing {}: {e}", dir.display()))
+}
+
+/// `p` as one shell word: as it is if it needs no quoting, else in single
+/// quotes, so a printed command works when pasted.
+fn shell_word(p: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-:,=+@%".contains(c);
+    if !p.is_empty() && p.chars().all(plain) {
+        p.to_string()
+    } else {
+        format!("'{}'", p.replace('\'', "'\\''"))
+    }
+}
+
+/// Polls every node's status until each sees every link up on both
+/// channels and every peer up (the serial heartbeat needs a few periods
+/// after start), or `limit` passes; true if they did.
+fn wait_for_links_up(c: &mut Client, nodes: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let all_up = |v: &serde_json::Value, key: &str, field: &str| {
+        v[key]
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|l| l[field] == "up"))
+    };
+    let mut pending: Vec<usize> = (0..nodes).collect();
+    while !pending.is_empty() {
+        pending.retain(|&i| {
+            let v = c
+                .status(i)
+                .ok()
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok());
+            !v.is_some_and(|v| all_up(&v, "links", "state") && all_up(&v, "peers", "status"))
+        });
+        if Instant::now() > deadline {
+            return false;
+        }
+        if !pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(50)); // a heartbeat period is 100s of ms
+        }
+    }
+    true
+}
+
 /// `quire up`.
-fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), String> {
-    if !(1..=7).contains(&nodes) || groups == 0 {
-        return Err("--nodes must be 1 to 7 and --groups at least 1".into());
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
-    }
+fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
+    clear_up_dir(&dir, force)?;
+    quire::io::private::create_dir_all(&dir)
+        .and_then(|()| {
+            quire::io::private::write(
+                &dir.join(UP_MARKER),
+                "Written by `quire up`: the next `quire up` naming this directory deletes it.\n",
+            )
+        })
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let signals = daemon::block_stop_signals();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cluster = LocalProcesses::prepare(&dir, nodes, groups, &exe)?;
+    // Absolute from here on (`prepare` made it so), for the printed commands.
+    let dir = cluster.dir.clone();
     cluster.start_all()?;
     let addrs = cluster.client_addrs();
-    println!(
+    say!(
         "quire: {nodes} nodes starting in {} (logs: nodeN/quired.log)",
         dir.display()
     );
@@ -493,11 +697,11 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
             .append(0, record.as_bytes())
             .map_err(|e| format!("appending: {e}"))?;
         indexes.push(index);
-        println!("appended {record:?} at index {index}");
+        say!("appended {record:?} at index {index}");
     }
-    println!(
-        "5 appends confirmed in {:?} (durable on a majority)",
-        started.elapsed()
+    say!(
+        "5 appends confirmed in {} (durable on a majority)",
+        human::duration(started.elapsed())
     );
     // Every node applies them: read each node's copy back.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -516,54 +720,69 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool) -> Result<(), Stri
     if !same {
         return Err(format!("the nodes' copies differ: {copies:?}"));
     }
-    println!("read back identical from {} nodes", copies.len());
+    say!("read back identical from {} nodes", copies.len());
     ledger_and_queue_demo(&mut c)?;
+    if !wait_for_links_up(&mut c, addrs.len(), Duration::from_secs(10)) {
+        say!("not every link came up within 10 s (see the ALARM lines)");
+    }
     let target = Target {
         addr: addrs.clone(),
         token_file: dir.join("client.token"),
     };
-    status(&target)?;
-    let addr_list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    println!(
-        "\ntry: quire status --addr {} --token-file {}",
-        addr_list.join(","),
-        dir.join("client.token").display()
+    status(&target, false)?;
+    // Commands that work as printed: this binary's own path (`quire` is
+    // not on PATH after `cargo run`) and absolute paths.
+    let quire = shell_word(&exe.to_string_lossy());
+    let on = format!(
+        "--addr {} --token-file {}",
+        addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        shell_word(&dir.join("client.token").to_string_lossy())
     );
-    println!(
-        "     quire append --addr {} --token-file {} 'my record'",
-        addr_list.join(","),
-        dir.join("client.token").display()
-    );
-    println!(
-        "     quire ledger list --addr {} --token-file {}",
-        addr_list.join(","),
-        dir.join("client.token").display()
-    );
-    println!(
-        "     quire queue produce --addr {} --token-file {} jobs 'my message'   (after: quire queue create ... jobs)",
-        addr_list.join(","),
-        dir.join("client.token").display()
+    say!();
+    for n in cluster.nodes.values() {
+        say!(
+            "node {}: client {}, admin http://{}",
+            n.id,
+            n.client,
+            n.admin
+        );
+    }
+    say!("try: {quire} status {on}");
+    say!("     {quire} append {on} 'my record'");
+    say!("     {quire} ledger list {on}");
+    say!("     {quire} queue create {on} jobs");
+    say!("     {quire} queue produce {on} jobs 'my message'");
+    let leader_admin = c
+        .leaders(0)
+        .ok()
+        .and_then(|ls| ls.into_iter().find(|l| l.group == 0).map(|l| l.leader))
+        .and_then(|l| cluster.nodes.get(&l))
+        .map_or("LEADER_ADMIN".to_string(), |n| n.admin.to_string());
+    say!(
+        "     {quire} member --admin {leader_admin} --admin-token-file {} --group 0 CHANGE --node N   (CHANGE: learner, voter or remove)",
+        shell_word(&dir.join("admin.token").to_string_lossy())
     );
     let admins: Vec<String> = cluster
         .nodes
         .values()
         .map(|n| n.admin.to_string())
         .collect();
-    println!(
-        "     quire member --admin LEADER_ADMIN --admin-token-file {} --group 0 learner|voter|remove --node N",
-        dir.join("admin.token").display()
-    );
-    println!(
-        "     (admin endpoints: {}; GET /status and /metrics are open, changes need admin.token)",
+    say!(
+        "     curl -s http://{}/status   (admin endpoints: {}; GET /status and /metrics are open, changes need admin.token)",
+        admins[0],
         admins.join(", ")
     );
     if !demo_only {
-        println!("Ctrl-C stops the cluster cleanly.");
+        say!("Ctrl-C stops the cluster cleanly.");
         daemon::wait_for_signal(&signals);
     }
     let results = cluster.stop_all();
     let clean = results.iter().all(|(_, code)| *code == Some(0));
-    println!(
+    say!(
         "stopped: {}",
         results
             .iter()

@@ -2,9 +2,12 @@
 //! commands, each one request to the group's leader, printed as text or,
 //! with `--json`, as one JSON object per line.
 
+use super::human;
+use super::input::{queue_name, Records};
 use super::{client, Target};
 use clap::Subcommand;
 use quire::client::{Client, Delivery, LedgerInfo, LedgerWriter, QueueInfo};
+use quire::state::queue;
 use serde_json::{json, Value};
 
 /// Where a ledger or queue command goes, and how it prints.
@@ -38,6 +41,7 @@ pub(crate) enum LedgerCmd {
         #[arg(long)]
         token: u64,
         /// The entries.
+        #[arg(required = true)]
         entries: Vec<String>,
     },
     /// Close a ledger as its writer, sealing its last entry.
@@ -109,19 +113,25 @@ pub(crate) enum QueueCmd {
     Create {
         #[command(flatten)]
         on: On,
-        /// The queue's name.
+        /// The queue's name (1 to 255 bytes).
+        #[arg(value_parser = queue_name)]
         name: String,
-        /// Deliveries after which a message goes to the dead-letter list.
-        #[arg(long, default_value_t = 5)]
+        /// Deliveries after which a message goes to the dead-letter list
+        /// (1 to 1000).
+        #[arg(long, default_value_t = 5,
+              value_parser = clap::value_parser!(u32).range(1..=queue::MAX_DELIVERIES_MAX as i64))]
         max_deliveries: u32,
     },
-    /// Produce messages (one per argument) as one batch.
+    /// Produce messages (one per argument) as one batch; given `-`, one
+    /// per line of stdin, in batches as the lines arrive.
     Produce {
         #[command(flatten)]
         on: On,
         /// The queue.
+        #[arg(value_parser = queue_name)]
         name: String,
-        /// The messages.
+        /// The messages, or `-` for stdin's lines.
+        #[arg(required = true)]
         messages: Vec<String>,
     },
     /// Pull messages; they stay hidden for the visibility timeout and
@@ -130,12 +140,15 @@ pub(crate) enum QueueCmd {
         #[command(flatten)]
         on: On,
         /// The queue.
+        #[arg(value_parser = queue_name)]
         name: String,
-        /// Messages at most.
-        #[arg(long, default_value_t = 10)]
+        /// Messages at most (1 to 1024).
+        #[arg(long, default_value_t = 10,
+              value_parser = clap::value_parser!(u32).range(1..=queue::CONSUME_MAX as i64))]
         max: u32,
-        /// How long they stay hidden, in ms.
-        #[arg(long, default_value_t = 30_000)]
+        /// How long they stay hidden, in ms (1 to 43200000, 12 hours).
+        #[arg(long, default_value_t = 30_000,
+              value_parser = clap::value_parser!(u64).range(1..=queue::VISIBILITY_MS_MAX))]
         visibility_ms: u64,
     },
     /// Ack messages by id: never delivered again.
@@ -143,8 +156,10 @@ pub(crate) enum QueueCmd {
         #[command(flatten)]
         on: On,
         /// The queue.
+        #[arg(value_parser = queue_name)]
         name: String,
         /// The message ids.
+        #[arg(required = true)]
         ids: Vec<u64>,
     },
     /// List the group's queues.
@@ -157,6 +172,7 @@ pub(crate) enum QueueCmd {
         #[command(flatten)]
         on: On,
         /// The queue.
+        #[arg(value_parser = queue_name)]
         name: String,
     },
     /// Delete a queue and its messages.
@@ -164,6 +180,7 @@ pub(crate) enum QueueCmd {
         #[command(flatten)]
         on: On,
         /// The queue.
+        #[arg(value_parser = queue_name)]
         name: String,
     },
 }
@@ -176,10 +193,18 @@ fn text(data: &[u8]) -> String {
     String::from_utf8_lossy(data).into_owned()
 }
 
+fn state_name(l: &LedgerInfo) -> &'static str {
+    if l.state == quire::state::ledger::LedgerState::Closed {
+        "closed"
+    } else {
+        "open"
+    }
+}
+
 fn ledger_json(l: &LedgerInfo) -> Value {
     json!({
         "ledger": l.id,
-        "state": if l.state == quire::state::ledger::LedgerState::Closed { "closed" } else { "open" },
+        "state": state_name(l),
         "fenced": l.fenced,
         "length": l.length,
         "bytes": l.bytes,
@@ -243,7 +268,7 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
         LedgerCmd::Close { on, ledger, token } => {
             let w = LedgerWriter { id: ledger, token };
             let last = connect(&on)?.ledger_close(on.group, w).map_err(e)?;
-            let plain = format!("ledger {ledger} closed; last entry {last:?}");
+            let plain = format!("ledger {ledger} closed; last entry {}", human::opt(last));
             say(&on, json!({"ledger": ledger, "last_entry": last}), plain);
         }
         LedgerCmd::Open {
@@ -255,13 +280,14 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
                 .ledger_open(on.group, ledger, recover)
                 .map_err(e)?;
             let plain = format!(
-                "ledger {}: {:?}{}, {} entries, {} bytes, LAC {:?}",
+                "ledger {}: {}{}, {} entries, {} bytes, LAC {}, created {}",
                 l.id,
-                l.state,
+                state_name(&l),
                 if l.fenced { " (fenced)" } else { "" },
                 l.length,
                 l.bytes,
-                l.lac
+                human::opt(l.lac),
+                human::rfc3339_local(l.created_ms)
             );
             say(&on, ledger_json(&l), plain);
         }
@@ -312,14 +338,14 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
         LedgerCmd::List { on } => {
             for l in connect(&on)?.ledger_list(on.group).map_err(e)? {
                 let plain = format!(
-                    "{}\t{:?}{}\t{} entries\t{} bytes\tLAC {:?}\tcreated {} ms",
+                    "{}\t{}{}\t{} entries\t{} bytes\tLAC {}\tcreated {}",
                     l.id,
-                    l.state,
+                    state_name(&l),
                     if l.fenced { " fenced" } else { "" },
                     l.length,
                     l.bytes,
-                    l.lac,
-                    l.created_ms
+                    human::opt(l.lac),
+                    human::rfc3339_local(l.created_ms)
                 );
                 say(&on, ledger_json(&l), plain);
             }
@@ -346,14 +372,19 @@ pub(crate) fn queue(cmd: QueueCmd) -> Result<(), String> {
             );
         }
         QueueCmd::Produce { on, name, messages } => {
-            let batch: Vec<Vec<u8>> = messages.iter().map(|m| m.as_bytes().to_vec()).collect();
-            let ids = connect(&on)?.produce(on.group, &name, &batch).map_err(e)?;
-            let plain = format!("produced ids {}..{}", ids.start, ids.end);
-            say(
-                &on,
-                json!({"queue": name, "first_id": ids.start, "count": ids.end - ids.start}),
-                plain,
-            );
+            let mut c = connect(&on)?;
+            let mut records = Records::from_args(messages);
+            // One produce per batch: at most PRODUCE_MESSAGES_MAX messages,
+            // and well inside an entry's bytes.
+            while let Some(batch) = records.next_batch(queue::PRODUCE_MESSAGES_MAX, 256 << 10)? {
+                let ids = c.produce(on.group, &name, &batch).map_err(e)?;
+                let plain = format!("produced ids {}..{}", ids.start, ids.end);
+                say(
+                    &on,
+                    json!({"queue": name, "first_id": ids.start, "count": ids.end - ids.start}),
+                    plain,
+                );
+            }
         }
         QueueCmd::Consume {
             on,
