@@ -6,6 +6,7 @@
 //! state.
 
 use super::admin_auth::{Gate, RefusalCounts};
+use super::log::log_info;
 use super::{NodeHandle, NodeStatus};
 use crate::consensus::Role;
 use prometheus_client::encoding::text::encode;
@@ -481,7 +482,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
 /// Every outcome is logged with who asked (`peer`).
 fn membership(node: &NodeHandle, query: &str, peer: &str) -> (u16, String) {
     let (code, body) = membership_outcome(node, query);
-    eprintln!(
+    log_info!(
         "quired: admin: membership change {query:?} from {peer}: {code} {}",
         body.trim_end()
     );

@@ -200,7 +200,7 @@ impl Gate {
                 } else {
                     String::new()
                 };
-                eprintln!(
+                crate::node::log::log_warn!(
                     "quired: admin: refused {what:?} from {peer}: {} {}{more}",
                     r.refusal.status(),
                     r.refusal.label()

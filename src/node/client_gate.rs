@@ -88,7 +88,7 @@ impl Gate {
             } else {
                 String::new()
             };
-            eprintln!("node {}: client {peer}: {what}{more}", self.node);
+            crate::node::log::log_warn!("node {}: client {peer}: {what}{more}", self.node);
         }
     }
 

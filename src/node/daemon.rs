@@ -10,6 +10,7 @@
 use super::admin::AdminServer;
 use super::client_server::ClientServer;
 use super::config_file::{self, DaemonConfig};
+use super::log::{log_info, log_warn};
 use super::port_check::{self, Claim, Proto};
 use super::NodeHandle;
 use std::collections::BTreeMap;
@@ -139,11 +140,11 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         }
     };
     if opts.unsafe_ack_before_fsync {
-        eprintln!("quired: WARNING: --unsafe-ack-before-fsync: a crash can lose confirmed appends");
+        log_warn!("quired: --unsafe-ack-before-fsync: a crash can lose confirmed appends");
         cfg.node.raft.planted_bug = Some(crate::consensus::PlantedBug::AckBeforeFsync);
     }
     for w in &cfg.warnings {
-        eprintln!("quired: warning: {w}");
+        log_warn!("quired: {w}");
     }
     let id = cfg.node.id;
     let token = match std::fs::read(&cfg.token_file) {
@@ -190,29 +191,29 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         Ok(c) => c,
         Err(e) => return start_failed(id, &listener("node.client_listen"), &e),
     };
-    eprintln!(
+    log_info!(
         "quired: node {id} up: {groups} groups on cores {:?}; clients on {}; admin on http://{}/status",
         cfg.cores,
         clients.addr(),
         admin.addr()
     );
     match &cfg.admin_token_file {
-        Some(f) => eprintln!(
+        Some(f) => log_info!(
             "quired: node {id}: membership changes on the admin endpoint need the token in {} (re-read on each request)",
             f.display()
         ),
-        None => eprintln!(
+        None => log_warn!(
             "quired: node {id}: membership changes on the admin endpoint are off (no node.admin_token_file)"
         ),
     }
     let sig = wait_for_signal(&signals);
-    eprintln!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
+    log_info!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
     drop(clients);
     drop(admin);
     match Arc::try_unwrap(node) {
         Ok(n) => n.stop(),
         Err(n) => drop(n), // a client thread still holds it; it stops with the last
     }
-    eprintln!("quired: node {id} stopped cleanly");
+    log_info!("quired: node {id} stopped cleanly");
     ExitCode::SUCCESS
 }

@@ -11,6 +11,7 @@
 
 use super::config::NodeSpec;
 use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
+use super::log::{log_error, log_info, log_warn};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::waker::Waker;
@@ -158,7 +159,7 @@ impl EventLoop {
         let (udp, report) =
             UdpDriver::bind(udp_cfg, endpoint, peers).map_err(|e| format!("udp: {e}"))?;
         for w in &report.warnings {
-            eprintln!("node {id}: warning: {w}");
+            log_warn!("node {id}: {w}");
         }
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();
@@ -167,7 +168,7 @@ impl EventLoop {
                 .map_err(|e| format!("group {} log at {}: {e}", g.group, g.dir.display()))?;
             wal.notify_completions(waker.fd())
                 .map_err(|e| format!("group {} log: {e}", g.group))?;
-            eprintln!("node {id} group {}: {report}", g.group);
+            log_info!("node {id} group {}: {report}", g.group);
             // The ledgers and queues refer to entries at or below their
             // snapshot, so a snapshot sent carries those entries.
             let cfg = RaftConfig {
@@ -315,7 +316,7 @@ impl EventLoop {
             }
             self.udp.set_wake_fds(&self.wake_fds);
             if let Err(e) = self.udp.run_once(wait) {
-                eprintln!("node {}: waiting on the sockets failed: {e}", self.spec.id);
+                log_error!("node {}: waiting on the sockets failed: {e}", self.spec.id);
             }
             self.note_wake(self.real_ms());
             self.waker.drain();
@@ -330,7 +331,7 @@ impl EventLoop {
                 return;
             }
             for n in self.udp.take_notices() {
-                eprintln!("node {}: udp: {n}", self.spec.id);
+                log_warn!("node {}: udp: {n}", self.spec.id);
             }
             self.receive_udp(now);
             self.serve_mesh(now);
@@ -435,7 +436,7 @@ impl EventLoop {
         for r in &mut self.replicas {
             if r.stopped.is_none() {
                 if let Err(e) = r.wal.sync() {
-                    eprintln!("node {} group {}: final flush: {e}", self.spec.id, r.group);
+                    log_error!("node {} group {}: final flush: {e}", self.spec.id, r.group);
                 }
             }
         }
@@ -632,9 +633,30 @@ impl EventLoop {
         }
     }
 
-    /// Logs a line once and keeps it for the status.
+    /// Logs a line once and keeps it for the status. The log line leaves
+    /// out a leading `at N ms: ` (the event's time on the loop's clock,
+    /// which for a link going late or dead is when its silence began to
+    /// count, so it can be earlier than a line already printed): the log's
+    /// own wall-clock stamp orders the lines; the status keeps both.
     fn note(&mut self, line: String) {
-        eprintln!("node {}: {line}", self.spec.id);
+        let text = line
+            .strip_prefix("at ")
+            .and_then(|rest| rest.split_once(" ms: "))
+            .map_or(line.as_str(), |(_, text)| text);
+        let alarming = [
+            "-> late",
+            "-> dead",
+            "-> down",
+            "-> ip-partitioned",
+            "-> serial-down",
+            "stalled",
+            "dropped",
+        ];
+        if alarming.iter().any(|w| text.contains(w)) {
+            log_warn!("node {}: {text}", self.spec.id);
+        } else {
+            log_info!("node {}: {text}", self.spec.id);
+        }
         if self.transitions.len() == TRANSITIONS_KEPT {
             self.transitions.pop_front();
         }

@@ -3,6 +3,7 @@
 
 use super::config::NodeSpec;
 use super::event_loop::{CoreMsg, EventLoop, Peer, Wiring};
+use super::log::log_warn;
 use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Role, Term};
 use crate::transport::GroupId;
@@ -439,7 +440,7 @@ impl NodeHandle {
                 .spawn(move || {
                     if let Some(c) = core {
                         if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
-                            eprintln!(
+                            log_warn!(
                                 "node {id}: could not pin a loop to core {c}; it runs unpinned"
                             );
                         }

@@ -28,6 +28,7 @@ pub mod daemon;
 mod event_loop;
 mod handle;
 mod local;
+pub(crate) mod log;
 pub mod port_check;
 pub mod processes;
 mod replica;

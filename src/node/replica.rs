@@ -5,6 +5,7 @@
 //! with `persisted`, apply what is committed.
 
 use super::handle::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
+use super::log::{log_error, log_warn};
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{
     decode_client_entry, encode_client_entry, fingerprint, Applied, DedupTable,
@@ -571,9 +572,10 @@ impl Replica {
                     self.snapshot_stats.failed += 1;
                 }
                 Ok(Err(e)) => {
-                    eprintln!(
+                    log_warn!(
                         "group {}: snapshot at {} not written: {e}",
-                        self.group, job.index
+                        self.group,
+                        job.index
                     );
                     self.snapshot_job = None;
                     self.snapshot_stats.failed += 1;
@@ -682,8 +684,8 @@ impl Replica {
         });
         self.snapshot_stats.unreadable_entries = missing.len() as u64;
         if let Some(first) = missing.first() {
-            eprintln!(
-                "group {}: warning: {} log entries the ledgers and queues refer to are unreadable here (the first: {first}); \
+            log_warn!(
+                "group {}: {} log entries the ledgers and queues refer to are unreadable here (the first: {first}); \
                  this replica cannot serve their bytes while it leads: replace its log (HARDWARE.md, \"Replacing a disk\")",
                 self.group,
                 missing.len()
@@ -721,7 +723,7 @@ impl Replica {
         let located = match located {
             Ok(l) => l,
             Err(e) => {
-                eprintln!(
+                log_warn!(
                     "group {}: locating the entries for a snapshot at {index}: {e}",
                     self.group
                 );
@@ -769,7 +771,7 @@ impl Replica {
                 self.image_job = None;
                 match r {
                     Ok(image) => self.raft.set_snapshot_image(index, image),
-                    Err(e) => eprintln!(
+                    Err(e) => log_warn!(
                         "group {}: reading the entries for a snapshot at {index}: {e}",
                         self.group
                     ),
@@ -984,7 +986,7 @@ impl Replica {
     /// The log failed: this group stops on this node, waiting clients
     /// learn it, and it never leads again until restarted.
     fn stop(&mut self, why: String) {
-        eprintln!("group {}: log stopped: {why}", self.group);
+        log_error!("group {}: log stopped: {why}", self.group);
         if self.raft.role() == Role::Leader {
             self.raft.step_down();
         }
@@ -1083,7 +1085,7 @@ fn stored_missing(group: GroupId, index: Index) -> ProposeError {
     let why = format!(
         "group {group}: the state refers to log entry {index}, which this node cannot read"
     );
-    eprintln!("{why}");
+    log_error!("{why}");
     ProposeError::Unavailable(why)
 }
 

@@ -731,15 +731,18 @@ impl Wal {
             self.start_batch_at(from);
         }
         for e in entries {
-            // An entry that would take the open batch past
-            // `flush_bytes_max` starts a batch of its own, so a batch is
-            // larger than `flush_bytes_max` only when it holds one entry
-            // that is (bounded by `entry_bytes_max`, so it fits a segment).
-            let entry_disk_bytes = e.size_bytes() + ENTRY_DISK_OVERHEAD_BYTES;
-            if self.open_batch.as_ref().is_some_and(|b| {
-                b.batch.count() > 0
-                    && b.batch.disk_bytes() + entry_disk_bytes > self.cfg.flush_bytes_max
-            }) {
+            // An entry larger than `flush_bytes_max` starts a batch of its
+            // own (which it fills, so it is sealed below): a batch is then
+            // at most `flush_bytes_max` plus one ordinary entry, or one
+            // large entry (bounded by `entry_bytes_max`, so it fits a
+            // segment).
+            let large = e.size_bytes() + ENTRY_DISK_OVERHEAD_BYTES > self.cfg.flush_bytes_max;
+            if large
+                && self
+                    .open_batch
+                    .as_ref()
+                    .is_some_and(|b| b.batch.count() > 0)
+            {
                 let b = self.open_batch.take().expect("just checked");
                 self.sealed.push_back(b);
             }
