@@ -490,7 +490,7 @@ fn a_raw_log_tail_is_answered_when_an_entry_is_applied() {
     for id in [l, follower] {
         let sent = tx.clone();
         let reply = Box::new(move |r| sent.send((id, r)).unwrap());
-        c.nodes[&id].read_waiting(0, first + 1, 100, usize::MAX, 60_000, reply);
+        c.nodes[&id].read_waiting(0, first + 1, 100, usize::MAX, 60_000, id != l, reply);
     }
     wait_for("both tails to wait", || {
         let waiting = |id| Some(c.nodes[&id].status()?.groups[0].waiting_reads);
@@ -507,7 +507,7 @@ fn a_raw_log_tail_is_answered_when_an_entry_is_applied() {
     }
     // Nothing after it: a short wait ends empty.
     let reply = Box::new(move |r| tx.send((l, r)).unwrap());
-    c.nodes[&l].read_waiting(0, at + 1, 100, usize::MAX, 200, reply);
+    c.nodes[&l].read_waiting(0, at + 1, 100, usize::MAX, 200, false, reply);
     let (_, got) = rx.recv_timeout(Duration::from_secs(30)).expect("answered");
     assert_eq!(got.unwrap(), vec![]);
 }

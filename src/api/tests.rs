@@ -128,11 +128,26 @@ fn all_requests() -> Vec<Request> {
             from: 17,
             max_entries: 1000,
             max_bytes: 1 << 20,
+            stale: false,
+        },
+        Request::Read {
+            group: 0,
+            from: 1,
+            max_entries: 1,
+            max_bytes: 0,
+            stale: true,
         },
         Request::Tail {
             group: 2,
             from: u64::MAX,
             wait_ms: 5000,
+            stale: false,
+        },
+        Request::Tail {
+            group: 1,
+            from: 1,
+            wait_ms: 0,
+            stale: true,
         },
         Request::Leaders,
         Request::Status,
@@ -228,6 +243,39 @@ fn every_request_round_trips_and_is_canonical() {
         // Every proper prefix is truncated, never a panic or a success.
         for cut in 0..frame.len() {
             assert!(decode_request(&frame[..cut], FRAME_BYTES_MAX).is_err());
+        }
+    }
+}
+
+/// The stale flag of Read and Tail is one byte, 0 or 1: any other value
+/// is refused, so no two frames decode to the same request.
+#[test]
+fn a_stale_flag_other_than_0_or_1_does_not_decode() {
+    for req in [
+        Request::Read {
+            group: 0,
+            from: 1,
+            max_entries: 1,
+            max_bytes: 1,
+            stale: true,
+        },
+        Request::Tail {
+            group: 0,
+            from: 1,
+            wait_ms: 1,
+            stale: true,
+        },
+    ] {
+        let mut frame = req_frame(1, &req);
+        let last = frame.len() - 1;
+        assert_eq!(frame[last], 1, "the flag is the last byte");
+        for bad in [2u8, 0x80, 0xFF] {
+            frame[last] = bad;
+            assert_eq!(
+                decode_request(&frame, FRAME_BYTES_MAX),
+                Err(DecodeError::Invalid("stale is neither 0 nor 1")),
+                "{req:?} with flag {bad}"
+            );
         }
     }
 }

@@ -26,8 +26,11 @@
 //!  0x03 AppendBatch group u32 | client_id u64 0x83 AppendedBatch first_index u64 | count u32
 //!                 | first_seq u64 | list(bytes)
 //!  0x04 Read      group u32 | from u64       0x84 Entries       list(index u64 | term u64 | data bytes)
-//!                 | max_entries u32 | max_bytes u32
-//!  0x05 Tail      group u32 | from u64 | wait_ms u32  (answered with Entries)
+//!                 | max_entries u32 | max_bytes u32 | stale u8
+//!  0x05 Tail      group u32 | from u64 | wait_ms u32 | stale u8  (answered with Entries)
+//!            stale  0: linearizable, served by the leader after a read-index
+//!                   round (a follower answers NotLeader); 1: served by this
+//!                   node from what it has applied (may lag); nothing else
 //!  0x06 Leaders   (empty)                    0x86 LeaderMap     list(group u32 | leader u64 | addr string)
 //!  0x07 Status    (empty)                    0x87 StatusJson    json string
 //!  0x08 Command   group u32 | client_id u64  0x88 Outcome       outcome bytes
@@ -246,6 +249,10 @@ pub enum Request {
         max_entries: u32,
         /// Most data bytes to return (at least one entry is returned if any).
         max_bytes: u32,
+        /// Serve from this node's applied log, leader or not: it may miss
+        /// entries committed but not yet applied here. False: the leader
+        /// answers after a read-index round, a follower with NotLeader.
+        stale: bool,
     },
     /// Long-poll read: like Read, but waits up to `wait_ms` for an entry.
     Tail {
@@ -255,6 +262,8 @@ pub enum Request {
         from: u64,
         /// Longest wait for new entries, in milliseconds.
         wait_ms: u32,
+        /// As for Read: this node's applied log, leader or not.
+        stale: bool,
     },
     /// Which node leads which group.
     Leaders,
@@ -643,8 +652,8 @@ impl Request {
             Request::AppendBatch { items, .. } => {
                 4 + 8 + 8 + 4 + items.iter().map(|i| 4 + i.len()).sum::<usize>()
             }
-            Request::Read { .. } => 4 + 8 + 4 + 4,
-            Request::Tail { .. } => 4 + 8 + 4,
+            Request::Read { .. } => 4 + 8 + 4 + 4 + 1,
+            Request::Tail { .. } => 4 + 8 + 4 + 1,
             Request::Leaders | Request::Status => 0,
             Request::Command { command, .. } => 4 + 8 + 8 + 4 + command.len(),
             Request::Query { query, .. } => 4 + 4 + 4 + query.len(),
@@ -688,20 +697,24 @@ impl Request {
                 from,
                 max_entries,
                 max_bytes,
+                stale,
             } => {
                 out.extend_from_slice(&group.to_le_bytes());
                 out.extend_from_slice(&from.to_le_bytes());
                 out.extend_from_slice(&max_entries.to_le_bytes());
                 out.extend_from_slice(&max_bytes.to_le_bytes());
+                out.push(u8::from(*stale));
             }
             Request::Tail {
                 group,
                 from,
                 wait_ms,
+                stale,
             } => {
                 out.extend_from_slice(&group.to_le_bytes());
                 out.extend_from_slice(&from.to_le_bytes());
                 out.extend_from_slice(&wait_ms.to_le_bytes());
+                out.push(u8::from(*stale));
             }
             Request::Leaders | Request::Status => {}
             Request::Command {
@@ -770,11 +783,13 @@ impl Request {
                 from: r.u64()?,
                 max_entries: r.u32()?,
                 max_bytes: r.u32()?,
+                stale: r.flag("stale is neither 0 nor 1")?,
             },
             OP_TAIL => Request::Tail {
                 group: r.u32()?,
                 from: r.u64()?,
                 wait_ms: r.u32()?,
+                stale: r.flag("stale is neither 0 nor 1")?,
             },
             OP_LEADERS => Request::Leaders,
             OP_STATUS => Request::Status,
@@ -1005,6 +1020,15 @@ impl<'a> Reader<'a> {
 
     fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>()?[0])
+    }
+
+    /// A boolean byte: 0 or 1, and nothing else (decoding stays canonical).
+    fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::Invalid(what)),
+        }
     }
 
     fn u16(&mut self) -> Result<u16, DecodeError> {

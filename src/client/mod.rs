@@ -416,7 +416,9 @@ impl Client {
     }
 
     /// Committed entries of `group` from index `from`, at most
-    /// `max_entries`, read from the group's leader.
+    /// `max_entries`, read linearizably from the group's leader (after a
+    /// read-index round there): every append confirmed before the call,
+    /// by any client, is in the answer.
     pub fn read(
         &mut self,
         group: u32,
@@ -428,6 +430,7 @@ impl Client {
             from,
             max_entries,
             max_bytes: 16 << 20,
+            stale: false,
         };
         match self.with_leader(group, &req)? {
             Response::Entries { entries } => Ok(entries),
@@ -445,6 +448,7 @@ impl Client {
             group,
             from,
             wait_ms,
+            stale: false,
         };
         match self.with_leader(group, &req)? {
             Response::Entries { entries } => Ok(entries),
@@ -454,8 +458,40 @@ impl Client {
         }
     }
 
+    /// Committed entries of `group` from `from` as the first node that
+    /// answers has applied them, leader or not (a stale read): it may miss
+    /// entries committed but not yet applied on that node.
+    pub fn read_stale(
+        &mut self,
+        group: u32,
+        from: u64,
+        max_entries: u32,
+    ) -> Result<Vec<Entry>, ClientError> {
+        let started = Instant::now();
+        let mut last = String::from("no node tried");
+        let mut attempt = 0usize;
+        while started.elapsed() < self.deadline {
+            let i = attempt % self.addrs.len();
+            attempt += 1;
+            match self.read_from(i, group, from, max_entries) {
+                Err(ClientError::Unavailable(why)) => last = why,
+                Err(ClientError::Refused(code, why))
+                    if matches!(code, ErrorCode::Unavailable | ErrorCode::Timeout) =>
+                {
+                    last = format!("{code}: {why}");
+                    if i + 1 == self.addrs.len() {
+                        std::thread::sleep(Duration::from_millis(20)); // every node said so
+                    }
+                }
+                r => return r,
+            }
+        }
+        Err(ClientError::Unavailable(last))
+    }
+
     /// Committed entries of `group` from `from` as node `addrs[i]` has
-    /// them (any node, not only the leader).
+    /// applied them, leader or not: a stale read of that node's copy (it
+    /// may miss entries committed but not yet applied there).
     pub fn read_from(
         &mut self,
         i: usize,
@@ -468,6 +504,7 @@ impl Client {
             from,
             max_entries,
             max_bytes: 16 << 20,
+            stale: true,
         };
         match self.call(i, &req) {
             Ok(Response::Entries { entries }) => Ok(entries),

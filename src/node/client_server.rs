@@ -423,6 +423,7 @@ fn dispatch(
             from,
             max_entries,
             max_bytes,
+            stale,
         } => {
             let (out, addrs) = (out.clone(), Arc::clone(addrs));
             let max_entries = (max_entries as usize).clamp(1, READ_ENTRIES_MAX);
@@ -431,6 +432,7 @@ fn dispatch(
                 from,
                 max_entries,
                 max_bytes as usize,
+                stale,
                 Box::new(move |r| {
                     let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
                 }),
@@ -440,6 +442,7 @@ fn dispatch(
             group,
             from,
             wait_ms,
+            stale,
         } => {
             // The group's loop keeps the tail and answers it as soon as an
             // entry is applied there; no thread waits here. It holds one of
@@ -456,6 +459,7 @@ fn dispatch(
                 READ_ENTRIES_MAX,
                 usize::MAX,
                 wait.as_millis() as u32,
+                stale,
                 Box::new(move |r| {
                     drop(slot);
                     let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));

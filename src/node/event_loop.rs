@@ -409,9 +409,19 @@ impl EventLoop {
                     max_entries,
                     max_bytes,
                     wait_ms,
+                    stale: true,
                     reply,
                     ..
                 } => r.read_or_wait(from, max_entries, max_bytes, wait_ms, now, reply),
+                Command::Read {
+                    from,
+                    max_entries,
+                    max_bytes,
+                    wait_ms,
+                    stale: false,
+                    reply,
+                    ..
+                } => r.read_log(from, max_entries, max_bytes, wait_ms, reply),
                 Command::State {
                     client_id,
                     seq,

@@ -309,6 +309,9 @@ pub(crate) enum Command {
         max_bytes: usize,
         /// Finding nothing from `from` on, wait this long for it (a tail).
         wait_ms: u32,
+        /// Serve from this node's applied log, leader or not (may lag);
+        /// false: a read-index round on the leader, `NotLeader` elsewhere.
+        stale: bool,
         reply: ReadReply,
     },
     State {
@@ -678,21 +681,27 @@ impl NodeHandle {
     }
 
     /// Committed entries of `group` from `from` on (at most `max_entries`,
-    /// about `max_bytes`), without waiting: `reply` gets them.
+    /// about `max_bytes`), without waiting: `reply` gets them. Linearizable
+    /// unless `stale`: the leader answers after a read-index round (every
+    /// entry committed before the call is in the answer), a follower with
+    /// `NotLeader`. A `stale` read is this node's applied log, leader or
+    /// not: it may miss entries committed but not yet applied here.
     pub fn read_with(
         &self,
         group: GroupId,
         from: Index,
         max_entries: usize,
         max_bytes: usize,
+        stale: bool,
         reply: ReadReply,
     ) {
-        self.read_waiting(group, from, max_entries, max_bytes, 0, reply);
+        self.read_waiting(group, from, max_entries, max_bytes, 0, stale, reply);
     }
 
     /// `read_with`, except that finding nothing committed from `from` on,
     /// it waits up to `wait_ms` for an entry to be (a tail, answered as
     /// soon as one is applied here, or empty at the end).
+    #[allow(clippy::too_many_arguments)] // the fields of one wire request
     pub fn read_waiting(
         &self,
         group: GroupId,
@@ -700,6 +709,7 @@ impl NodeHandle {
         max_entries: usize,
         max_bytes: usize,
         wait_ms: u32,
+        stale: bool,
         reply: ReadReply,
     ) {
         let cmd = Command::Read {
@@ -708,12 +718,14 @@ impl NodeHandle {
             max_entries,
             max_bytes,
             wait_ms,
+            stale,
             reply,
         };
         self.dispatch(group, cmd);
     }
 
-    /// Committed entries of `group` from `from` on, waiting up to `timeout`.
+    /// Committed entries of `group` from `from` on, waiting up to `timeout`
+    /// for the answer; linearizable (`read_with`, not stale).
     pub fn read(
         &self,
         group: GroupId,
@@ -727,6 +739,7 @@ impl NodeHandle {
             from,
             max_entries,
             usize::MAX,
+            false,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),

@@ -18,6 +18,33 @@ use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
+/// A read waiting for its read-index round (thesis §6.4), then for the
+/// applied index to reach the commit index the round saw: a state-machine
+/// query, or a read (or tail) of the raw log.
+enum LinearRead {
+    Query {
+        query: Query,
+        wait_ms: u32,
+        reply: QueryReply,
+    },
+    Log {
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        reply: ReadReply,
+    },
+}
+
+impl LinearRead {
+    fn fail(self, why: ProposeError) {
+        match self {
+            LinearRead::Query { reply, .. } => reply(Err(why)),
+            LinearRead::Log { reply, .. } => reply(Err(why)),
+        }
+    }
+}
+
 /// The largest entry payload a group proposes: one its log stores (the
 /// WAL's limit counts the entry's header too) and one AppendEntries
 /// message of at most `message_bytes_max` carries (with the envelope byte).
@@ -138,11 +165,12 @@ pub(crate) struct Replica {
     /// The ledgers and queues, applied from committed command entries.
     pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
-    /// Queries waiting for their read-index round, by request id.
-    reads_pending: BTreeMap<u64, (Query, u32, QueryReply)>,
-    /// Queries whose round confirmed leadership, waiting for the applied
+    /// Linearizable reads (queries and raw-log reads) waiting for their
+    /// read-index round, by request id.
+    reads_pending: BTreeMap<u64, LinearRead>,
+    /// Reads whose round confirmed leadership, waiting for the applied
     /// index to reach the commit index the round saw.
-    reads_confirmed: VecDeque<(Index, Query, u32, QueryReply)>,
+    reads_confirmed: VecDeque<(Index, LinearRead)>,
     /// Ledger reads that found nothing past the LAC and wait (a long
     /// poll): answered as soon as an applied entry moves the LAC past
     /// what they ask, or with nothing at their deadline (node ms).
@@ -356,20 +384,53 @@ impl Replica {
     /// entries it gets are committed, so answering from the applied state
     /// as it moves on stays linearizable.
     pub(crate) fn query(&mut self, query: Query, wait_ms: u32, reply: QueryReply) {
+        self.read_linear(LinearRead::Query {
+            query,
+            wait_ms,
+            reply,
+        });
+    }
+
+    /// Reads the raw log linearizably (the default for `Read` and `Tail`):
+    /// the same read-index round as `query`, then `read_or_wait` once the
+    /// applied index reaches the commit index the round saw, so the answer
+    /// holds every entry committed before the read arrived. A follower
+    /// answers `NotLeader`; `read_or_wait` alone is the stale read.
+    /// A tail that then waits is answered with entries as they are applied:
+    /// they are committed, so that stays linearizable.
+    pub(crate) fn read_log(
+        &mut self,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        reply: ReadReply,
+    ) {
+        self.read_linear(LinearRead::Log {
+            from,
+            max_entries,
+            max_bytes,
+            wait_ms,
+            reply,
+        });
+    }
+
+    /// Starts the read-index round of `read`, or refuses it here.
+    fn read_linear(&mut self, read: LinearRead) {
         if let Some(why) = &self.stopped {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            read.fail(ProposeError::Unavailable(why.clone()));
             return;
         }
         let id = self.next_read_id;
         self.next_read_id += 1;
         match self.raft.read_index(id) {
             Ok(()) => {
-                self.reads_pending.insert(id, (query, wait_ms, reply));
+                self.reads_pending.insert(id, read);
             }
             Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                reply(Err(ProposeError::NotLeader(leader)));
+                read.fail(ProposeError::NotLeader(leader));
             }
-            Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
+            Err(e) => read.fail(ProposeError::Unavailable(e.to_string())),
         }
     }
 
@@ -381,9 +442,26 @@ impl Replica {
         while self
             .reads_confirmed
             .front()
-            .is_some_and(|(at, _, _, _)| *at <= self.applied)
+            .is_some_and(|(at, _)| *at <= self.applied)
         {
-            let (_, q, wait_ms, reply) = self.reads_confirmed.pop_front().expect("front exists");
+            let (_, read) = self.reads_confirmed.pop_front().expect("front exists");
+            let (q, wait_ms, reply) = match read {
+                LinearRead::Query {
+                    query,
+                    wait_ms,
+                    reply,
+                } => (query, wait_ms, reply),
+                LinearRead::Log {
+                    from,
+                    max_entries,
+                    max_bytes,
+                    wait_ms,
+                    reply,
+                } => {
+                    self.read_or_wait(from, max_entries, max_bytes, wait_ms, now_ms, reply);
+                    continue;
+                }
+            };
             let answer = self.machine.query(&q).map_err(ProposeError::Refused);
             if wait_ms > 0 && matches!(&answer, Ok(Answer::Entries(es)) if es.is_empty()) {
                 let deadline = now_ms.saturating_add(u64::from(wait_ms));
@@ -408,8 +486,8 @@ impl Replica {
             && !(self.reads_pending.is_empty() && self.tails.is_empty())
         {
             let leader = self.raft.leader();
-            for (_, (_, _, reply)) in std::mem::take(&mut self.reads_pending) {
-                reply(Err(ProposeError::NotLeader(leader)));
+            for (_, read) in std::mem::take(&mut self.reads_pending) {
+                read.fail(ProposeError::NotLeader(leader));
             }
             for (_, _, reply) in std::mem::take(&mut self.tails) {
                 reply(Err(ProposeError::NotLeader(leader)));
@@ -531,9 +609,8 @@ impl Replica {
                 self.apply(&e);
             }
             for rs in rd.read_states {
-                if let Some((q, wait_ms, reply)) = self.reads_pending.remove(&rs.request_id) {
-                    self.reads_confirmed
-                        .push_back((rs.index, q, wait_ms, reply));
+                if let Some(read) = self.reads_pending.remove(&rs.request_id) {
+                    self.reads_confirmed.push_back((rs.index, read));
                 }
             }
             self.serve_reads(now_ms);
@@ -993,11 +1070,11 @@ impl Replica {
         for (_, w) in std::mem::take(&mut self.waiters) {
             w.reply.fail(ProposeError::Unavailable(why.clone()));
         }
-        for (_, (_, _, reply)) in std::mem::take(&mut self.reads_pending) {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+        for (_, read) in std::mem::take(&mut self.reads_pending) {
+            read.fail(ProposeError::Unavailable(why.clone()));
         }
-        for (_, _, _, reply) in std::mem::take(&mut self.reads_confirmed) {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+        for (_, read) in std::mem::take(&mut self.reads_confirmed) {
+            read.fail(ProposeError::Unavailable(why.clone()));
         }
         for (_, _, reply) in std::mem::take(&mut self.tails) {
             reply(Err(ProposeError::Unavailable(why.clone())));

@@ -110,7 +110,9 @@ enum Cmd {
         #[arg(required = true)]
         records: Vec<String>,
     },
-    /// Read committed records of a group's log.
+    /// Read committed records of a group's log, linearizably: from the
+    /// group's leader, after it confirmed it still leads (every append
+    /// confirmed before the read is in it).
     Read {
         #[command(flatten)]
         target: Target,
@@ -123,6 +125,11 @@ enum Cmd {
         /// At most this many (1 to 4096: one read's answer).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=4096))]
         max: u32,
+        /// Read the first node that answers, leader or not, from what it has
+        /// applied: cheaper, but it may miss entries committed but not yet
+        /// applied on that node (a record just appended, for instance).
+        #[arg(long)]
+        stale: bool,
     },
     /// Follow a group's log from an index, printing records as they commit.
     Tail {
@@ -385,8 +392,14 @@ fn main() -> ExitCode {
             group,
             from,
             max,
+            stale,
         } => client(&target).and_then(|mut c| {
-            for e in c.read(group, from, max).map_err(|e| e.to_string())? {
+            let entries = if stale {
+                c.read_stale(group, from, max)
+            } else {
+                c.read(group, from, max)
+            };
+            for e in entries.map_err(|e| e.to_string())? {
                 println!(
                     "{}\t{}\t{}",
                     e.index,
