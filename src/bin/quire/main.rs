@@ -12,8 +12,9 @@
 //!   `quire queue create|produce|consume|ack|list|dead|delete`: ledgers
 //!   and queues (state.rs), with `--json`;
 //! - `quire member --admin A --admin-token-file F --group G
-//!   remove|learner|voter --node N`: one membership change on the group's
-//!   leader, with the admin token;
+//!   remove|learner|voter --node N [--force]`: one membership change on the
+//!   group's leader, with the admin token (`voter` promotes only a learner
+//!   that has caught up, unless `--force`);
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
 //!
 //! Exit codes: 0 ok; 1 refused or failed (`status`: a node did not answer
@@ -150,12 +151,19 @@ enum Cmd {
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// remove, learner (add as a non-voting learner) or voter (promote).
+        /// remove, learner (add as a non-voting learner) or voter (promote
+        /// a learner that has caught up: within 64 entries of the leader's
+        /// last index; otherwise refused with how far behind it is).
         #[arg(value_parser = ["remove", "learner", "voter"])]
         change: String,
         /// The node to change.
         #[arg(long)]
         node: u64,
+        /// voter: promote a learner however far behind it is (the group
+        /// may wait for it in its quorums until it catches up), or add a
+        /// non-member directly as a voter.
+        #[arg(long)]
+        force: bool,
         /// File holding the admin token (node.admin_token_file; `quire up`
         /// writes DIR/admin.token), sent as Authorization: Bearer.
         #[arg(long)]
@@ -360,8 +368,9 @@ fn main() -> ExitCode {
             group,
             change,
             node,
+            force,
             admin_token_file,
-        } => member(admin, group, &change, node, &admin_token_file),
+        } => member(admin, group, &change, node, force, &admin_token_file),
         Cmd::Append {
             target,
             group,
@@ -433,19 +442,21 @@ fn member(
     group: u32,
     change: &str,
     node: u64,
+    force: bool,
     token_file: &std::path::Path,
 ) -> Result<(), String> {
     use std::io::{Read, Write};
     let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
     let token = String::from_utf8(token.trim_ascii_end().to_vec())
         .map_err(|_| format!("{}: the admin token is not text", token_file.display()))?;
+    let force = if force { "&force=1" } else { "" };
     let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
         .map_err(|e| format!("{admin}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "POST /membership?group={group}&change={change}&node={node} HTTP/1.1\r\nHost: quire\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "POST /membership?group={group}&change={change}&node={node}{force} HTTP/1.1\r\nHost: quire\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut text = String::new();
