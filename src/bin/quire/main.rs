@@ -15,6 +15,9 @@
 //!   remove|learner|voter --node N [--force]`: one membership change on the
 //!   group's leader, with the admin token (`voter` promotes only a learner
 //!   that has caught up, unless `--force`);
+//! - `quire completions bash|zsh|fish`: a completion script on stdout;
+//!   `quire man DIR`: man pages (`quire.1`, `quire-SUB.1`), both
+//!   generated from the clap definitions below, so they never drift;
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
 //!
 //! Exit codes: 0 ok; 1 refused or failed (`status`: a node did not answer
@@ -178,6 +181,20 @@ enum Cmd {
     Queue {
         #[command(subcommand)]
         what: state::QueueCmd,
+    },
+    /// Print a shell completion script to stdout (generated from this
+    /// command line's own definition), e.g. `quire completions bash >
+    /// /usr/share/bash-completion/completions/quire`.
+    Completions {
+        /// The shell: bash, zsh, fish (also elvish, powershell).
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages to DIR: quire.1 and one page per subcommand
+    /// (quire-member.1, quire-tune-check.1, ...), generated from this
+    /// command line's own definition; e.g. `quire man /usr/share/man/man1`.
+    Man {
+        /// The directory to write them in (created if missing).
+        dir: PathBuf,
     },
     /// Run the daemon (as `quired` does).
     Daemon {
@@ -361,6 +378,16 @@ fn main() -> ExitCode {
                 ))
             }
         }),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "quire", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man { dir } => man_pages(&dir).map(|pages| {
+            for p in pages {
+                println!("{}", p.display());
+            }
+        }),
         Cmd::Ledger { what } => state::ledger(what),
         Cmd::Queue { what } => state::queue(what),
         Cmd::Member {
@@ -434,6 +461,36 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `quire man DIR`: writes `quire.1` and, for every subcommand that is
+/// not hidden, `quire-SUB.1` (nested: `quire-tune-check.1`) into `dir`,
+/// created if missing; returns the files written. Generated from the
+/// clap definition, so the pages say what `--help` says.
+fn man_pages(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    fn write(cmd: clap::Command, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        let name = cmd.get_name().to_string();
+        let path = dir.join(format!("{name}.1"));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone())
+            .render(&mut page)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&path, page).map_err(|e| format!("{}: {e}", path.display()))?;
+        out.push(path);
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            // clap names are `&'static str` (without its `string`
+            // feature); a few page names leaked once per run.
+            let full: &'static str =
+                Box::leak(format!("{name}-{}", sub.get_name()).into_boxed_str());
+            let sub = sub.clone().name(full);
+            write(sub, dir, out)?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    write(<Cli as clap::CommandFactory>::command(), dir, &mut out)?;
+    Ok(out)
 }
 
 /// `quire member`: one POST to the admin endpoint, with the admin token.
