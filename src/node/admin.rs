@@ -472,12 +472,15 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
     })
 }
 
-/// `POST /membership?group=G&change=remove|learner|voter&node=N`: one
-/// membership change of group G, proposed on this node (its leader);
+/// `POST /membership?group=G&change=remove|learner|voter&node=N[&force=1]`:
+/// one membership change of group G, proposed on this node (its leader);
 /// answers once applied, or why not: 400 for a request that cannot apply
-/// (bad arguments, node 0, removing a non-member, adding a member twice),
+/// (bad arguments, node 0, removing a non-member, adding a member twice,
+/// promoting a voter, or without `force` a node that is not a learner),
 /// 404 for a group this node does not run, 409 if this node does not lead
-/// the group or another change or a leadership transfer is under way, 503
+/// the group, another change or a leadership transfer is under way, or
+/// (without `force`) the learner to promote is more than
+/// `LEARNER_CAUGHT_UP_ENTRIES_MAX` entries behind the leader's log, 503
 /// if the group cannot serve (stopped log, full disk, no answer in time).
 /// Every outcome is logged with who asked (`peer`).
 fn membership(node: &NodeHandle, query: &str, peer: &str) -> (u16, String) {
@@ -491,7 +494,7 @@ fn membership(node: &NodeHandle, query: &str, peer: &str) -> (u16, String) {
 
 fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
     use crate::consensus::MembershipChange;
-    const USAGE: &str = "want group=G&change=remove|learner|voter&node=N";
+    const USAGE: &str = "want group=G&change=remove|learner|voter&node=N[&force=1]";
     let arg = |k: &str| {
         query
             .split('&')
@@ -525,10 +528,12 @@ fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
         );
     }
     use super::ProposeError as E;
-    match node.change_membership(group, change, std::time::Duration::from_secs(10)) {
+    // `force=1`: promote a learner however far behind, or a non-member.
+    let force = matches!(arg("force").as_deref(), Some("1" | "true"));
+    match node.change_membership_with(group, change, force, std::time::Duration::from_secs(10)) {
         Ok(index) => (200, format!("{change:?} applied at index {index}\n")),
         Err(e @ E::Invalid(_)) => (400, format!("{e}\n")),
-        Err(e @ (E::NotLeader(_) | E::Busy(_))) => (409, format!("{e}\n")),
+        Err(e @ (E::NotLeader(_) | E::Busy(_) | E::Lagging(_))) => (409, format!("{e}\n")),
         Err(e) => (503, format!("{e}\n")),
     }
 }

@@ -296,7 +296,7 @@ fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response
         ProposeError::Conflict { .. } => (ErrorCode::Conflict, None),
         // Only membership changes give these, and clients cannot ask one.
         ProposeError::Invalid(_) => (ErrorCode::BadRequest, None),
-        ProposeError::Busy(_) => (ErrorCode::Unavailable, None),
+        ProposeError::Busy(_) | ProposeError::Lagging(_) => (ErrorCode::Unavailable, None),
     };
     Response::Error {
         code,

@@ -403,7 +403,12 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.propose_client(client_id, seq, &data, reply),
-                Command::Membership { change, reply, .. } => r.propose_membership(change, reply),
+                Command::Membership {
+                    change,
+                    force,
+                    reply,
+                    ..
+                } => r.propose_membership(change, force, reply),
                 Command::Read {
                     from,
                     max_entries,

@@ -49,6 +49,9 @@ pub enum ProposeError {
     /// Another operation must finish first (a membership change still
     /// uncommitted, a leadership transfer): retry later.
     Busy(String),
+    /// A promotion to voter of a learner that has not caught up with the
+    /// leader's log (how far behind, and the bound): wait, or force it.
+    Lagging(String),
 }
 
 impl std::fmt::Display for ProposeError {
@@ -71,6 +74,7 @@ impl std::fmt::Display for ProposeError {
             ),
             ProposeError::Invalid(why) => write!(f, "invalid: {why}"),
             ProposeError::Busy(why) => write!(f, "busy: {why}"),
+            ProposeError::Lagging(why) => write!(f, "{why}"),
         }
     }
 }
@@ -300,6 +304,8 @@ pub(crate) enum Command {
     Membership {
         group: GroupId,
         change: crate::consensus::MembershipChange,
+        /// Promote a learner that has not caught up, or a non-member.
+        force: bool,
         reply: Reply,
     },
     Read {
@@ -666,16 +672,32 @@ impl NodeHandle {
     /// Changes `group`'s membership (one server at a time: add a learner,
     /// promote a learner to voter, remove a member) and waits up to
     /// `timeout` for the change to be applied here; only the leader takes
-    /// it (`NotLeader` otherwise).
+    /// it (`NotLeader` otherwise). A promotion is refused unless the node
+    /// is a learner within `LEARNER_CAUGHT_UP_ENTRIES_MAX` entries of the
+    /// leader's last index (`Lagging`, or `Invalid` for a non-learner);
+    /// `change_membership_with(.., force: true, ..)` skips that check.
     pub fn change_membership(
         &self,
         group: GroupId,
         change: crate::consensus::MembershipChange,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
+        self.change_membership_with(group, change, false, timeout)
+    }
+
+    /// `change_membership`, with `force`: promote a learner however far
+    /// behind it is, or add a non-member directly as a voter.
+    pub fn change_membership_with(
+        &self,
+        group: GroupId,
+        change: crate::consensus::MembershipChange,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Index, ProposeError> {
         self.call(group, timeout, |reply| Command::Membership {
             group,
             change,
+            force,
             reply,
         })
     }

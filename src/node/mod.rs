@@ -41,7 +41,7 @@ pub use handle::{
     Reply, StallView, StateReply, TransportView, WalView,
 };
 pub use local::LocalCluster;
-pub use replica::SnapshotStats;
+pub use replica::{SnapshotStats, LEARNER_CAUGHT_UP_ENTRIES_MAX};
 
 /// A seed from the OS for what must differ at every start (session
 /// epochs, election jitter); falls back to the clock and the pid.

@@ -45,6 +45,13 @@ impl LinearRead {
     }
 }
 
+/// A learner is caught up, and may be promoted to voter without `force`,
+/// when its match index (on the leader) is at most this many entries
+/// below the leader's last index. Small: a few batches in flight at the
+/// moment of promotion, which a voter that starts counting in quorums
+/// fetches within one round trip, so no commit waits on it for long.
+pub const LEARNER_CAUGHT_UP_ENTRIES_MAX: u64 = 64;
+
 /// The largest entry payload a group proposes: one its log stores (the
 /// WAL's limit counts the entry's header too) and one AppendEntries
 /// message of at most `message_bytes_max` carries (with the envelope byte).
@@ -294,14 +301,23 @@ impl Replica {
     }
 
     /// Proposes a membership change; the reply comes once it is applied.
+    /// A promotion (`AddVoter`) without `force` is refused unless the node
+    /// is a learner that has caught up (`promotion_refused`).
     pub(crate) fn propose_membership(
         &mut self,
         change: crate::consensus::MembershipChange,
+        force: bool,
         reply: Reply,
     ) {
         if let Some(why) = &self.stopped {
             reply(Err(ProposeError::Unavailable(why.clone())));
             return;
+        }
+        if let crate::consensus::MembershipChange::AddVoter(id) = change {
+            if let Some(e) = self.promotion_refused(id, force) {
+                reply(Err(e));
+                return;
+            }
         }
         match self.raft.propose_membership(change) {
             Ok((index, term)) => {
@@ -320,6 +336,43 @@ impl Replica {
             ) => reply(Err(ProposeError::Busy(e.to_string()))),
             Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
         }
+    }
+
+    /// Why promoting `id` to voter is refused, if it is (thesis §4.2.1: a
+    /// server that votes before it has the log makes the group wait for
+    /// it, or lose availability, while it catches up). Only the leader
+    /// knows a learner's match index, so only the leader checks; on a
+    /// follower the proposal answers `NotLeader`. A node that is already a voter is refused even with
+    /// `force` (the change would not apply); one that is not a member at
+    /// all is refused unless `force` (then it joins as a voter at once);
+    /// a learner more than `LEARNER_CAUGHT_UP_ENTRIES_MAX` entries behind
+    /// the leader's last index is refused unless `force`.
+    fn promotion_refused(&self, id: crate::consensus::NodeId, force: bool) -> Option<ProposeError> {
+        if self.raft.role() != Role::Leader {
+            return None;
+        }
+        let m = self.raft.membership();
+        if m.voters.contains(&id) {
+            return Some(ProposeError::Invalid(format!(
+                "node {id} is already a voter: nothing to promote"
+            )));
+        }
+        if force {
+            return None;
+        }
+        if !m.learners.contains(&id) {
+            return Some(ProposeError::Invalid(format!(
+                "node {id} is not a learner (not a member of the group): add it as a learner first, wait for it to catch up, then promote it (or --force)"
+            )));
+        }
+        let last = self.raft.last_index();
+        let matched = self.raft.progress(id).map_or(0, |p| p.match_index);
+        let behind = last.saturating_sub(matched);
+        (behind > LEARNER_CAUGHT_UP_ENTRIES_MAX).then(|| {
+            ProposeError::Lagging(format!(
+                "node {id} is a learner {behind} entries behind the leader (at most {LEARNER_CAUGHT_UP_ENTRIES_MAX}): wait, or --force"
+            ))
+        })
     }
 
     /// Proposes client data; the reply comes once it is applied.

@@ -12,8 +12,12 @@
 //!   `quire queue create|produce|consume|ack|list|dead|delete`: ledgers
 //!   and queues (state.rs), with `--json`;
 //! - `quire member --admin A --admin-token-file F --group G
-//!   remove|learner|voter --node N`: one membership change on the group's
-//!   leader, with the admin token;
+//!   remove|learner|voter --node N [--force]`: one membership change on the
+//!   group's leader, with the admin token (`voter` promotes only a learner
+//!   that has caught up, unless `--force`);
+//! - `quire completions bash|zsh|fish`: a completion script on stdout;
+//!   `quire man DIR`: man pages (`quire.1`, `quire-SUB.1`), both
+//!   generated from the clap definitions below, so they never drift;
 //! - `quire daemon --config F`: the daemon itself (what `quired` runs).
 //!
 //! Exit codes: 0 ok; 1 refused or failed (`status`: a node did not answer
@@ -157,12 +161,19 @@ enum Cmd {
         /// The group.
         #[arg(long, default_value_t = 0)]
         group: u32,
-        /// remove, learner (add as a non-voting learner) or voter (promote).
+        /// remove, learner (add as a non-voting learner) or voter (promote
+        /// a learner that has caught up: within 64 entries of the leader's
+        /// last index; otherwise refused with how far behind it is).
         #[arg(value_parser = ["remove", "learner", "voter"])]
         change: String,
         /// The node to change.
         #[arg(long)]
         node: u64,
+        /// voter: promote a learner however far behind it is (the group
+        /// may wait for it in its quorums until it catches up), or add a
+        /// non-member directly as a voter.
+        #[arg(long)]
+        force: bool,
         /// File holding the admin token (node.admin_token_file; `quire up`
         /// writes DIR/admin.token), sent as Authorization: Bearer.
         #[arg(long)]
@@ -177,6 +188,20 @@ enum Cmd {
     Queue {
         #[command(subcommand)]
         what: state::QueueCmd,
+    },
+    /// Print a shell completion script to stdout (generated from this
+    /// command line's own definition), e.g. `quire completions bash >
+    /// /usr/share/bash-completion/completions/quire`.
+    Completions {
+        /// The shell: bash, zsh, fish (also elvish, powershell).
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages to DIR: quire.1 and one page per subcommand
+    /// (quire-member.1, quire-tune-check.1, ...), generated from this
+    /// command line's own definition; e.g. `quire man /usr/share/man/man1`.
+    Man {
+        /// The directory to write them in (created if missing).
+        dir: PathBuf,
     },
     /// Run the daemon (as `quired` does).
     Daemon {
@@ -360,6 +385,16 @@ fn main() -> ExitCode {
                 ))
             }
         }),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "quire", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man { dir } => man_pages(&dir).map(|pages| {
+            for p in pages {
+                println!("{}", p.display());
+            }
+        }),
         Cmd::Ledger { what } => state::ledger(what),
         Cmd::Queue { what } => state::queue(what),
         Cmd::Member {
@@ -367,8 +402,9 @@ fn main() -> ExitCode {
             group,
             change,
             node,
+            force,
             admin_token_file,
-        } => member(admin, group, &change, node, &admin_token_file),
+        } => member(admin, group, &change, node, force, &admin_token_file),
         Cmd::Append {
             target,
             group,
@@ -440,25 +476,57 @@ fn main() -> ExitCode {
     }
 }
 
+/// `quire man DIR`: writes `quire.1` and, for every subcommand that is
+/// not hidden, `quire-SUB.1` (nested: `quire-tune-check.1`) into `dir`,
+/// created if missing; returns the files written. Generated from the
+/// clap definition, so the pages say what `--help` says.
+fn man_pages(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    fn write(cmd: clap::Command, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        let name = cmd.get_name().to_string();
+        let path = dir.join(format!("{name}.1"));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone())
+            .render(&mut page)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&path, page).map_err(|e| format!("{}: {e}", path.display()))?;
+        out.push(path);
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            // clap names are `&'static str` (without its `string`
+            // feature); a few page names leaked once per run.
+            let full: &'static str =
+                Box::leak(format!("{name}-{}", sub.get_name()).into_boxed_str());
+            let sub = sub.clone().name(full);
+            write(sub, dir, out)?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    write(<Cli as clap::CommandFactory>::command(), dir, &mut out)?;
+    Ok(out)
+}
+
 /// `quire member`: one POST to the admin endpoint, with the admin token.
 fn member(
     admin: SocketAddr,
     group: u32,
     change: &str,
     node: u64,
+    force: bool,
     token_file: &std::path::Path,
 ) -> Result<(), String> {
     use std::io::{Read, Write};
     let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
     let token = String::from_utf8(token.trim_ascii_end().to_vec())
         .map_err(|_| format!("{}: the admin token is not text", token_file.display()))?;
+    let force = if force { "&force=1" } else { "" };
     let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
         .map_err(|e| format!("{admin}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "POST /membership?group={group}&change={change}&node={node} HTTP/1.1\r\nHost: quire\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "POST /membership?group={group}&change={change}&node={node}{force} HTTP/1.1\r\nHost: quire\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut text = String::new();
