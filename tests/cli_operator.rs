@@ -808,3 +808,57 @@ fn quire_read_sees_the_last_append_and_stale_reads_a_follower() {
         stdout(&help)
     );
 }
+
+/// Item 14: every line a running daemon logs starts with an RFC 3339 UTC
+/// stamp and a level, and the stamps never go back (before, lines carried
+/// the loop's uptime of the event, `at 201337 ms`, which could print
+/// before `at 201237 ms`).
+#[test]
+fn daemon_log_lines_are_stamped_levelled_and_in_time_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = cluster(dir.path());
+    let out = quire_on(&procs, &["append", "logged"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A transition to log: one node stops, the others see it go down.
+    procs.signal(3, libc::SIGKILL);
+    let log1 = dir.path().join("node1/quired.log");
+    common::wait_for("node 1 to log node 3 down", SERVE_BOUND, || {
+        let text = std::fs::read_to_string(&log1).ok()?;
+        text.lines()
+            .any(|l| l.contains("node 3: ") && l.contains("-> down"))
+            .then_some(())
+    });
+    for (id, code) in procs.stop_all() {
+        assert!(id == 3 || code == Some(0), "node {id} exit {code:?}");
+    }
+    for id in 1..=2 {
+        let text =
+            std::fs::read_to_string(dir.path().join(format!("node{id}/quired.log"))).unwrap();
+        let mut last = String::new();
+        let mut lines = 0;
+        for line in text.lines() {
+            let (stamp, rest) = line.split_once(' ').unwrap_or((line, ""));
+            assert!(
+                is_rfc3339_ms(stamp) && stamp.ends_with('Z'),
+                "node {id}: {line}"
+            );
+            let level = rest.split_whitespace().next().unwrap_or("");
+            assert!(
+                ["INFO", "WARN", "ERROR"].contains(&level),
+                "node {id}: {line}"
+            );
+            assert!(stamp >= last.as_str(), "node {id}: {stamp} after {last}");
+            assert!(
+                !rest.contains(" at ") || !rest.contains(" ms: "),
+                "node {id}: {line}"
+            );
+            last = stamp.to_string();
+            lines += 1;
+        }
+        assert!(lines >= 3, "node {id}: {text}");
+        assert!(
+            text.contains("WARN  node"),
+            "node {id} logged no warning: {text}"
+        );
+    }
+}
