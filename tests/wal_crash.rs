@@ -99,6 +99,12 @@ fn crash_child() {
     }
 }
 
+/// Held for a whole round. The two tests run in threads of one process:
+/// a child spawned by one inherits, until its `exec`, the other's open
+/// log lock (an `flock` belongs to the open file, not the descriptor), and
+/// the other's child would then find its log "in use by another process".
+static ROUND: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn crash_rounds(backend: BackendChoice, rounds: usize) {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
@@ -106,6 +112,7 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
     let mut confirmed_before: Index = 0;
     let mut recycled = 0;
     for round in 0..rounds {
+        let _round = ROUND.lock().unwrap_or_else(|e| e.into_inner());
         let mut child = Command::new(&exe)
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env(

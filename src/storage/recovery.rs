@@ -18,8 +18,9 @@
 //!   (a repair, or a truncation by consensus): the damage is healed;
 //! - a batch naming another segment is left from a recycled file's earlier
 //!   life: free space, like zeros. In a segment whose batches carry the
-//!   recycled flag, undecodable blocks are free space too (the inside of
-//!   such an old batch) unless valid batches follow them;
+//!   recycled flag, or after a batch of an earlier life, undecodable
+//!   blocks are free space too (the inside of such an old batch) unless
+//!   valid batches follow them;
 //! - before the first batch, anything is free space (spares, or segments
 //!   left from before a trim) as long as that batch starts the log where
 //!   the snapshot ends; if it starts later, what is missing is corruption.
@@ -157,11 +158,14 @@ pub fn scan(
         let mut off = 0usize;
         // This segment's current life is in a recycled file.
         let mut recycled = false;
+        // Holds a batch of an earlier life (naming another segment).
+        let mut old_life = false;
         let mut only_zeros = true;
         while off + BLOCK_BYTES <= seg.bytes.len() {
             let batch = match decode_batch(&seg.bytes[off..]) {
                 Ok(b) if b.place.segment != seg.id => {
                     only_zeros = false;
+                    old_life = true;
                     let reason = FormatError::Recycled;
                     note_suspect(&mut suspect, seg.id, off, reason, false, &log, &r);
                     off += b.disk_bytes;
@@ -179,7 +183,9 @@ pub fn scan(
                 }
                 Err(e) => {
                     only_zeros &= e == FormatError::Zeroed;
-                    let dirty = e != FormatError::Zeroed && !recycled;
+                    // In a recycled file an undecodable block is most
+                    // likely the inside of an older life's batch.
+                    let dirty = e != FormatError::Zeroed && !recycled && !old_life;
                     note_suspect(&mut suspect, seg.id, off, e, dirty, &log, &r);
                     off += BLOCK_BYTES;
                     continue;
@@ -616,6 +622,37 @@ mod tests {
         );
         assert!(r.zeroed_segments.contains(&(last + 2)));
         assert!(!r.append_recycled);
+    }
+
+    #[test]
+    fn a_spare_recycled_twice_is_free_space_inside_its_older_lives() {
+        // The spare's last life (as segment 7) ends inside a batch of its
+        // life before (as segment 2): undecodable blocks there are old
+        // data, not a torn write, after a clean shutdown.
+        let (segs, _) = layout(&ten_batches());
+        let (spare, _, end) = recycled_file(4);
+        assert!(
+            end % (3 * BLOCK_BYTES) != 0,
+            "the test wants an old batch cut"
+        );
+        let spare_id = 9;
+        let images = segs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| SegmentImage {
+                id: i as u64,
+                bytes: b.clone(),
+            })
+            .chain([SegmentImage {
+                id: spare_id,
+                bytes: spare,
+            }]);
+        let r = scan(images, 0, 0, 1);
+        assert_eq!(r.entries.len(), 100);
+        assert!(r.torn_tail.is_none(), "{:?}", r.torn_tail);
+        assert!(r.corruption.is_empty(), "{:?}", r.corruption);
+        assert_eq!(r.append_at.map(|a| a.0), Some(segs.len() as u64 - 1));
+        assert!(!r.zeroed_segments.contains(&spare_id));
     }
 
     #[test]
