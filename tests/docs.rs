@@ -78,7 +78,11 @@ group = 0
 /// unknown key the text holds.
 fn keys_listed(text: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cluster.key"), "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::write(
+        dir.path().join("cluster.key"),
+        "0123456789abcdef0123456789abcdef",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("client.token"), "s3cret-token").unwrap();
     let path = dir.path().join("node.toml");
     std::fs::write(&path, text).unwrap();
@@ -121,7 +125,12 @@ fn config_keys() -> Vec<String> {
 fn every_config_key_is_documented() {
     let keys = config_keys();
     assert!(keys.len() > 60, "{keys:?}");
-    for k in ["node.id", "peers[].udp", "disks[].group", "snapshot.interval_ms"] {
+    for k in [
+        "node.id",
+        "peers[].udp",
+        "disks[].group",
+        "snapshot.interval_ms",
+    ] {
         assert!(keys.iter().any(|x| x == k), "{k} not found in {keys:?}");
     }
     let missing = missing_rows(
@@ -304,7 +313,10 @@ fn every_relative_link_resolves() {
         let md = std::fs::read_to_string(f).unwrap();
         links += link_targets(&md).len();
         for b in broken_links(f, &md) {
-            broken.push(format!("{}: {b}", f.strip_prefix(root()).unwrap().display()));
+            broken.push(format!(
+                "{}: {b}",
+                f.strip_prefix(root()).unwrap().display()
+            ));
         }
     }
     assert!(links > 100, "{links} links");
@@ -328,8 +340,10 @@ fn a_broken_link_is_reported() {
 
 #[test]
 fn anchors_are_made_as_github_makes_them() {
-    let a = anchors("# quire, quired and the client library\n## Set-up on a fresh machine\n\
-                     ## Changes: POST /membership\n## `quire up`\n## Notes\n## Notes\n");
+    let a = anchors(
+        "# quire, quired and the client library\n## Set-up on a fresh machine\n\
+         ## Changes: POST /membership\n## `quire up`\n## Notes\n## Notes\n",
+    );
     for want in [
         "quire-quired-and-the-client-library",
         "set-up-on-a-fresh-machine",
