@@ -14,7 +14,7 @@
 //! pure function of its seed: the same seed gives the same trace hash.
 //!
 //! A run has two phases, as in TigerBeetle's VOPR: a safety phase with
-//! faults, in which the checkers of [`checker`] run at every step, then a
+//! faults, in which the checkers of `checker` run at every step, then a
 //! liveness phase in which every fault heals and each group must confirm a
 //! new append within a bound.
 //!
