@@ -1,10 +1,14 @@
 //! quire: a replication appliance. Appends are confirmed only once they are
 //! on stable storage on a majority of hosts.
 //!
-//! The crate is layered (see ARCHITECTURE.md in the shared docs):
-//! sans-IO cores that never touch a clock, file or socket ([`consensus`]),
-//! and drivers that feed them: the deterministic simulator ([`sim`]) now,
-//! the io_uring node daemon later.
+//! The crate is layered (see `docs/architecture.md`): sans-IO cores that
+//! never touch a clock, file or socket ([`consensus`], [`transport`],
+//! [`heartbeat`], [`state`], [`api`], and the pure parts of [`storage`]),
+//! and the code that feeds them: the node runtime ([`node`]: one pinned
+//! event loop per core, the daemon `quired`) on its drivers (the WAL and
+//! [`io`] for the disk, [`net`] for UDP, [`serial`] for the RS-232
+//! heartbeat), the [`client`] library, and the deterministic simulator
+//! ([`sim`]), which drives the cores through glue of its own.
 
 #![warn(missing_docs, unreachable_pub)]
 

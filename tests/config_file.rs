@@ -480,42 +480,7 @@ fn unreadable_file() {
     assert!(e.to_string().contains("nope.toml: cannot read it"), "{e}");
 }
 
-#[test]
-fn every_key_is_in_the_readme_table() {
-    // The refusal of an unknown key lists the keys of its section: ask each
-    // section, and find each key in the README's "Node config file" table.
-    let d = Dir::new();
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let sections = [
-        ("node", MINIMAL.replace("[node]\n", "[node]\nbogus = 1\n")),
-        (
-            "peers[]",
-            MINIMAL.replace("id = 2\n", "id = 2\nbogus = 1\n"),
-        ),
-        (
-            "disks[]",
-            MINIMAL.replace("group = 0", "group = 0\nbogus = 1"),
-        ),
-        ("udp", minimal_with("[udp]\nbogus = 1\n")),
-        ("timers", minimal_with("[timers]\nbogus = 1\n")),
-        ("storage", minimal_with("[storage]\nbogus = 1\n")),
-        ("transport", minimal_with("[transport]\nbogus = 1\n")),
-        ("serial", minimal_with("[serial]\nbogus = 1\n")),
-        ("client", minimal_with("[client]\nbogus = 1\n")),
-    ];
-    let mut keys = 0;
-    for (section, text) in sections {
-        let (_, msg) = d.error(&text);
-        let list = msg.split("the keys here are: ").nth(1).expect(&msg);
-        for key in list.split(", ") {
-            let row = format!("| `{section}.{key}` |");
-            assert!(readme.contains(&row), "README lacks {row}");
-            keys += 1;
-        }
-    }
-    assert!(keys > 50, "{keys}");
-}
+// That every key is documented is checked in tests/docs.rs.
 
 #[test]
 fn a_peer_by_host_name_is_resolved_at_load() {

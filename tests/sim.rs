@@ -147,7 +147,8 @@ fn every_planted_bug_is_caught() {
 /// The end-to-end checkers catch the bugs too, not only the
 /// persisted-before-sent rule: with that rule switched off, each bug is
 /// still caught by the invariant it really breaks. (forget-vote needs a
-/// rare double vote to show end to end: about 1% of seeds, see the README.)
+/// rare double vote to show end to end: about 1% of seeds, see
+/// docs/testing/simulator.md.)
 #[test]
 fn end_to_end_checkers_catch_the_bugs_without_the_send_rule() {
     let expected = [

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "quired", version, about = "The quire node daemon")]
 struct Args {
-    /// The node's config file (TOML; see the README's "Node config file").
+    /// The node's config file (TOML; every key: docs/operating/config.md).
     #[arg(long)]
     config: PathBuf,
     /// TEST-ONLY FAULT: followers acknowledge before fsync, so a crash can

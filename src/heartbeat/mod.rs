@@ -6,9 +6,10 @@
 //! Nothing here does I/O, reads a clock or draws randomness: the caller
 //! passes `now_ms` (any node-local monotonic millisecond clock) and the
 //! bytes it read, and gets back encoded frames, decoded heartbeats and
-//! transition events. The serial port driver (`crate::serial`) and the
-//! simulator are the callers; nothing here imports them, the I/O layer, or
-//! the node wiring.
+//! transition events. The serial port driver (`crate::serial`, which
+//! decodes each line's frames), the node's control loop (the detector and
+//! the failover policy) and the simulator are the callers; nothing here
+//! imports them, the I/O layer, or the node wiring.
 //!
 //! Why a second channel at all (Linux-HA Heartbeat's lesson): seen only
 //! over IP, a broken switch port looks exactly like a dead host. A

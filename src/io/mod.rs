@@ -1,4 +1,10 @@
-//! I/O backends: the only code that makes file syscalls for the log.
+//! I/O backends: the flush path of the log. Each group commit's write and
+//! fdatasync, the superblock written with it, and reads of batches go
+//! through a backend. The WAL (`storage::wal`) makes the log's other file
+//! syscalls itself, off that path: opening and locking the directory,
+//! recovery's reads, laying out, renaming and unlinking segments, writing
+//! the snapshot slots, and the image builder's plain reads. io_uring here
+//! is for the disk only; sockets are polled with `ppoll` (`crate::net`).
 //!
 //! A request is a short chain of operations (write, fdatasync, read) run in
 //! order; if one fails, the rest are not run, and the request completes with

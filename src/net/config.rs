@@ -14,8 +14,8 @@ pub const UDP_PAYLOAD_BYTES_MAX: usize = 65_507;
 /// since Linux 4.18; newer kernels allow 128, older ones refuse more).
 pub const GSO_SEGMENTS_KERNEL_MAX: usize = 64;
 
-/// Tunables of one [`UdpDriver`](super::UdpDriver). See the README's
-/// transport table.
+/// Tunables of one [`UdpDriver`](super::UdpDriver). See the table in
+/// `docs/internals/transport.md`, "The UDP driver".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UdpConfig {
     /// Address the group sockets bind to (`127.0.0.1` in tests).

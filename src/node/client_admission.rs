@@ -6,7 +6,7 @@
 //! event loop can drive the same verbs later (`poll_timeout` for its
 //! timer, `handle_timeout` when it fires).
 //!
-//! The policy (README, "The client server's bounds"):
+//! The policy (`docs/operating/quired.md`, "Client connection bounds"):
 //!
 //! - Every accepted connection starts *unauthenticated* and must complete
 //!   its Hello within `hello_timeout_ms`, or it is closed.

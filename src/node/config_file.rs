@@ -7,8 +7,9 @@
 //! This module reads the config file, the cluster key file and the token
 //! files, resolves peer host names, and asks the kernel which cores this
 //! process may run on. It binds nothing and opens no log: those errors
-//! belong to the runtime. The key table is in the README ("Node config
-//! file"); `tuning/quired-ts60.toml` is a commented example.
+//! belong to the runtime. The key table is `docs/operating/config.md`
+//! (`tests/docs.rs` fails if a key is missing there);
+//! `tuning/quired-ts60.toml` is a commented example.
 //!
 //! `raw` holds the sections as serde sees them (unknown keys denied, every
 //! tunable optional so that an absent key takes the default of the config

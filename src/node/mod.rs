@@ -2,19 +2,30 @@
 //! transport, heartbeat) to their drivers (the WAL on its I/O backend, the
 //! UDP driver, the serial ports), for the groups of one node.
 //!
-//! One [`NodeHandle::spawn`] runs one event-loop thread that owns
-//! everything it drives: its replicas and their logs, its UDP sockets, its
-//! serial ports and its failure detector. Nothing is shared; the handle
-//! talks to the loop through channels (propose, status, stop). Spreading a
-//! node's groups over several pinned cores is the daemon's job (see
-//! ARCHITECTURE.md); this loop is what each of those threads runs.
+//! [`NodeHandle::spawn_on`] runs group `g` on core `cores[g % len]`: one
+//! event-loop thread per core that gets a group, pinned there, owning that
+//! core's replicas, their logs and its UDP sockets ([`NodeHandle::spawn`]:
+//! one unpinned loop for every group). The loop of the first group's core
+//! is the *control* loop and also owns the serial ports, the failure
+//! detector and the node's heartbeat; the others exchange with it over
+//! channels only what the detector needs (`event_loop`). Nothing else is
+//! shared; the handle talks to the loops through channels (propose,
+//! status, stop) and each loop's eventfd (`waker`). The daemon
+//! (`daemon`) adds the client server, which serves each connection on
+//! threads of its own (not on the loops yet), and the admin endpoint.
 //!
-//! Per turn the loop: waits in the UDP driver (at most 1 ms, so the serial
-//! ports and the WAL's completions are seen promptly); feeds delivered
-//! messages to the replicas; reaps WAL completions, reporting durability to
-//! Raft and releasing the messages that waited for it; ticks Raft and the
-//! detector at their deadlines; reads and writes the serial lines; sends
-//! its heartbeat every `keepalive_ms` on both channels; serves commands.
+//! Per turn a loop: waits in the UDP driver's `ppoll` on its sockets, its
+//! eventfd and (control) its serial ports, until the next deadline and at
+//! most 10 ms (`TURN_MAX`; the eventfd wakes it at once for commands,
+//! other cores' messages and WAL completions); serves the queued
+//! commands; hands what the transport delivered to the replicas (Raft) and
+//! the detector (heartbeats); serves the other cores' messages and the
+//! serial lines; ticks Raft at its deadlines, checks its own disks, sends
+//! the heartbeat every `keepalive_ms` on both channels, ticks the detector
+//! and applies its events; then drives every replica (the `Ready`
+//! contract: writes, messages, WAL completions reported as durability,
+//! held messages released, applies, reads, snapshots) and flushes the
+//! transport. `docs/internals/node.md` has the turn step by step.
 
 pub mod admin;
 mod admin_auth;

@@ -689,10 +689,12 @@ impl Replica {
 
     /// Starts a snapshot when one is due (log growth or the interval) and
     /// adopts one that finished. The loop only captures the state: the
-    /// ledgers and queues are persistent maps, so the copy is O(1) and
-    /// shares everything with the live state (copy-on-write); encoding
-    /// and the fsynced file write run on a helper thread, so appends do
-    /// not wait for them.
+    /// ledgers and queues are persistent maps, so their copy is O(1) and
+    /// shares everything with the live state (copy-on-write); the dedup
+    /// table is not, and its copy is deep, in time and memory
+    /// proportional to its size (`capture_us` measures both copies).
+    /// Encoding and the fsynced file write run on a helper thread, so
+    /// appends do not wait for them.
     fn snapshot(&mut self, now_ms: u64) {
         if let Some(job) = &self.snapshot_job {
             match job.done.try_recv() {

@@ -6,7 +6,9 @@
 //! fsync) and may tear the first write it does not keep: some of its
 //! entries survive, its hard state does not (the superblock is written
 //! last and has two copies, so it is either old or new). EIO is injected
-//! per disk and stops the group on that node, as the storage layer will.
+//! per disk and stops the group on that node, as the WAL does. This is a
+//! model of a disk under one replica, not `storage::Wal`: no on-disk
+//! format, no recovery scan.
 
 use super::trace::chain;
 use crate::consensus::{Entry, HardState, Index, RestoredState, Snapshot};

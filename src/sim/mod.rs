@@ -1,4 +1,12 @@
-//! The deterministic simulator: a third driver for the sans-IO cores.
+//! The deterministic simulator: a driver of its own for the sans-IO cores.
+//!
+//! It runs the production cores (`consensus::Raft`, the heartbeat's codec,
+//! replay guard, detector and failover policy, `state::StateMachine`)
+//! through its own glue: `world::Replica` stands in for `node::Replica`,
+//! `disk::SimDisk` for `storage::Wal` and its on-disk format, and the
+//! simulated network hands Raft messages over directly instead of through
+//! `transport::Endpoint`. So that glue is not what `quired` runs; putting
+//! the production replica, WAL and transport under the seed is issue 18.
 //!
 //! One seed derives every parameter (timeouts, latencies, loss rates) and
 //! every fault (crashes, partitions, loss, duplication, EIO, leadership
@@ -6,7 +14,7 @@
 //! pure function of its seed: the same seed gives the same trace hash.
 //!
 //! A run has two phases, as in TigerBeetle's VOPR: a safety phase with
-//! faults, in which the checkers of [`checker`] run at every step, then a
+//! faults, in which the checkers of `checker` run at every step, then a
 //! liveness phase in which every fault heals and each group must confirm a
 //! new append within a bound.
 //!

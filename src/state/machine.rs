@@ -2,7 +2,9 @@
 //! `apply` and snapshots. Every replica applies the same committed entries
 //! in the same order and ends in the same state, so nothing here does I/O,
 //! reads a clock or draws a random number: time comes in the commands (the
-//! leader's `now_ms`, stamped at proposal), and every map is a `BTreeMap`.
+//! leader's `now_ms`, stamped at proposal), and every map is ordered (a
+//! `BTreeMap`, or `imbl`'s persistent `OrdMap` for the ledgers and queues,
+//! so a snapshot captures them in O(1)).
 //!
 //! Call `apply` once per committed entry, in log order, with its index;
 //! an index at or below the last applied one is refused unchanged, so a

@@ -15,7 +15,8 @@ use super::wire::{
 /// ours. Over IPv4 this leaves 20 bytes unused; simpler than two limits.
 pub const IP_UDP_HEADER_BYTES: usize = 48;
 
-/// Tunables of one endpoint. See the README's transport table.
+/// Tunables of one endpoint. See the table in
+/// `docs/internals/transport.md`, "Configuration".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransportConfig {
     /// Path MTU: the largest IP packet the path carries unfragmented

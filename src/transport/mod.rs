@@ -6,8 +6,11 @@
 //! the caller passes the time in (`now_us`, any monotonic µs clock), the
 //! [`Endpoint`] draws its session epoch and NACK delays from the seed it is
 //! given, and every datagram leaves through [`Endpoint::poll_transmit`].
-//! The socket driver (one UDP socket per group, `base_port + group`, GSO,
-//! io_uring) and the simulator are the callers; nothing here imports them.
+//! The socket driver (`crate::net`: one UDP socket per group,
+//! `base_port + group`, `sendmmsg`/`recvmmsg`, GSO/GRO, `ppoll`) is the
+//! caller, and tests and benchmarks drive endpoints directly; nothing here
+//! imports them. (The simulator does not run the endpoint yet: it hands
+//! Raft messages over directly, issue 18.)
 //!
 //! # The loop a driver runs (quinn's)
 //!
