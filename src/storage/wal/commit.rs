@@ -1,0 +1,507 @@
+//! Group commit: batches cut from appends, tickets, flushes in flight, durability
+//! reported in ticket order, and stall detection.
+
+use super::*;
+use crate::consensus::{Entry, HardState, Index, Term};
+use crate::io::{AlignedBuf, IoCompletion, IoOp, IoRequest};
+use crate::storage::format::{BatchBuilder, Placement};
+use crate::storage::recovery::BatchLocation;
+use std::io::{self};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+pub(super) struct InFlight {
+    pub(super) submitted: Instant,
+    pub(super) last: Option<(Index, Term)>,
+    pub(super) records: u64,
+    pub(super) bytes: u64,
+    pub(super) stalled: bool,
+    pub(super) done: bool,
+    pub(super) result: Option<io::Error>,
+    pub(super) latency: Duration,
+}
+
+pub(super) struct Sealed {
+    pub(super) ticket: Ticket,
+    pub(super) batch: BatchBuilder,
+}
+
+/// Bytes an entry takes in a batch besides its `size_bytes` (record
+/// header and padding), counted when deciding where a batch is cut.
+pub(super) const ENTRY_DISK_OVERHEAD_BYTES: usize = 64;
+
+impl Wal {
+    /// Queues entries from a `Ready`: everything at or after
+    /// `truncate_from` is replaced first. Returns the ticket to wait for.
+    pub fn append(
+        &mut self,
+        truncate_from: Option<Index>,
+        entries: &[Entry],
+    ) -> Result<Ticket, WalError> {
+        self.check_not_failed()?;
+        self.check_entry_sizes(entries)?;
+        let Some(first) = entries.first() else {
+            if let Some(t) = truncate_from {
+                self.start_batch_at(t);
+            }
+            return Ok(self.current_ticket());
+        };
+        let from = truncate_from.unwrap_or(first.index);
+        assert_eq!(from, first.index, "entries start where the truncation does");
+        assert!(
+            from > self.snapshot_index && from <= self.last.0 + 1,
+            "appends are consecutive"
+        );
+        if from <= self.last.0 {
+            self.start_batch_at(from);
+        }
+        for e in entries {
+            // An entry larger than `flush_bytes_max` starts a batch of its
+            // own (which it fills, so it is sealed below): a batch is then
+            // at most `flush_bytes_max` plus one ordinary entry, or one
+            // large entry (bounded by `entry_bytes_max`, so it fits a
+            // segment).
+            let large = e.size_bytes() + ENTRY_DISK_OVERHEAD_BYTES > self.cfg.flush_bytes_max;
+            if large
+                && self
+                    .open_batch
+                    .as_ref()
+                    .is_some_and(|b| b.batch.count() > 0)
+            {
+                let b = self.open_batch.take().expect("just checked");
+                self.sealed.push_back(b);
+            }
+            let batch = self.batch_for_append(e.index);
+            batch.batch.push(e);
+            let full = batch.batch.disk_bytes() >= self.cfg.flush_bytes_max;
+            if full {
+                let b = self.open_batch.take().expect("just used");
+                self.sealed.push_back(b);
+            }
+            self.last = (e.index, e.term);
+        }
+        Ok(self.current_ticket())
+    }
+
+    /// The largest entry (payload bytes) this log stores: half a segment,
+    /// so that a batch holding it alone, with its headers and padding,
+    /// always fits an empty segment. An entry larger than
+    /// `flush_bytes_max` takes a flush of its own.
+    pub fn entry_bytes_max(&self) -> usize {
+        entry_bytes_max(&self.cfg)
+    }
+
+    /// Refuses entries larger than `entry_bytes_max` (before anything
+    /// of the call is queued: a refused call changes nothing).
+    pub(super) fn check_entry_sizes(&self, entries: &[Entry]) -> Result<(), WalError> {
+        let max = self.entry_bytes_max();
+        match entries.iter().find(|e| e.size_bytes() > max) {
+            Some(e) => Err(WalError::Invalid(format!(
+                "entry {} is {} bytes, more than this log's entry_bytes_max ({max}, half of segment_bytes)",
+                e.index,
+                e.size_bytes(),
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Records the hard state of a `Ready`. A new term or vote must be
+    /// durable before dependent messages leave, so it joins the next flush;
+    /// a commit index alone rides in the next batch header.
+    pub fn set_hard_state(&mut self, hs: HardState) -> Result<Ticket, WalError> {
+        self.check_not_failed()?;
+        self.commit = self.commit.max(hs.commit);
+        let changed = hs.term != self.hard_state.term || hs.vote != self.hard_state.vote;
+        self.hard_state = HardState {
+            commit: self.commit,
+            ..hs
+        };
+        if changed {
+            self.sb_dirty = true;
+            if self.open_batch.is_none() && self.sealed.is_empty() {
+                let at = self.last.0 + 1;
+                let ticket = self.take_ticket();
+                let batch = self.new_batch(at);
+                self.open_batch = Some(Sealed { ticket, batch });
+            }
+        }
+        Ok(self.current_ticket())
+    }
+
+    /// Refuses new client appends while the disk is full or failed.
+    pub fn admit(&mut self) -> Result<(), WalError> {
+        self.check_not_failed()?;
+        if self.state == DiskState::Full {
+            // Space may have returned: the waiting batch retries a segment.
+            self.submit_ready()?;
+        }
+        if self.state == DiskState::Full {
+            self.metrics.disk_full_refusals += 1;
+            return Err(WalError::DiskFull);
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_not_failed(&self) -> Result<(), WalError> {
+        match &self.state {
+            DiskState::Failed(why) => Err(WalError::Stopped(why.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn take_ticket(&mut self) -> Ticket {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        t
+    }
+
+    /// The ticket covering everything queued so far.
+    pub fn current_ticket(&self) -> Ticket {
+        self.next_ticket - 1
+    }
+
+    pub(super) fn start_batch_at(&mut self, first_index: Index) {
+        if let Some(b) = self.open_batch.take() {
+            self.sealed.push_back(b);
+        }
+        let ticket = self.take_ticket();
+        let batch = self.new_batch(first_index);
+        self.open_batch = Some(Sealed { ticket, batch });
+        // Cached reads of the replaced suffix are stale now.
+        self.cache
+            .retain(|(loc, _)| loc.first_index + loc.count <= first_index);
+        self.last = (first_index - 1, self.last.1);
+    }
+
+    /// A batch built in a recycled buffer when one is free.
+    pub(super) fn new_batch(&mut self, first_index: Index) -> BatchBuilder {
+        let buf = self
+            .buf_pool
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(self.cfg.flush_bytes_max + (64 << 10)));
+        BatchBuilder::with_buffer(first_index, buf)
+    }
+
+    /// Keeps a few batch-sized buffers for reuse.
+    pub(super) fn recycle(&mut self, bufs: Vec<AlignedBuf>) {
+        for b in bufs {
+            // A buffer grown for one large entry is not kept: the pool
+            // holds batch-sized buffers only.
+            let batch_sized = b.capacity() >= self.cfg.flush_bytes_max
+                && b.capacity() <= 2 * self.cfg.flush_bytes_max + (64 << 10);
+            if batch_sized && self.buf_pool.len() < 8 {
+                self.buf_pool.push(b);
+            }
+        }
+    }
+
+    pub(super) fn batch_for_append(&mut self, index: Index) -> &mut Sealed {
+        if self.open_batch.is_none() {
+            let ticket = self.take_ticket();
+            let batch = self.new_batch(index);
+            self.open_batch = Some(Sealed { ticket, batch });
+        }
+        self.open_batch.as_mut().expect("just ensured")
+    }
+
+    /// Submits what group commit allows and collects finished flushes,
+    /// without blocking. Call after every `Ready` and on every wake-up.
+    pub fn poll(&mut self) -> Result<(), WalError> {
+        self.reap(false)?;
+        self.finish_adoption()?;
+        self.collect_spare(false)?;
+        self.top_up_spares();
+        self.submit_ready()?;
+        self.check_stall();
+        Ok(())
+    }
+
+    /// Blocks until at least one flush finishes (if any is in flight),
+    /// then submits what may go next.
+    pub fn wait(&mut self) -> Result<(), WalError> {
+        self.submit_ready()?;
+        self.reap(true)?;
+        self.submit_ready()
+    }
+
+    /// Flushes everything queued and waits until it is durable.
+    pub fn sync(&mut self) -> Result<(), WalError> {
+        let target = self.current_ticket();
+        while self.durable_ticket < target {
+            self.check_not_failed()?;
+            self.submit_ready()?; // also retries a segment when full
+            if self.state == DiskState::Full && self.backend.in_flight() == 0 {
+                return Err(WalError::DiskFull);
+            }
+            self.wait()?;
+        }
+        self.check_not_failed()?;
+        self.finish_adoption()
+    }
+
+    pub(super) fn submit_ready(&mut self) -> Result<(), WalError> {
+        if matches!(self.state, DiskState::Failed(_)) {
+            return Ok(());
+        }
+        loop {
+            let in_flight = self.in_flight.len();
+            if in_flight >= self.cfg.flushes_in_flight_max as usize {
+                return Ok(());
+            }
+            // A sealed (full) batch may go while another flush runs; the
+            // open one waits for the disk to be idle, gathering more.
+            let next = if !self.sealed.is_empty() {
+                self.sealed.pop_front()
+            } else if in_flight == 0 && (self.open_batch.is_some() || self.sb_dirty) {
+                self.open_batch.take().or_else(|| {
+                    let at = self.last.0 + 1;
+                    let ticket = self.take_ticket();
+                    let batch = self.new_batch(at);
+                    Some(Sealed { ticket, batch })
+                })
+            } else {
+                None
+            };
+            let Some(s) = next else {
+                return Ok(());
+            };
+            if let Err(back) = self.submit_flush(s)? {
+                self.sealed.push_front(back); // no room yet: retried later
+                return Ok(());
+            }
+        }
+    }
+
+    /// Submits one flush; gives the batch back if no segment has room.
+    pub(super) fn submit_flush(&mut self, s: Sealed) -> Result<Result<(), Sealed>, WalError> {
+        let empty = s.batch.count() == 0;
+        let mut ops = Vec::with_capacity(4);
+        let mut loc = None;
+        let (last, records) = (s.batch.last(), s.batch.count() as u64);
+        let mut bytes = 0u64;
+        // An empty batch still records a truncation if it starts inside the
+        // log; one that only carries the superblock is skipped.
+        let writes_batch = !empty || s.batch.first_index() <= self.durable_end();
+        if writes_batch {
+            let len = s.batch.disk_bytes() as u64;
+            if self.append_offset + len > self.cfg.segment_bytes && !self.roll_segment()? {
+                return Ok(Err(s));
+            }
+            let first_index = s.batch.first_index();
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let place = Placement {
+                segment: self.active,
+                recycled: self.active_recycled,
+            };
+            let data = s.batch.finish(seq, self.commit, place);
+            let fd = self.segments[&self.active].as_raw_fd();
+            let l = BatchLocation {
+                segment: self.active,
+                offset: self.append_offset,
+                disk_bytes: len,
+                seq,
+                first_index,
+                count: records,
+                recycled: self.active_recycled,
+            };
+            self.append_offset += len;
+            bytes = len;
+            loc = Some(l);
+            if self.sb_dirty {
+                self.push_superblock_ops(&mut ops);
+            }
+            ops.push(IoOp::Write {
+                fd,
+                offset: l.offset,
+                buf: data,
+            });
+            ops.push(IoOp::Fdatasync { fd });
+        } else if self.sb_dirty {
+            self.push_superblock_ops(&mut ops);
+        } else {
+            // Nothing to write: the ticket is durable once earlier ones are.
+            self.in_flight.insert(s.ticket, InFlight::done_now(last));
+            self.advance_durable();
+            return Ok(Ok(()));
+        }
+        if let Some(l) = loc {
+            self.note_batch_location(l);
+        }
+        self.backend
+            .submit(IoRequest {
+                token: s.ticket,
+                ops,
+            })
+            .map_err(io_err("submitting a flush"))?;
+        self.in_flight.insert(
+            s.ticket,
+            InFlight {
+                submitted: Instant::now(),
+                last,
+                records,
+                bytes,
+                stalled: false,
+                done: false,
+                result: None,
+                latency: Duration::ZERO,
+            },
+        );
+        Ok(Ok(()))
+    }
+
+    pub(super) fn durable_end(&self) -> Index {
+        self.last.0.max(self.durable.0)
+    }
+
+    pub(super) fn push_superblock_ops(&mut self, ops: &mut Vec<IoOp>) {
+        self.sb.seq += 1;
+        self.sb.hard_state = HardState {
+            commit: self.commit,
+            ..self.hard_state
+        };
+        let fd = self.sb_file.as_raw_fd();
+        ops.push(IoOp::Write {
+            fd,
+            offset: self.sb.slot_offset(),
+            buf: AlignedBuf::from_slice(&self.sb.encode()),
+        });
+        ops.push(IoOp::Fdatasync { fd });
+        self.sb_dirty = false;
+    }
+}
+
+impl Wal {
+    pub(super) fn reap(&mut self, wait: bool) -> Result<(), WalError> {
+        let mut done: Vec<IoCompletion> = Vec::new();
+        self.backend
+            .reap(wait, &mut done)
+            .map_err(io_err("collecting completions"))?;
+        for c in done {
+            let Some(f) = self.in_flight.get_mut(&c.token) else {
+                continue; // a read, handled by its caller
+            };
+            f.done = true;
+            f.latency = c.submitted.elapsed();
+            if let Err(e) = c.result {
+                f.result = Some(e);
+            }
+            self.recycle(c.bufs);
+        }
+        self.advance_durable();
+        self.check_not_failed()
+    }
+
+    /// Durability is reported in ticket order: a later flush completing
+    /// first does not make earlier ones durable.
+    pub(super) fn advance_durable(&mut self) {
+        while let Some((&t, f)) = self.in_flight.first_key_value() {
+            if !f.done {
+                break;
+            }
+            let f = self.in_flight.remove(&t).expect("present");
+            if let Some(e) = f.result {
+                // Never retried: after a failed fsync the kernel may have
+                // dropped the dirty pages, so a retry could report success
+                // for data that is gone.
+                self.metrics.io_errors += 1;
+                self.state = DiskState::Failed(format!("flush {t} failed: {e}"));
+                return;
+            }
+            if f.bytes > 0 || f.records > 0 {
+                self.metrics.flushes += 1;
+                self.metrics.records += f.records;
+                self.metrics.bytes += f.bytes;
+                let us = f.latency.as_micros() as u64;
+                let _ = self.metrics.flush_latency_us.record(us.max(1));
+                let _ = self.metrics.records_per_flush.record(f.records.max(1));
+                let _ = self.metrics.bytes_per_flush.record(f.bytes.max(1));
+            }
+            self.durable_ticket = t;
+            if let Some(last) = f.last {
+                self.durable = last;
+            }
+        }
+        if self.state == DiskState::Degraded && self.in_flight.values().all(|f| !f.stalled) {
+            self.state = DiskState::Healthy;
+        }
+    }
+
+    /// A flush outstanding for longer than `disk_stall_ms` marks the disk
+    /// degraded (counted once per flush) until no stalled flush remains.
+    pub(super) fn check_stall(&mut self) {
+        let limit = Duration::from_millis(self.cfg.disk_stall_ms);
+        let mut newly = 0;
+        for f in self.in_flight.values_mut() {
+            if !f.done && !f.stalled && f.submitted.elapsed() >= limit {
+                f.stalled = true;
+                newly += 1;
+            }
+        }
+        if newly > 0 {
+            self.metrics.stalls += newly;
+            if self.state == DiskState::Healthy {
+                self.state = DiskState::Degraded;
+            }
+        }
+    }
+}
+
+impl Wal {
+    pub(super) fn write_superblock_now(&mut self) -> Result<(), WalError> {
+        let mut ops = Vec::new();
+        self.sb_dirty = true;
+        self.push_superblock_ops(&mut ops);
+        self.run_now(ops).map(|_| ())
+    }
+
+    /// Runs a request and waits for it, handling other completions.
+    pub(super) fn run_now(&mut self, ops: Vec<IoOp>) -> Result<Vec<AlignedBuf>, WalError> {
+        const TOKEN: u64 = u64::MAX;
+        self.backend
+            .submit(IoRequest { token: TOKEN, ops })
+            .map_err(io_err("submitting a request"))?;
+        loop {
+            let mut done = Vec::new();
+            self.backend
+                .reap(true, &mut done)
+                .map_err(io_err("collecting completions"))?;
+            let mut mine = None;
+            for c in done {
+                if c.token == TOKEN {
+                    mine = Some(c);
+                } else if let Some(f) = self.in_flight.get_mut(&c.token) {
+                    f.done = true;
+                    f.latency = c.submitted.elapsed();
+                    f.result = c.result.err();
+                }
+            }
+            self.advance_durable();
+            if let Some(c) = mine {
+                return match c.result {
+                    Ok(()) => Ok(c.bufs),
+                    Err(e) => {
+                        self.metrics.io_errors += 1;
+                        self.state = DiskState::Failed(format!("{e}"));
+                        Err(WalError::Stopped(format!("{e}")))
+                    }
+                };
+            }
+        }
+    }
+}
+
+impl InFlight {
+    pub(super) fn done_now(last: Option<(Index, Term)>) -> Self {
+        InFlight {
+            submitted: Instant::now(),
+            last,
+            records: 0,
+            bytes: 0,
+            stalled: false,
+            done: true,
+            result: None,
+            latency: Duration::ZERO,
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The log's configuration, errors, health and metrics, and what `open` reports.
+
+use crate::consensus::RestoredState;
+use crate::io::BackendChoice;
+use crate::storage::recovery::{Corruption, TornTail};
+use hdrhistogram::Histogram;
+use std::io;
+use std::time::Duration;
+
+/// Configuration of one log.
+#[derive(Clone, Debug)]
+pub struct WalConfig {
+    /// Size of each segment file, preallocated with zeros.
+    pub segment_bytes: u64,
+    /// A batch is cut, and may go out early, at this many bytes.
+    pub flush_bytes_max: usize,
+    /// Flushes that may be in flight at once (recovery needs the bound).
+    pub flushes_in_flight_max: u32,
+    /// A flush slower than this marks the disk degraded.
+    pub disk_stall_ms: u64,
+    /// I/O backend.
+    pub backend: BackendChoice,
+    /// Try O_DIRECT (falls back to buffered writes where refused).
+    pub direct_io: bool,
+    /// Bytes of recently read batches kept decoded.
+    pub read_cache_bytes: usize,
+    /// While the disk is full, how often to try preparing a segment again.
+    pub space_retry_ms: u64,
+    /// Spare segments kept ready ahead of the one being written; when
+    /// fewer are ready, one is zero-filled in the background.
+    pub segments_ahead: u32,
+    /// Trimmed segments kept as spares for reuse (renamed, not rewritten)
+    /// instead of being deleted; beyond this many spares they are deleted.
+    pub segments_recycled_max: u32,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        WalConfig {
+            segment_bytes: 64 << 20,
+            flush_bytes_max: 1 << 20,
+            flushes_in_flight_max: 2,
+            disk_stall_ms: 2_000,
+            backend: BackendChoice::Auto,
+            direct_io: true,
+            read_cache_bytes: 8 << 20,
+            space_retry_ms: 100,
+            segments_ahead: 1,
+            segments_recycled_max: 4,
+        }
+    }
+}
+
+/// Why a log operation failed.
+#[derive(Debug)]
+pub enum WalError {
+    /// An I/O error, with what was being done.
+    Io(String, io::Error),
+    /// The disk is full: new appends are not admitted until space returns.
+    DiskFull,
+    /// A flush failed earlier; this log is stopped on this node.
+    Stopped(String),
+    /// The directory holds something recovery cannot accept.
+    Corrupt(String),
+    /// A request the log cannot serve (entry too large, index not held).
+    Invalid(String),
+}
+
+impl std::fmt::Display for WalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalError::Io(what, e) => write!(f, "{what}: {e}"),
+            WalError::DiskFull => write!(f, "disk full: appends are refused until space is freed"),
+            WalError::Stopped(why) => write!(f, "log stopped after an I/O error: {why}"),
+            WalError::Corrupt(why) => write!(f, "log directory is damaged: {why}"),
+            WalError::Invalid(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for WalError {}
+
+pub(super) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> WalError {
+    let what = what.into();
+    move |e| WalError::Io(what, e)
+}
+
+/// Health of the log's disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskState {
+    /// Flushing normally.
+    Healthy,
+    /// A flush has taken longer than `disk_stall_ms`.
+    Degraded,
+    /// No space for the next segment; new appends are refused.
+    Full,
+    /// A write or fdatasync failed; the group stops on this node.
+    Failed(String),
+}
+
+/// What `open` found.
+#[derive(Debug)]
+pub struct OpenReport {
+    /// What the consensus core restarts from (with `repair_until` set when
+    /// unrepaired corruption was found).
+    pub restored: RestoredState,
+    /// The torn tail discarded, if any.
+    pub torn_tail: Option<TornTail>,
+    /// Corruption found in the middle of the log.
+    pub corruption: Vec<Corruption>,
+    /// Which I/O backend is active, and why.
+    pub backend: String,
+    /// Whether O_DIRECT is in use, and why (not).
+    pub direct_io: String,
+    /// Segment files scanned.
+    pub segments: usize,
+    /// Bytes scanned.
+    pub bytes_scanned: u64,
+    /// Time recovery took.
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for OpenReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let last = self.restored.entries.last().map_or(0, |e| e.index);
+        write!(
+            f,
+            "recovered {} entries (to index {last}, commit {}) from {} segments, {} MiB scanned in {:.1} ms; {}; {}",
+            self.restored.entries.len(),
+            self.restored.hard_state.commit,
+            self.segments,
+            self.bytes_scanned >> 20,
+            self.elapsed.as_secs_f64() * 1e3,
+            self.backend,
+            self.direct_io
+        )?;
+        if let Some(t) = &self.torn_tail {
+            write!(
+                f,
+                "; discarded a torn tail at segment {} offset {} ({}, {} unacknowledged batches)",
+                t.segment, t.offset, t.reason, t.batches_discarded
+            )?;
+        }
+        for c in &self.corruption {
+            write!(
+                f,
+                "; CORRUPTION at segment {} offset {} ({}): entries {}..={} {}",
+                c.segment,
+                c.offset,
+                c.reason,
+                c.lost.0,
+                c.lost.1,
+                if c.healed {
+                    "were rewritten later"
+                } else {
+                    "must be fetched from a peer"
+                }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Per-disk metrics.
+pub struct WalMetrics {
+    /// Latency of each flush (write + fdatasync), µs.
+    pub flush_latency_us: Histogram<u64>,
+    /// Records per flush.
+    pub records_per_flush: Histogram<u64>,
+    /// Bytes per flush.
+    pub bytes_per_flush: Histogram<u64>,
+    /// Flushes completed.
+    pub flushes: u64,
+    /// Records made durable.
+    pub records: u64,
+    /// Bytes written, padding included.
+    pub bytes: u64,
+    /// Flushes that took longer than `disk_stall_ms`.
+    pub stalls: u64,
+    /// Write or sync errors.
+    pub io_errors: u64,
+    /// Appends refused because the disk was full.
+    pub disk_full_refusals: u64,
+    /// Segments zero-filled, counted when started (each costs a segment's
+    /// worth of writes).
+    pub segments_zero_filled: u64,
+    /// Trimmed segments kept for reuse instead of a zero-fill.
+    pub segments_recycled: u64,
+}
+
+impl WalMetrics {
+    pub(super) fn new() -> Self {
+        let h = || Histogram::new(3).expect("3 significant figures is valid");
+        WalMetrics {
+            flush_latency_us: h(),
+            records_per_flush: h(),
+            bytes_per_flush: h(),
+            flushes: 0,
+            records: 0,
+            bytes: 0,
+            stalls: 0,
+            io_errors: 0,
+            disk_full_refusals: 0,
+            segments_zero_filled: 0,
+            segments_recycled: 0,
+        }
+    }
+}
+
+/// [`Wal::entry_bytes_max`] of a log configured with `cfg`.
+pub fn entry_bytes_max(cfg: &WalConfig) -> usize {
+    let half_segment = usize::try_from(cfg.segment_bytes / 2).unwrap_or(usize::MAX);
+    half_segment.min(crate::storage::format::ENTRY_PAYLOAD_MAX)
+}
+
+pub(super) fn is_enospc(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
+}

@@ -1,0 +1,159 @@
+//! The write-ahead log of one Raft group on one disk: group commit of the
+//! core's `Ready` writes through an I/O backend, recovery at open, reads by
+//! index, snapshots and segment trimming. Only the thread that owns the
+//! group touches its `Wal`.
+//!
+//! Group commit: entries accumulate in a batch while a flush is in flight;
+//! the batch goes out as soon as the flush completes, or earlier once it
+//! reaches `flush_bytes_max` (up to `flushes_in_flight_max` flushes at once).
+//! Each flush is one request: [superblock write + fdatasync, if term or
+//! vote changed], batch write + fdatasync, linked. Every call that writes
+//! returns a [`Ticket`]; a ticket is durable once every flush up to it
+//! completed, and `durable()` says which index that covers.
+//!
+//! Errors: an I/O error on a flush stops this log for good (fsync errors
+//! cannot be retried: the kernel may have dropped the dirty pages). Running
+//! out of space while preparing a segment stops admitting new appends until
+//! space returns; nothing already written is touched.
+//!
+//! The parts: [`config`] (configuration, errors, metrics), [`open`]
+//! (recovery at open), [`commit`] (group commit), [`segments`] (roll,
+//! spares, recycling, trim), [`snapshots`] (slot files, compaction,
+//! install, adoption) and [`reads`] (batch index, read cache).
+
+mod commit;
+mod config;
+mod open;
+mod reads;
+mod segments;
+mod snapshots;
+
+pub use config::{entry_bytes_max, DiskState, OpenReport, WalConfig, WalError, WalMetrics};
+pub use reads::read_located;
+pub use snapshots::write_snapshot_file;
+
+use crate::consensus::{Entry, HardState, Index, Term};
+use crate::io::{AlignedBuf, IoBackend};
+use crate::storage::recovery::BatchLocation;
+use crate::storage::superblock::Superblock;
+use commit::{InFlight, Sealed};
+use config::io_err;
+use config::is_enospc;
+use open::open_data_file;
+use segments::{preallocate, segment_path, sync_dir};
+use snapshots::PendingAdoption;
+use snapshots::{read_snapshot, snapshot_path};
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Identifies a flush; see the module doc.
+pub type Ticket = u64;
+
+/// The write-ahead log of one group.
+pub struct Wal {
+    dir: PathBuf,
+    cfg: WalConfig,
+    backend: Box<dyn IoBackend>,
+    direct: bool,
+    _lock: File,
+    sb_file: File,
+    sb: Superblock,
+    sb_dirty: bool,
+    segments: BTreeMap<u64, File>,
+    active: u64,
+    append_offset: u64,
+    /// The segment being preallocated in the background, if any.
+    spare: Option<(u64, JoinHandle<io::Result<()>>)>,
+    /// Preallocated segments after the active one, ready to use.
+    ready_spares: std::collections::BTreeSet<u64>,
+    /// Spares that are recycled files (they may hold old batches).
+    recycled_spares: std::collections::BTreeSet<u64>,
+    /// The directory fsync after a trim, run on a thread of its own: it
+    /// must be done before a recycled spare is written (its new name must
+    /// be durable), not before the loop goes on.
+    dir_sync: Option<JoinHandle<io::Result<()>>>,
+    /// A snapshot the superblock records in a flush not yet durable: the
+    /// segments it frees and the old snapshot file go once it is.
+    adopting: Option<PendingAdoption>,
+    /// The slot file holding the superblock's snapshot (`None`: none, or
+    /// a file from before slots); the other one takes the next snapshot.
+    snapshot_slot: Option<u8>,
+    /// The active segment is a recycled file.
+    active_recycled: bool,
+    next_seq: u64,
+    /// Batches cut and waiting for their flush, oldest first.
+    sealed: VecDeque<Sealed>,
+    /// The batch accumulating now.
+    open_batch: Option<Sealed>,
+    next_ticket: Ticket,
+    last: (Index, Term),
+    snapshot_index: Index,
+    commit: Index,
+    hard_state: HardState,
+    in_flight: BTreeMap<Ticket, InFlight>,
+    durable_ticket: Ticket,
+    durable: (Index, Term),
+    /// Batches holding the current log, in index order.
+    index: Vec<BatchLocation>,
+    cache: VecDeque<(BatchLocation, Vec<Entry>)>,
+    cache_bytes: usize,
+    /// Batch buffers back from the kernel, reused for the next batches.
+    buf_pool: Vec<AlignedBuf>,
+    state: DiskState,
+    last_space_retry: Option<Instant>,
+    metrics: WalMetrics,
+}
+
+impl Wal {
+    /// Highest ticket durable.
+    pub fn durable_ticket(&self) -> Ticket {
+        self.durable_ticket
+    }
+
+    /// Index and term of the last durable entry.
+    pub fn durable(&self) -> (Index, Term) {
+        self.durable
+    }
+
+    /// Index and term of the last entry queued.
+    pub fn last(&self) -> (Index, Term) {
+        self.last
+    }
+
+    /// Disk health.
+    pub fn state(&self) -> &DiskState {
+        &self.state
+    }
+
+    /// Metrics of this disk.
+    pub fn metrics(&self) -> &WalMetrics {
+        &self.metrics
+    }
+
+    /// Flushes in flight (the disk's queue depth as quire sees it).
+    pub fn queue_depth(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Name of the active I/O backend.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// From now on, every completed flush also signals the eventfd `fd`
+    /// (the node's loop waits on it).
+    pub fn notify_completions(&mut self, fd: std::os::fd::RawFd) -> Result<(), WalError> {
+        self.backend
+            .notify_completions(fd)
+            .map_err(io_err("registering the completion eventfd"))
+    }
+
+    /// Whether O_DIRECT is in use.
+    pub fn direct_io(&self) -> bool {
+        self.direct
+    }
+}

@@ -1,0 +1,294 @@
+//! Opening a log: the lock, the superblock, the recovery scan over the
+//! segments, and zeroing a torn tail before anything is written again.
+
+use super::*;
+use crate::consensus::{HardState, RestoredState};
+use crate::io::open_backend;
+use crate::storage::format::BLOCK_BYTES;
+use crate::storage::recovery::{scan, SegmentImage};
+use crate::storage::superblock::Superblock;
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`, recovering what it holds.
+    pub fn open(dir: &Path, cfg: WalConfig) -> Result<(Wal, OpenReport), WalError> {
+        let started = Instant::now();
+        if cfg.segment_bytes < (cfg.flush_bytes_max as u64) * 2
+            || cfg.segment_bytes % BLOCK_BYTES as u64 != 0
+        {
+            return Err(WalError::Invalid(format!(
+                "segment_bytes ({}) must be a multiple of {BLOCK_BYTES} and at least twice flush_bytes_max ({})",
+                cfg.segment_bytes, cfg.flush_bytes_max
+            )));
+        }
+        crate::io::private::create_dir_all(dir)
+            .map_err(io_err(format!("creating {}", dir.display())))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(crate::io::private::FILE_MODE)
+            .open(dir.join("lock"))
+            .map_err(io_err("opening the lock file"))?;
+        // SAFETY: plain syscall on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(WalError::Invalid(format!(
+                "{} is in use by another process",
+                dir.display()
+            )));
+        }
+        let (backend, backend_why) =
+            open_backend(cfg.backend, 64).map_err(io_err("setting up the I/O backend"))?;
+
+        // Superblock: two 4 KiB copies; the newer valid one wins.
+        let sb_path = dir.join("superblock");
+        let fresh = !sb_path.exists();
+        let (sb_file, direct, direct_why) = open_data_file(&sb_path, cfg.direct_io)?;
+        let sb = if fresh {
+            None
+        } else {
+            let bytes = fs::read(&sb_path).map_err(io_err("reading the superblock"))?;
+            let half = bytes.len().min(BLOCK_BYTES);
+            let found = Superblock::pick(&bytes[..half], bytes.get(BLOCK_BYTES..).unwrap_or(&[]));
+            Some(
+                found.ok_or_else(|| {
+                    WalError::Corrupt("both superblock copies are damaged".into())
+                })?,
+            )
+        };
+        let sb = sb.unwrap_or(Superblock {
+            flushes_in_flight_max: cfg.flushes_in_flight_max,
+            ..Superblock::default()
+        });
+
+        let (snapshot, snapshot_slot) = if sb.snapshot_index > 0 {
+            let (s, slot) = read_snapshot(dir, sb.snapshot_index)?.ok_or_else(|| {
+                WalError::Corrupt(format!(
+                    "no undamaged snapshot at {} in {} (snapshot.0, snapshot.1)",
+                    sb.snapshot_index,
+                    dir.display()
+                ))
+            })?;
+            (Some(s), slot)
+        } else {
+            (None, None)
+        };
+
+        // Segments, in order; leftovers of an interrupted preallocation go.
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err("listing the log directory"))? {
+            let entry = entry.map_err(io_err("listing the log directory"))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // A snapshot file from before slots that the superblock does
+            // not name (`snapshot.0`/`.1` are reused, never removed).
+            let stray_snapshot = name.starts_with("snapshot-")
+                && (snapshot_slot.is_some()
+                    || entry.path() != snapshot_path(dir, sb.snapshot_index));
+            if name.ends_with(".seg.tmp") || stray_snapshot {
+                // Leftovers: a snapshot written but not adopted, or one the
+                // superblock stopped naming before its removal ran.
+                let _ = fs::remove_file(entry.path());
+            } else if let Some(hex) = name.strip_suffix(".seg") {
+                if let Ok(id) = u64::from_str_radix(hex, 16) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids.sort_unstable();
+        // Read each segment only when the scan reaches it: recovery holds
+        // one segment in memory at a time.
+        let mut bytes_scanned = 0u64;
+        let mut read_error = None;
+        let images = ids
+            .iter()
+            .map_while(|&id| match fs::read(segment_path(dir, id)) {
+                Ok(bytes) => {
+                    bytes_scanned += bytes.len() as u64;
+                    Some(SegmentImage { id, bytes })
+                }
+                Err(e) => {
+                    read_error = Some(WalError::Io(format!("reading segment {id}"), e));
+                    None
+                }
+            });
+        let window = sb.flushes_in_flight_max.max(1) as u64;
+        let found = scan(images, sb.snapshot_index, sb.hard_state.commit, window);
+        if let Some(e) = read_error {
+            return Err(e);
+        }
+
+        if let Some(t) = &found.torn_tail {
+            zero_range(dir, &ids, t.zero_from, t.zero_until)?;
+        }
+        // Files after the one being written are preallocated spares.
+        let (mut active, append_offset) = found
+            .append_at
+            .unwrap_or((ids.first().copied().unwrap_or(1), 0));
+        let fresh_segment = ids.is_empty();
+        if ids.is_empty() {
+            preallocate(dir, 1, cfg.segment_bytes)
+                .map_err(io_err("preallocating the first segment"))?;
+            ids.push(1);
+            active = 1;
+        }
+        let mut segments = BTreeMap::new();
+        for &id in ids.iter().filter(|&&id| id <= active) {
+            let (f, _, _) = open_data_file(&segment_path(dir, id), direct)?;
+            segments.insert(id, f);
+        }
+        let last = found
+            .entries
+            .last()
+            .map_or((sb.snapshot_index, sb.snapshot_term), |e| (e.index, e.term));
+        let hard_state = HardState {
+            commit: found.commit,
+            ..sb.hard_state
+        };
+        let report = OpenReport {
+            restored: RestoredState {
+                hard_state,
+                snapshot,
+                entries: found.entries,
+                repair_until: found.repair_until,
+            },
+            torn_tail: found.torn_tail,
+            corruption: found.corruption,
+            backend: backend_why,
+            direct_io: direct_why,
+            segments: ids.len(),
+            bytes_scanned,
+            elapsed: Duration::ZERO,
+        };
+        let mut wal = Wal {
+            dir: dir.to_path_buf(),
+            backend,
+            direct,
+            _lock: lock,
+            sb_file,
+            sb_dirty: fresh || sb.flushes_in_flight_max != cfg.flushes_in_flight_max,
+            sb: Superblock {
+                flushes_in_flight_max: cfg.flushes_in_flight_max,
+                ..sb
+            },
+            segments,
+            active,
+            append_offset,
+            spare: None,
+            ready_spares: ids.iter().copied().filter(|&id| id > active).collect(),
+            // A spare that is not all zeros may hold old batches.
+            recycled_spares: ids
+                .iter()
+                .copied()
+                .filter(|&id| id > active && !found.zeroed_segments.contains(&id))
+                .collect(),
+            dir_sync: None,
+            adopting: None,
+            snapshot_slot,
+            active_recycled: !fresh_segment
+                && !found.zeroed_segments.contains(&active)
+                && found.append_recycled,
+            next_seq: found.last_seq + 1,
+            sealed: VecDeque::new(),
+            open_batch: None,
+            next_ticket: 1,
+            last,
+            snapshot_index: sb.snapshot_index,
+            commit: found.commit,
+            hard_state,
+            in_flight: BTreeMap::new(),
+            durable_ticket: 0,
+            durable: last,
+            index: Vec::new(),
+            cache: VecDeque::new(),
+            cache_bytes: 0,
+            buf_pool: Vec::new(),
+            state: DiskState::Healthy,
+            last_space_retry: None,
+            metrics: WalMetrics::new(),
+            cfg,
+        };
+        // In log order: a batch rewritten from a lower index (after a
+        // truncation, or entries kept with an installed snapshot) replaces
+        // what the index held from there on, as it did when written.
+        for b in found.batches {
+            wal.note_batch_location(b);
+        }
+        if wal.sb_dirty {
+            // Record the in-flight bound before any batch written under it.
+            wal.write_superblock_now()?;
+        }
+        let mut report = report;
+        report.elapsed = started.elapsed();
+        Ok((wal, report))
+    }
+}
+
+/// Opens a data file read-write, with O_DIRECT if wanted and accepted.
+/// Returns the file, whether O_DIRECT is on, and why.
+pub(super) fn open_data_file(
+    path: &Path,
+    want_direct: bool,
+) -> Result<(File, bool, String), WalError> {
+    let base = || {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create(true).truncate(false);
+        o.mode(crate::io::private::FILE_MODE);
+        o
+    };
+    if want_direct {
+        match base().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => return Ok((f, true, "O_DIRECT writes".into())),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let f = base()
+                    .open(path)
+                    .map_err(io_err(format!("opening {}", path.display())))?;
+                return Ok((
+                    f,
+                    false,
+                    "buffered writes + fdatasync (the filesystem refuses O_DIRECT)".into(),
+                ));
+            }
+            Err(e) => return Err(WalError::Io(format!("opening {}", path.display()), e)),
+        }
+    }
+    let f = base()
+        .open(path)
+        .map_err(io_err(format!("opening {}", path.display())))?;
+    Ok((
+        f,
+        false,
+        "buffered writes + fdatasync (O_DIRECT off by configuration)".into(),
+    ))
+}
+
+/// Zeroes `from..until` across segments, then syncs: what a torn tail
+/// left behind must not be read as data by a later scan.
+pub(super) fn zero_range(
+    dir: &Path,
+    ids: &[u64],
+    from: (u64, u64),
+    until: (u64, u64),
+) -> Result<(), WalError> {
+    for &id in ids.iter().filter(|&&id| id >= from.0 && id <= until.0) {
+        let path = segment_path(dir, id);
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening a segment to zero"))?;
+        let len = f.metadata().map_err(io_err("sizing a segment"))?.len();
+        let start = if id == from.0 { from.1 } else { 0 };
+        let end = if id == until.0 { until.1.min(len) } else { len };
+        if end > start {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&vec![0u8; (end - start) as usize], start)
+                .map_err(io_err("zeroing a torn tail"))?;
+            f.sync_data().map_err(io_err("syncing a zeroed tail"))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Reads by index: the batch index (where each batch of the log lives), the
+//! read cache, and reads on other threads from located batches.
+
+use super::*;
+use crate::consensus::{Entry, Index};
+use crate::io::IoOp;
+use crate::storage::format::{align_up, decode_batch};
+use crate::storage::recovery::BatchLocation;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+impl Wal {
+    /// Keeps the index in log order: a batch replaces everything from its
+    /// first index on.
+    pub(super) fn note_batch_location(&mut self, l: BatchLocation) {
+        while let Some(b) = self.index.last_mut() {
+            if b.first_index >= l.first_index {
+                self.index.pop();
+            } else {
+                b.count = b.count.min(l.first_index - b.first_index);
+                break;
+            }
+        }
+        if l.count > 0 {
+            self.index.push(l);
+        }
+    }
+}
+
+impl Wal {
+    /// The batch holding entry `index`, if the log has it.
+    pub(super) fn batch_at(&self, index: Index) -> Option<BatchLocation> {
+        let pos = self.index.partition_point(|b| b.first_index <= index);
+        let loc = self.index[pos.checked_sub(1)?];
+        (index < loc.first_index + loc.count).then_some(loc)
+    }
+
+    pub(super) fn batch_at_or_err(&self, index: Index) -> Result<BatchLocation, WalError> {
+        self.batch_at(index)
+            .ok_or_else(|| WalError::Invalid(format!("index {index} is not in the log")))
+    }
+
+    /// True if the log holds entry `index` in a batch it can read.
+    pub fn holds(&self, index: Index) -> bool {
+        self.batch_at(index).is_some()
+    }
+
+    /// Where the durable entries `lo..=hi` are: each batch's file and
+    /// place, for [`read_located`] to read them on another thread.
+    pub fn locate(&self, lo: Index, hi: Index) -> Result<Vec<(PathBuf, BatchLocation)>, WalError> {
+        if hi > self.durable.0 {
+            return Err(WalError::Invalid(format!("index {hi} is not durable")));
+        }
+        let mut out = Vec::new();
+        let mut i = lo;
+        while i <= hi {
+            let loc = self.batch_at_or_err(i)?;
+            out.push((segment_path(&self.dir, loc.segment), loc));
+            i = loc.first_index + loc.count;
+        }
+        Ok(out)
+    }
+
+    /// Entries `lo..=hi` that are durable, read from the segments through
+    /// the backend (with a small cache of recently read batches).
+    pub fn read(&mut self, lo: Index, hi: Index) -> Result<Vec<Entry>, WalError> {
+        let hi = hi.min(self.durable.0);
+        let mut out = Vec::new();
+        let mut i = lo;
+        while i <= hi {
+            let loc = self.batch_at_or_err(i)?;
+            let entries = self.read_batch(loc)?;
+            for e in entries.iter().filter(|e| e.index >= i && e.index <= hi) {
+                out.push(e.clone());
+            }
+            i = loc.first_index + loc.count;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn read_batch(&mut self, loc: BatchLocation) -> Result<Vec<Entry>, WalError> {
+        if let Some((_, e)) = self.cache.iter().find(|(l, _)| *l == loc) {
+            return Ok(e.clone());
+        }
+        let fd = self.segments[&loc.segment].as_raw_fd();
+        let len = align_up(loc.disk_bytes as usize);
+        let bufs = self.run_now(vec![IoOp::Read {
+            fd,
+            offset: loc.offset,
+            len,
+        }])?;
+        let batch = decode_batch(bufs[0].as_slice()).map_err(|e| {
+            WalError::Corrupt(format!(
+                "segment {} offset {}: {e} while reading entries from {}",
+                loc.segment, loc.offset, loc.first_index
+            ))
+        })?;
+        let mut entries = batch.entries;
+        entries.truncate(loc.count as usize);
+        self.cache_bytes += loc.disk_bytes as usize;
+        self.cache.push_back((loc, entries.clone()));
+        while self.cache_bytes > self.cfg.read_cache_bytes {
+            match self.cache.pop_front() {
+                Some((l, _)) => self.cache_bytes -= l.disk_bytes as usize,
+                None => break,
+            }
+        }
+        Ok(entries)
+    }
+}
+
+/// Reads the entries `lo..=hi` from the batches [`Wal::locate`] named,
+/// with plain file reads, on any thread. A batch that no longer holds what
+/// was located (its segment was trimmed and reused meanwhile) is an error,
+/// never other entries.
+pub fn read_located(
+    located: &[(PathBuf, BatchLocation)],
+    lo: Index,
+    hi: Index,
+) -> Result<Vec<Entry>, WalError> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    let mut open: Option<(&Path, File)> = None;
+    for (path, loc) in located {
+        if open.as_ref().is_none_or(|(p, _)| p != path) {
+            let f = File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
+            open = Some((path, f));
+        }
+        let (_, f) = open.as_ref().expect("just opened");
+        let mut buf = vec![0u8; loc.disk_bytes as usize];
+        f.read_exact_at(&mut buf, loc.offset)
+            .map_err(io_err(format!("reading {}", path.display())))?;
+        let moved = || {
+            WalError::Corrupt(format!(
+                "segment {} offset {} no longer holds entries from {}",
+                loc.segment, loc.offset, loc.first_index
+            ))
+        };
+        let batch = decode_batch(&buf).map_err(|_| moved())?;
+        if (batch.seq, batch.first_index, batch.place.segment)
+            != (loc.seq, loc.first_index, loc.segment)
+        {
+            return Err(moved());
+        }
+        let end = loc.first_index + loc.count;
+        out.extend(
+            batch
+                .entries
+                .into_iter()
+                .filter(|e| e.index >= lo && e.index <= hi && e.index < end),
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,325 @@
+//! Snapshots: the two slot files, compaction, installing a leader's snapshot,
+//! and adopting one written on another thread.
+
+use super::*;
+use crate::consensus::{Entry, Index, Snapshot, Term};
+use crate::storage::superblock::{decode_snapshot, decode_snapshot_prefix, snapshot_header};
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+pub(super) fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
+    dir.join(format!("snapshot-{index:020}.bin"))
+}
+
+/// Bytes of a snapshot file written back at a time.
+pub(super) const SNAPSHOT_WRITEBACK_BYTES: usize = 1 << 20;
+
+/// The snapshot slot file `slot` (0 or 1) of a log directory.
+pub(super) fn slot_path(dir: &Path, slot: u8) -> PathBuf {
+    dir.join(format!("snapshot.{slot}"))
+}
+
+/// Writes a snapshot into a slot file (`Wal::free_snapshot_slot`) and
+/// makes it durable: header, data, CRC32C at offset 0, in place. Any
+/// thread may call it; the WAL names it in the superblock only when the
+/// snapshot is adopted.
+///
+/// Two slot files take snapshots in turn, overwritten in place rather
+/// than created, renamed and unlinked: once a slot has grown (with
+/// zeros, to twice what is needed, at least 1 MiB) its blocks stay
+/// allocated, so the final `fdatasync` writes data alone and commits no
+/// filesystem metadata; a journal commit would stall the log's own
+/// `fdatasync` on the same disk. A crash mid-write damages only the slot
+/// the superblock does not name.
+pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError> {
+    let write = || -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let header = snapshot_header(snap);
+        let total = (header.len() + snap.data.len() + 4) as u64;
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(crate::io::private::FILE_MODE)
+            .open(path)?;
+        let size = f.metadata()?.len();
+        if size < total {
+            let grown = (total * 2).max(1 << 20).next_multiple_of(1 << 20);
+            let zeros = vec![0u8; 1 << 20];
+            let mut at = size;
+            while at < grown {
+                let n = (grown - at).min(zeros.len() as u64) as usize;
+                f.write_all_at(&zeros[..n], at)?;
+                at += n as u64;
+            }
+            f.sync_all()?;
+            if let Some(dir) = path.parent() {
+                sync_dir(dir)?;
+            }
+        }
+        // The data is streamed, not copied into one buffer with its header.
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &snap.data);
+        let crc = crc.to_le_bytes();
+        // Written back a piece at a time (sync_file_range), never tens of
+        // megabytes at once: one big writeback sits in the disk's queue
+        // ahead of the log's fdatasync and stalls commits for its whole
+        // length; small pieces let the log's flushes in between.
+        let mut at = 0u64;
+        let pieces = std::iter::once(&header[..])
+            .chain(snap.data.chunks(SNAPSHOT_WRITEBACK_BYTES))
+            .chain(std::iter::once(&crc[..]));
+        for piece in pieces {
+            f.write_all_at(piece, at)?;
+            let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            // SAFETY: a range of a file descriptor we own; no memory is passed.
+            let r = unsafe {
+                libc::sync_file_range(f.as_raw_fd(), at as i64, piece.len() as i64, flags)
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            at += piece.len() as u64;
+        }
+        f.sync_data()
+    };
+    write().map_err(|e| {
+        if is_enospc(&e) {
+            WalError::DiskFull
+        } else {
+            WalError::Io("writing a snapshot".into(), e)
+        }
+    })
+}
+
+/// Reads the snapshot at `index` from its slot (or, from before slots, its
+/// own file); `Ok(None)` if neither holds it.
+pub(super) fn read_snapshot(
+    dir: &Path,
+    index: Index,
+) -> Result<Option<(Snapshot, Option<u8>)>, WalError> {
+    for slot in 0..2u8 {
+        let p = slot_path(dir, slot);
+        let bytes = match fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(WalError::Io(format!("reading {}", p.display()), e)),
+        };
+        if let Some(s) = decode_snapshot_prefix(&bytes).filter(|s| s.index == index) {
+            return Ok(Some((s, Some(slot))));
+        }
+    }
+    let p = snapshot_path(dir, index);
+    match fs::read(&p) {
+        Ok(bytes) => Ok(decode_snapshot(&bytes).map(|s| (s, None))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(WalError::Io(format!("reading {}", p.display()), e)),
+    }
+}
+
+/// Removes a file the superblock no longer names on a thread of its own:
+/// unlinking tens of megabytes frees extents for milliseconds.
+pub(super) fn unlink_off_the_loop(path: PathBuf) {
+    let removed = std::thread::Builder::new()
+        .name("quire-unlink".into())
+        .spawn({
+            let path = path.clone();
+            move || {
+                let _ = fs::remove_file(path);
+            }
+        });
+    if removed.is_err() {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// See `Wal::adopt_snapshot`.
+pub(super) struct PendingAdoption {
+    /// Durable once this ticket is.
+    pub(super) ticket: Ticket,
+    /// Segments wholly at or below this index go then.
+    pub(super) upto: Index,
+    /// The superblock's snapshot file from before slots (it goes then).
+    pub(super) old_file: Option<PathBuf>,
+}
+
+impl Wal {
+    /// The core compacted its log into `snap`: store it, record it in the
+    /// superblock, and delete whole segments it covers. Synchronous:
+    /// snapshots hold metadata only and are rare.
+    pub fn compact(&mut self, snap: &Snapshot) -> Result<(), WalError> {
+        self.sync()?;
+        self.store_snapshot(snap)?;
+        self.trim_segments(snap.index)
+    }
+
+    /// The core installed a snapshot from its leader, replacing its whole
+    /// log: store it and start the log afresh after it. `below` are the
+    /// entries at or below the snapshot that its state refers to
+    /// (consecutive, ending at most at its index): they go first into the
+    /// fresh segment, durable before the snapshot is recorded, so a crash
+    /// in between leaves the old snapshot and log in force.
+    pub fn install_snapshot(&mut self, snap: &Snapshot, below: &[Entry]) -> Result<(), WalError> {
+        let consecutive = below.windows(2).all(|w| w[1].index == w[0].index + 1);
+        if !consecutive || below.last().is_some_and(|e| e.index > snap.index) {
+            return Err(WalError::Invalid(format!(
+                "the entries kept with the snapshot at {} are not consecutive up to it",
+                snap.index
+            )));
+        }
+        self.check_entry_sizes(below)?;
+        self.sync()?;
+        self.commit = self.commit.max(snap.index);
+        // Every old segment goes; a fresh one starts the new log.
+        if let Some((id, job)) = self.spare.take() {
+            let _ = job.join();
+            let _ = fs::remove_file(segment_path(&self.dir, id));
+        }
+        for id in std::mem::take(&mut self.ready_spares) {
+            let _ = fs::remove_file(segment_path(&self.dir, id));
+        }
+        self.recycled_spares.clear();
+        let old: Vec<u64> = self.segments.keys().copied().collect();
+        // Past every existing file, spares preallocated earlier included.
+        let next = old.last().map_or(self.active, |&m| m.max(self.active)) + 1;
+        preallocate(&self.dir, next, self.cfg.segment_bytes).map_err(|e| {
+            if is_enospc(&e) {
+                WalError::DiskFull
+            } else {
+                WalError::Io("preallocating a segment".into(), e)
+            }
+        })?;
+        let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
+        self.segments.insert(next, f);
+        self.active = next;
+        self.active_recycled = false;
+        self.append_offset = 0;
+        self.index.clear();
+        self.cache.clear();
+        self.cache_bytes = 0;
+        if let Some(first) = below.first() {
+            // Written as appends are, after everything in the old log
+            // (higher segment and sequence numbers): recovery reads them
+            // as a rewrite from `first`, which is what they are.
+            self.start_batch_at(first.index);
+            for e in below {
+                let batch = self.batch_for_append(e.index);
+                batch.batch.push(e);
+                if batch.batch.disk_bytes() >= self.cfg.flush_bytes_max {
+                    let b = self.open_batch.take().expect("just used");
+                    self.sealed.push_back(b);
+                }
+                self.last = (e.index, e.term);
+            }
+            self.sync()?;
+        }
+        self.store_snapshot(snap)?;
+        for id in old {
+            self.segments.remove(&id);
+            fs::remove_file(segment_path(&self.dir, id)).map_err(io_err("removing a segment"))?;
+        }
+        sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
+        self.last = (snap.index, snap.term);
+        self.durable = self.last;
+        Ok(())
+    }
+
+    pub(super) fn store_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
+        write_snapshot_file(&self.free_snapshot_slot(), snap)?;
+        self.record_snapshot(snap.index, snap.term)
+    }
+
+    /// The slot file the next snapshot is written to: the one the
+    /// superblock does not name. One writer at a time: the caller writes
+    /// it, then adopts what it wrote, before another snapshot (or an
+    /// install) is written.
+    pub fn free_snapshot_slot(&self) -> PathBuf {
+        slot_path(&self.dir, self.snapshot_slot.map_or(0, |s| 1 - s))
+    }
+
+    /// Points the log at the free slot's snapshot; a file from before
+    /// slots that the superblock named goes once it no longer does.
+    pub(super) fn take_free_slot(&mut self) -> Option<PathBuf> {
+        let legacy = (self.snapshot_slot.is_none() && self.snapshot_index > 0)
+            .then(|| snapshot_path(&self.dir, self.snapshot_index));
+        self.snapshot_slot = Some(self.snapshot_slot.map_or(0, |s| 1 - s));
+        legacy
+    }
+
+    /// Makes the snapshot file `write_snapshot_file` wrote (on another
+    /// thread) the log's snapshot, and trims the segments below it, but
+    /// none holding an entry at or after `keep_from` (the lowest index
+    /// whose bytes the snapshot's state still refers to).
+    ///
+    /// Without waiting, when the log is durable up to `index` (the caller
+    /// waits for that, `durable()`): the superblock naming the snapshot
+    /// rides in the next flush, and the trim and the old snapshot file's
+    /// removal follow once that flush is durable (`poll`, `sync`). Else
+    /// everything is made durable first, blocking.
+    pub fn adopt_snapshot(
+        &mut self,
+        index: Index,
+        term: Term,
+        keep_from: Option<Index>,
+    ) -> Result<(), WalError> {
+        if index <= self.snapshot_index {
+            return Ok(()); // its slot is simply written over next time
+        }
+        if self.durable.0 < index || self.adopting.is_some() {
+            // The state may refer to entries up to `index`: they must be
+            // durable before the superblock names a snapshot that needs them.
+            self.sync()?;
+        }
+        let old_file = self.take_free_slot();
+        self.sb.snapshot_index = index;
+        self.sb.snapshot_term = term;
+        self.snapshot_index = index;
+        self.sb_dirty = true;
+        if self.open_batch.is_none() && self.sealed.is_empty() {
+            // An empty batch carries the superblock alone.
+            let ticket = self.take_ticket();
+            let batch = self.new_batch(self.last.0 + 1);
+            self.open_batch = Some(Sealed { ticket, batch });
+        }
+        self.adopting = Some(PendingAdoption {
+            ticket: self.current_ticket(),
+            upto: keep_from.map_or(index, |k| index.min(k.saturating_sub(1))),
+            old_file,
+        });
+        self.submit_ready()
+    }
+
+    /// Finishes an adoption whose superblock is durable: removes the old
+    /// snapshot file and trims the segments it frees.
+    pub(super) fn finish_adoption(&mut self) -> Result<(), WalError> {
+        let Some(p) = &self.adopting else {
+            return Ok(());
+        };
+        if self.durable_ticket < p.ticket {
+            return Ok(());
+        }
+        let p = self.adopting.take().expect("checked above");
+        if let Some(old) = p.old_file {
+            unlink_off_the_loop(old);
+        }
+        self.trim_segments(p.upto)
+    }
+
+    /// Names the snapshot just written to the free slot in the
+    /// superblock, durably, now.
+    pub(super) fn record_snapshot(&mut self, index: Index, term: Term) -> Result<(), WalError> {
+        let old_file = self.take_free_slot();
+        self.sb.snapshot_index = index;
+        self.sb.snapshot_term = term;
+        self.snapshot_index = index;
+        self.write_superblock_now()?;
+        if let Some(old) = old_file {
+            unlink_off_the_loop(old);
+        }
+        Ok(())
+    }
+}
