@@ -27,6 +27,7 @@ mod open;
 mod reads;
 mod segments;
 mod snapshots;
+mod worker;
 
 pub use config::{entry_bytes_max, DiskState, OpenReport, WalConfig, WalError, WalMetrics};
 pub use reads::read_located;
@@ -40,15 +41,14 @@ use commit::{InFlight, Sealed};
 use config::io_err;
 use config::is_enospc;
 use open::open_data_file;
-use segments::{preallocate, segment_path, sync_dir};
+use segments::{segment_path, sync_dir};
 use snapshots::PendingAdoption;
 use snapshots::{read_snapshot, snapshot_path};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
-use std::io;
 use std::path::PathBuf;
-use std::thread::JoinHandle;
 use std::time::Instant;
+use worker::{preallocate, Job, JobId, Worker};
 
 /// Identifies a flush; see the module doc.
 pub type Ticket = u64;
@@ -67,7 +67,7 @@ pub struct Wal {
     active: u64,
     append_offset: u64,
     /// The segment being preallocated in the background, if any.
-    spare: Option<(u64, JoinHandle<io::Result<()>>)>,
+    spare: Option<(u64, JobId)>,
     /// Preallocated segments after the active one, ready to use.
     ready_spares: std::collections::BTreeSet<u64>,
     /// Spares that are recycled files (they may hold old batches).
@@ -75,7 +75,9 @@ pub struct Wal {
     /// The directory fsync after a trim, run on a thread of its own: it
     /// must be done before a recycled spare is written (its new name must
     /// be durable), not before the loop goes on.
-    dir_sync: Option<JoinHandle<io::Result<()>>>,
+    dir_sync: Option<JobId>,
+    /// The thread that zero-fills spares, syncs the directory and unlinks.
+    worker: Worker,
     /// A snapshot the superblock records in a flush not yet durable: the
     /// segments it frees and the old snapshot file go once it is.
     adopting: Option<PendingAdoption>,

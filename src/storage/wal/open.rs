@@ -187,6 +187,7 @@ impl Wal {
                 .filter(|&id| id > active && !found.zeroed_segments.contains(&id))
                 .collect(),
             dir_sync: None,
+            worker: Worker::start(dir).map_err(io_err("starting the log's background thread"))?,
             adopting: None,
             snapshot_slot,
             active_recycled: !fresh_segment

@@ -4,9 +4,8 @@
 use super::*;
 use crate::consensus::Index;
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -16,34 +15,6 @@ pub(super) fn segment_path(dir: &Path, id: u64) -> PathBuf {
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
-}
-
-/// Writes zeros over the whole file once, so later writes never allocate
-/// blocks (the first write into an unwritten extent costs a journal commit).
-pub(super) fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
-    let tmp = dir.join(format!("{id:016x}.seg.tmp"));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(crate::io::private::FILE_MODE)
-            .open(&tmp)?;
-        let zeros = vec![0u8; 1 << 20];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(zeros.len() as u64) as usize;
-            f.write_all(&zeros[..n])?;
-            left -= n as u64;
-        }
-        f.sync_all()?;
-        fs::rename(&tmp, segment_path(dir, id))?;
-        sync_dir(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 impl Wal {
@@ -97,12 +68,8 @@ impl Wal {
         Ok(true)
     }
 
-    /// Collects a finished background preallocation (waiting for it with
-    /// `block`). Running out of space there is not an error yet: the roll
-    /// that needs the segment will find out.
-    /// Waits for the log's background work to finish: a spare segment
-    /// being preallocated, a directory sync. Call before removing the
-    /// log's directory (a spare's thread would write into it after).
+    /// Waits for the log's background work to finish: a spare being
+    /// zero-filled, a directory sync (their errors surface here).
     pub fn quiesce(&mut self) -> Result<(), WalError> {
         self.collect_spare(true)?;
         self.finish_dir_sync()
@@ -112,9 +79,9 @@ impl Wal {
     pub(super) fn finish_dir_sync(&mut self) -> Result<(), WalError> {
         match self.dir_sync.take() {
             None => Ok(()),
-            Some(job) => job
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("the directory sync thread panicked")))
+            Some(job) => self
+                .worker
+                .wait(job)
                 .map_err(io_err("syncing the log directory")),
         }
     }
@@ -124,53 +91,47 @@ impl Wal {
     /// `roll_segment` waits for it before writing into a renamed spare.
     pub(super) fn start_dir_sync(&mut self) -> Result<(), WalError> {
         self.finish_dir_sync()?;
-        let dir = self.dir.clone();
-        match std::thread::Builder::new()
-            .name("quire-dirsync".into())
-            .spawn(move || sync_dir(&dir))
-        {
-            Ok(job) => self.dir_sync = Some(job),
-            Err(_) => sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?,
-        }
+        self.dir_sync = Some(self.worker.submit(Job::SyncDir));
         Ok(())
     }
 
+    /// Collects a finished background zero-fill (waiting for it with
+    /// `block`). Running out of space there is not an error yet: the roll
+    /// that needs the segment will find out.
     pub(super) fn collect_spare(&mut self, block: bool) -> Result<(), WalError> {
-        let finished = self
-            .spare
-            .as_ref()
-            .is_some_and(|(_, job)| job.is_finished());
-        if !(block || finished) {
+        let Some((id, job)) = self.spare else {
             return Ok(());
-        }
-        if let Some((id, job)) = self.spare.take() {
-            match job.join() {
-                Ok(Ok(())) => {
-                    // Segments must be written in the order of their
-                    // numbers (recovery reads them so). A trim may have
-                    // recycled files under higher numbers while this one
-                    // was being prepared, and the roll may have used one:
-                    // then this spare is renumbered past them.
-                    let highest = self.highest_segment_id();
-                    let id = if id < highest {
-                        let to = highest + 1;
-                        fs::rename(segment_path(&self.dir, id), segment_path(&self.dir, to))
-                            .map_err(io_err("renumbering a spare segment"))?;
-                        self.start_dir_sync()?;
-                        to
-                    } else {
-                        id
-                    };
-                    self.ready_spares.insert(id);
-                }
-                Ok(Err(e)) if is_enospc(&e) => {}
-                Ok(Err(e)) => return Err(WalError::Io(format!("preallocating segment {id}"), e)),
-                Err(_) => {
-                    return Err(WalError::Invalid(
-                        "the preallocation thread panicked".into(),
-                    ))
-                }
+        };
+        let result = if block {
+            Some(self.worker.wait(job))
+        } else {
+            self.worker.poll(job)
+        };
+        let Some(result) = result else {
+            return Ok(());
+        };
+        self.spare = None;
+        match result {
+            Ok(()) => {
+                // Segments must be written in the order of their numbers
+                // (recovery reads them so). A trim may have recycled files
+                // under higher numbers while this one was being prepared,
+                // and the roll may have used one: then this spare is
+                // renumbered past them.
+                let highest = self.highest_segment_id();
+                let id = if id < highest {
+                    let to = highest + 1;
+                    fs::rename(segment_path(&self.dir, id), segment_path(&self.dir, to))
+                        .map_err(io_err("renumbering a spare segment"))?;
+                    self.start_dir_sync()?;
+                    to
+                } else {
+                    id
+                };
+                self.ready_spares.insert(id);
             }
+            Err(e) if is_enospc(&e) => {}
+            Err(e) => return Err(WalError::Io(format!("preallocating segment {id}"), e)),
         }
         Ok(())
     }
@@ -187,15 +148,15 @@ impl Wal {
     /// Starts zero-filling a new spare segment in the background.
     pub(super) fn start_zero_fill(&mut self) {
         let id = self.highest_segment_id() + 1;
-        let (dir, bytes) = (self.dir.clone(), self.cfg.segment_bytes);
+        let bytes = self.cfg.segment_bytes;
         self.metrics.segments_zero_filled += 1;
-        self.spare = Some((id, std::thread::spawn(move || preallocate(&dir, id, bytes))));
+        self.spare = Some((id, self.worker.submit(Job::Preallocate { id, bytes })));
     }
 
     /// The highest segment number in use: written, spare or being prepared.
     pub(super) fn highest_segment_id(&self) -> u64 {
         let spares = self.ready_spares.last().copied().unwrap_or(0);
-        let preparing = self.spare.as_ref().map_or(0, |(id, _)| *id);
+        let preparing = self.spare.map_or(0, |(id, _)| id);
         let written = self.segments.keys().last().copied().unwrap_or(0);
         self.active.max(spares).max(preparing).max(written)
     }
@@ -261,7 +222,6 @@ mod tests {
     use super::*;
     use crate::consensus::{Membership, Payload, Snapshot};
     use crate::io::BackendChoice;
-    use std::sync::mpsc;
 
     fn small_cfg() -> WalConfig {
         WalConfig {
@@ -314,13 +274,8 @@ mod tests {
         }
         wal.recycled_spares.clear();
         let slow = wal.highest_segment_id() + 1;
-        let (release, hold) = mpsc::channel::<()>();
-        let (path, bytes) = (dir.path().to_path_buf(), wal.cfg.segment_bytes);
-        let job = std::thread::spawn(move || {
-            let _ = hold.recv();
-            preallocate(&path, slow, bytes)
-        });
-        wal.spare = Some((slow, job));
+        let held = wal.worker.reserve();
+        wal.spare = Some((slow, held));
         // The trim recycles the segments below the snapshot past `slow`.
         let snap = Snapshot {
             index: wal.durable().0,
@@ -332,7 +287,8 @@ mod tests {
         assert!(wal.ready_spares.first().is_some_and(|&id| id > slow));
         let mut written = vec![wal.active, append_until_roll(&mut wal)];
         assert!(written[1] > slow, "the roll took a recycled spare first");
-        release.send(()).unwrap();
+        preallocate(dir.path(), slow, wal.cfg.segment_bytes).unwrap();
+        wal.worker.complete(held, Ok(()));
         wal.collect_spare(true).unwrap();
         for _ in 0..3 {
             written.push(append_until_roll(&mut wal));

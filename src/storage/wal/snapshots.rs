@@ -121,22 +121,6 @@ pub(super) fn read_snapshot(
     }
 }
 
-/// Removes a file the superblock no longer names on a thread of its own:
-/// unlinking tens of megabytes frees extents for milliseconds.
-pub(super) fn unlink_off_the_loop(path: PathBuf) {
-    let removed = std::thread::Builder::new()
-        .name("quire-unlink".into())
-        .spawn({
-            let path = path.clone();
-            move || {
-                let _ = fs::remove_file(path);
-            }
-        });
-    if removed.is_err() {
-        let _ = fs::remove_file(path);
-    }
-}
-
 /// See `Wal::adopt_snapshot`.
 pub(super) struct PendingAdoption {
     /// Durable once this ticket is.
@@ -176,7 +160,7 @@ impl Wal {
         self.commit = self.commit.max(snap.index);
         // Every old segment goes; a fresh one starts the new log.
         if let Some((id, job)) = self.spare.take() {
-            let _ = job.join();
+            let _ = self.worker.wait(job);
             let _ = fs::remove_file(segment_path(&self.dir, id));
         }
         for id in std::mem::take(&mut self.ready_spares) {
@@ -304,7 +288,7 @@ impl Wal {
         }
         let p = self.adopting.take().expect("checked above");
         if let Some(old) = p.old_file {
-            unlink_off_the_loop(old);
+            self.worker.submit(Job::Unlink(old));
         }
         self.trim_segments(p.upto)
     }
@@ -318,7 +302,7 @@ impl Wal {
         self.snapshot_index = index;
         self.write_superblock_now()?;
         if let Some(old) = old_file {
-            unlink_off_the_loop(old);
+            self.worker.submit(Job::Unlink(old));
         }
         Ok(())
     }
