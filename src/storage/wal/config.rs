@@ -216,3 +216,75 @@ pub fn entry_bytes_max(cfg: &WalConfig) -> usize {
 pub(super) fn is_enospc(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::small_cfg;
+    use super::super::Wal;
+    use super::*;
+
+    #[test]
+    fn a_segment_that_cannot_hold_two_flushes_or_whole_blocks_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for segment_bytes in [16 << 10, (64 << 10) + 512] {
+            let cfg = WalConfig {
+                segment_bytes,
+                ..small_cfg()
+            };
+            let Err(err) = Wal::open(dir.path(), cfg) else {
+                panic!("refused")
+            };
+            assert!(
+                matches!(&err, WalError::Invalid(m) if m.contains("segment_bytes")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_entry_may_take_half_a_segment_up_to_the_format_limit() {
+        assert_eq!(entry_bytes_max(&small_cfg()), 32 << 10);
+        let huge = WalConfig {
+            segment_bytes: 1 << 40,
+            ..small_cfg()
+        };
+        assert_eq!(
+            entry_bytes_max(&huge),
+            crate::storage::format::ENTRY_PAYLOAD_MAX
+        );
+    }
+
+    #[test]
+    fn the_report_names_a_torn_tail_and_corruption_with_where_they_are() {
+        use crate::storage::format::FormatError;
+        let mut report = OpenReport {
+            restored: RestoredState::default(),
+            torn_tail: None,
+            corruption: vec![Corruption {
+                segment: 3,
+                offset: 8192,
+                reason: FormatError::BadChecksum,
+                lost: (10, 19),
+                healed: false,
+            }],
+            backend: "portable".into(),
+            direct_io: "buffered".into(),
+            segments: 4,
+            bytes_scanned: 4 << 20,
+            elapsed: Duration::from_millis(3),
+        };
+        let text = report.to_string();
+        assert!(
+            text.contains("CORRUPTION at segment 3 offset 8192"),
+            "{text}"
+        );
+        assert!(
+            text.contains("entries 10..=19 must be fetched from a peer"),
+            "{text}"
+        );
+        report.corruption[0].healed = true;
+        assert!(report.to_string().contains("were rewritten later"));
+        assert!(is_enospc(&io::Error::from_raw_os_error(libc::ENOSPC)));
+        assert!(!is_enospc(&io::Error::from_raw_os_error(libc::EIO)));
+    }
+}

@@ -29,6 +29,9 @@ mod segments;
 mod snapshots;
 mod worker;
 
+#[cfg(test)]
+mod test_support;
+
 pub use config::{entry_bytes_max, DiskState, OpenReport, WalConfig, WalError, WalMetrics};
 pub use reads::read_located;
 pub use snapshots::write_snapshot_file;

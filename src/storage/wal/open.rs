@@ -293,3 +293,78 @@ pub(super) fn zero_range(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{append_durably, indexes, small_cfg};
+    use super::*;
+
+    #[test]
+    fn a_log_is_opened_by_one_process_or_thread_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        let Err(err) = Wal::open(dir.path(), small_cfg()) else {
+            panic!("a second open is refused")
+        };
+        assert!(
+            err.to_string().contains("in use by another process"),
+            "{err}"
+        );
+        drop(wal);
+        Wal::open(dir.path(), small_cfg()).expect("free again once closed");
+    }
+
+    #[test]
+    fn a_reopened_log_has_its_entries_hard_state_and_append_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert!(report.restored.entries.is_empty());
+        append_durably(&mut wal, 40);
+        let hs = HardState {
+            term: 3,
+            vote: Some(2),
+            commit: 30,
+        };
+        wal.set_hard_state(hs).unwrap();
+        wal.wait().unwrap();
+        drop(wal);
+        let (mut wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert_eq!(
+            indexes(&report.restored.entries),
+            (1..=40).collect::<Vec<_>>()
+        );
+        assert_eq!(report.restored.hard_state, hs);
+        assert!(report.torn_tail.is_none() && report.corruption.is_empty());
+        assert!(report.segments > 1, "the test wants several segments");
+        // Appends go on after the last batch, not over it.
+        append_durably(&mut wal, 5);
+        drop(wal);
+        let (_, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert_eq!(
+            indexes(&report.restored.entries),
+            (1..=45).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_torn_tail_is_discarded_and_zeroed_so_the_next_open_is_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 3);
+        let last = *wal.index.last().unwrap();
+        drop(wal);
+        // Tear the last batch: flip a byte inside it.
+        let path = segment_path(dir.path(), last.segment);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[(last.offset + 100) as usize] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        let (wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        let torn = report.torn_tail.as_ref().expect("a torn tail");
+        assert_eq!((torn.segment, torn.offset), (last.segment, last.offset));
+        assert_eq!(indexes(&report.restored.entries), [1, 2]);
+        drop(wal);
+        let (_, again) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert!(again.torn_tail.is_none(), "{again}");
+        assert_eq!(indexes(&again.restored.entries), [1, 2]);
+    }
+}

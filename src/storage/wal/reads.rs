@@ -153,3 +153,47 @@ pub fn read_located(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{append_durably, entry, indexes, small_cfg};
+    use super::*;
+
+    #[test]
+    fn reads_span_batches_and_segments_and_come_from_the_cache_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 50);
+        assert!(wal.segments.len() > 1, "the test wants several segments");
+        let all = wal.read(1, 50).unwrap();
+        assert_eq!(all, (1..=50).map(entry).collect::<Vec<_>>());
+        assert!(wal.cache_bytes > 0 && wal.cache_bytes <= wal.cfg.read_cache_bytes);
+        assert_eq!(indexes(&wal.read(20, 22).unwrap()), [20, 21, 22]);
+        // Reads stop at what is durable; below the log is an error.
+        assert_eq!(indexes(&wal.read(49, 51).unwrap()), [49, 50]);
+        let err = wal.read(0, 2).expect_err("0 is not in the log");
+        assert!(matches!(err, WalError::Invalid(_)), "{err}");
+    }
+
+    #[test]
+    fn located_batches_are_read_on_another_thread_and_a_reused_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 30);
+        let located = wal.locate(5, 25).unwrap();
+        let read = std::thread::spawn({
+            let located = located.clone();
+            move || read_located(&located, 5, 25)
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        assert_eq!(indexes(&read), (5..=25).collect::<Vec<_>>());
+        // The same place holding another batch (a reused segment) is
+        // refused, never read as other entries.
+        let (path, mut loc) = located[0].clone();
+        loc.seq += 1000;
+        let err = read_located(&[(path, loc)], 5, 25).expect_err("refused");
+        assert!(matches!(err, WalError::Corrupt(_)), "{err}");
+    }
+}

@@ -219,33 +219,8 @@ impl Wal {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{append_durably, small_cfg, snapshot};
     use super::*;
-    use crate::consensus::{Membership, Payload, Snapshot};
-    use crate::io::BackendChoice;
-
-    fn small_cfg() -> WalConfig {
-        WalConfig {
-            segment_bytes: 64 << 10,
-            flush_bytes_max: 16 << 10,
-            backend: BackendChoice::Portable,
-            direct_io: false,
-            ..WalConfig::default()
-        }
-    }
-
-    /// Appends `n` entries of about 3 KiB after the last one, durably.
-    fn append_durably(wal: &mut Wal, n: u64) {
-        let first = wal.last().0 + 1;
-        for i in first..first + n {
-            let entry = Entry {
-                term: 1,
-                index: i,
-                payload: Payload::Normal(vec![i as u8; 3000]),
-            };
-            wal.append(None, &[entry]).expect("append");
-            wal.wait().expect("wait");
-        }
-    }
 
     /// Appends until the log writes into another segment; returns it.
     fn append_until_roll(wal: &mut Wal) -> u64 {
@@ -277,12 +252,7 @@ mod tests {
         let held = wal.worker.reserve();
         wal.spare = Some((slow, held));
         // The trim recycles the segments below the snapshot past `slow`.
-        let snap = Snapshot {
-            index: wal.durable().0,
-            term: 1,
-            membership: Membership::with_voters([1]),
-            data: Vec::new(),
-        };
+        let snap = snapshot(wal.durable().0);
         wal.compact(&snap).unwrap();
         assert!(wal.ready_spares.first().is_some_and(|&id| id > slow));
         let mut written = vec![wal.active, append_until_roll(&mut wal)];
@@ -309,5 +279,28 @@ mod tests {
             report.restored.entries.first().map(|e| e.index),
             Some(snap.index + 1)
         );
+    }
+
+    #[test]
+    fn trimmed_segments_become_recycled_spares_under_higher_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        while wal.active < 5 {
+            append_until_roll(&mut wal);
+        }
+        let written: Vec<u64> = wal.segments.keys().copied().collect();
+        wal.compact(&snapshot(wal.durable().0)).unwrap();
+        assert_eq!(
+            wal.segments.keys().copied().collect::<Vec<_>>(),
+            [wal.active]
+        );
+        assert!(wal.metrics().segments_recycled > 0);
+        let top = *written.last().unwrap();
+        assert!(wal.recycled_spares.iter().all(|&id| id > top));
+        assert!(wal.recycled_spares.is_subset(&wal.ready_spares));
+        // The next roll writes into a recycled file and says so.
+        append_until_roll(&mut wal);
+        assert!(wal.active_recycled);
+        assert!(!wal.holds(1), "trimmed entries are gone");
     }
 }

@@ -307,3 +307,78 @@ impl Wal {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{append_durably, indexes, small_cfg, snapshot};
+    use super::*;
+
+    #[test]
+    fn snapshots_take_the_two_slots_in_turn_and_the_newest_recorded_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 30);
+        let first_slot = wal.free_snapshot_slot();
+        wal.compact(&snapshot(10)).unwrap();
+        let second_slot = wal.free_snapshot_slot();
+        assert_ne!(first_slot, second_slot);
+        wal.compact(&snapshot(20)).unwrap();
+        assert_eq!(wal.free_snapshot_slot(), first_slot);
+        // Written into the free slot but never adopted: not the log's.
+        write_snapshot_file(&wal.free_snapshot_slot(), &snapshot(25)).unwrap();
+        drop(wal);
+        let (_, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert_eq!(report.restored.snapshot.map(|s| s.index), Some(20));
+        assert_eq!(report.restored.entries.first().map(|e| e.index), Some(21));
+        assert_eq!(report.restored.entries.last().map(|e| e.index), Some(30));
+    }
+
+    #[test]
+    fn an_adoption_is_recorded_with_the_next_flush_and_trims_once_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 40);
+        let segments_before = wal.segments.len();
+        write_snapshot_file(&wal.free_snapshot_slot(), &snapshot(35)).unwrap();
+        wal.adopt_snapshot(35, 1, None).unwrap();
+        assert!(wal.adopting.is_some(), "waits for the superblock's flush");
+        wal.sync().unwrap();
+        assert!(wal.adopting.is_none());
+        assert!(
+            wal.segments.len() < segments_before,
+            "segments below 35 trimmed"
+        );
+        drop(wal);
+        let (_, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert_eq!(report.restored.snapshot.map(|s| s.index), Some(35));
+        assert_eq!(report.restored.entries.last().map(|e| e.index), Some(40));
+    }
+
+    #[test]
+    fn an_installed_snapshot_replaces_the_log_keeping_the_entries_it_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 10);
+        let below: Vec<Entry> = (98..=100).map(super::super::test_support::entry).collect();
+        wal.install_snapshot(&snapshot(100), &below).unwrap();
+        assert_eq!(wal.last().0, 100);
+        assert!(!wal.holds(5));
+        let gap = [
+            super::super::test_support::entry(7),
+            super::super::test_support::entry(9),
+        ];
+        let err = wal
+            .install_snapshot(&snapshot(200), &gap)
+            .expect_err("refused");
+        assert!(matches!(err, WalError::Invalid(_)), "{err}");
+        append_durably(&mut wal, 2);
+        drop(wal);
+        let (wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert_eq!(report.restored.snapshot.map(|s| s.index), Some(100));
+        assert_eq!(indexes(&report.restored.entries), [101, 102]);
+        assert!(
+            (98..=102).all(|i| wal.holds(i)),
+            "the entries kept below the snapshot are still readable"
+        );
+    }
+}
