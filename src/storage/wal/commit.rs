@@ -305,6 +305,14 @@ impl Wal {
                 count: records,
                 recycled: self.active_recycled,
             };
+            // A batch past the segment's end would lie outside what the
+            // recovery scan reads.
+            assert!(
+                self.append_offset + len <= self.cfg.segment_bytes,
+                "a {len}-byte batch at offset {} overruns segment {}",
+                self.append_offset,
+                self.active
+            );
             self.append_offset += len;
             bytes = len;
             loc = Some(l);
@@ -417,6 +425,13 @@ impl Wal {
                 let _ = self.metrics.records_per_flush.record(f.records.max(1));
                 let _ = self.metrics.bytes_per_flush.record(f.bytes.max(1));
             }
+            // Durability is reported in ticket order, each ticket once: a
+            // ticket reported twice or backwards would confirm writes early.
+            assert!(
+                t > self.durable_ticket,
+                "ticket {t} durable after {}",
+                self.durable_ticket
+            );
             self.durable_ticket = t;
             if let Some(last) = f.last {
                 self.durable = last;

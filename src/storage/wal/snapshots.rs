@@ -258,6 +258,13 @@ impl Wal {
             // durable before the superblock names a snapshot that needs them.
             self.sync()?;
         }
+        // The snapshot's state may refer to entries up to `index`: naming it
+        // before they are durable would lose them in a crash.
+        assert!(
+            self.durable.0 >= index,
+            "adopting a snapshot at {index} with the log durable to {}",
+            self.durable.0
+        );
         let old_file = self.take_free_slot();
         self.sb.snapshot_index = index;
         self.sb.snapshot_term = term;
