@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod buf;
 pub mod client;
 pub mod consensus;
 pub mod heartbeat;

@@ -38,8 +38,8 @@
 //! log is never rewritten in place, so a torn write can only hurt the
 //! batches that were in flight.
 
+use crate::buf::AlignedBuf;
 use crate::consensus::{Entry, Index, Membership, Payload, Term};
-use crate::io::AlignedBuf;
 
 /// Magic number at the start of every record.
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"QRW2");
