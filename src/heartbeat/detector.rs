@@ -28,7 +28,7 @@
 
 use std::collections::VecDeque;
 
-use super::message::{LinkState, PeerView, MAX_GROUPS, MAX_PEERS};
+use super::message::{LinkState, PeerView, GROUPS_MAX, PEERS_MAX};
 use crate::consensus::NodeId;
 
 /// One of the two independent paths to a peer.
@@ -265,7 +265,7 @@ pub struct DetectorStats {
     /// Inputs about a peer never added (or a serial input for a peer
     /// without a cable): ignored.
     pub unknown_inputs: u64,
-    /// Disk reports for groups beyond `MAX_GROUPS` per peer: ignored.
+    /// Disk reports for groups beyond `GROUPS_MAX` per peer: ignored.
     pub groups_over_limit: u64,
     /// Events dropped because the caller did not drain `events_max`.
     pub events_dropped: u64,
@@ -330,14 +330,14 @@ impl Detector {
 
     /// Starts watching `peer`; `serial` says whether a cable runs to it (a
     /// peer without one is classified from UDP alone). Its `initdead_ms`
-    /// grace starts now. False if it is already watched or `MAX_PEERS`
+    /// grace starts now. False if it is already watched or `PEERS_MAX`
     /// are (the views must fit a heartbeat).
     pub fn add_peer(&mut self, now_ms: u64, peer: NodeId, serial: bool) -> bool {
         let now = self.advance(now_ms);
         let Err(at) = self.peers.binary_search_by_key(&peer, |p| p.id) else {
             return false;
         };
-        if peer == 0 || self.peers.len() == MAX_PEERS {
+        if peer == 0 || self.peers.len() == PEERS_MAX {
             return false;
         }
         let link = Link {
@@ -429,7 +429,7 @@ impl Detector {
                 d.pending = pending;
                 d
             }
-            None if disks.len() == MAX_GROUPS => {
+            None if disks.len() == GROUPS_MAX => {
                 self.stats.groups_over_limit += 1;
                 return;
             }
@@ -1089,7 +1089,7 @@ mod tests {
         d.heard(1, B, Channel::Serial);
         d.disk_progress(1, 99, 0, 0, true);
         assert_eq!(d.stats().unknown_inputs, 3);
-        for g in 0..MAX_GROUPS as u32 + 2 {
+        for g in 0..GROUPS_MAX as u32 + 2 {
             d.disk_progress(2, A, g, 0, false);
         }
         assert_eq!(d.stats().groups_over_limit, 2);
@@ -1098,7 +1098,7 @@ mod tests {
         for id in 10..100 {
             d.add_peer(3, id, true);
         }
-        assert_eq!(d.peers().count(), MAX_PEERS);
+        assert_eq!(d.peers().count(), PEERS_MAX);
         // Time never runs backwards, and events are bounded.
         let mut d = Detector::new(
             DetectorConfig {

@@ -17,7 +17,7 @@ use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
-use crate::heartbeat::message::MAX_GROUPS;
+use crate::heartbeat::message::GROUPS_MAX;
 use crate::heartbeat::{
     encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
     ReplayGuard,
@@ -730,12 +730,12 @@ impl EventLoop {
         let mut hb = Heartbeat::new(self.spec.id, c.epoch, c.seq);
         let mut all: BTreeMap<GroupId, GroupStatus> = c.remote_groups.clone();
         all.extend(mine.into_iter().map(|g| (g.group, g)));
-        // A heartbeat holds MAX_GROUPS groups (its serial airtime must fit
+        // A heartbeat holds GROUPS_MAX groups (its serial airtime must fit
         // the keepalive); with more, successive heartbeats take turns, so
-        // each group is reported every ceil(groups / MAX_GROUPS) keepalives.
+        // each group is reported every ceil(groups / GROUPS_MAX) keepalives.
         let all: Vec<GroupStatus> = all.into_values().collect();
-        let take = all.len().min(MAX_GROUPS);
-        let start = if all.len() > MAX_GROUPS {
+        let take = all.len().min(GROUPS_MAX);
+        let start = if all.len() > GROUPS_MAX {
             c.rotation % all.len()
         } else {
             0
@@ -746,7 +746,7 @@ impl EventLoop {
         chosen.sort_by_key(|g| g.group); // the format wants increasing ids
         for g in chosen {
             hb.push_group(g)
-                .expect("at most MAX_GROUPS, in increasing order");
+                .expect("at most GROUPS_MAX, in increasing order");
         }
         for view in c.detector.views() {
             let _ = hb.push_peer(view);
