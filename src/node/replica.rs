@@ -100,8 +100,10 @@ impl WaiterReply {
     }
 }
 
-/// What applying an entry answers its waiter.
-enum Applied2 {
+/// What applying an entry answers its waiter: the index (an append, a
+/// membership change) or the state machine's outcome (a command); the
+/// kind matches the waiter's `WaiterReply`.
+enum WaiterAnswer {
     Index(Result<Index, ProposeError>),
     State(Result<Outcome, ProposeError>),
 }
@@ -939,13 +941,14 @@ impl Replica {
 
     fn apply(&mut self, e: &Entry) {
         self.applied = e.index;
-        let mut outcome = Applied2::Index(Ok(e.index));
+        let mut outcome = WaiterAnswer::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
             if let Some((client, seq, bytes)) = decode_command_entry(payload) {
-                outcome = Applied2::State(self.apply_command(e.index, client, seq, bytes));
+                outcome = WaiterAnswer::State(self.apply_command(e.index, client, seq, bytes));
             }
         }
-        if let (Payload::Normal(payload), Applied2::Index(outcome)) = (&e.payload, &mut outcome) {
+        if let (Payload::Normal(payload), WaiterAnswer::Index(outcome)) = (&e.payload, &mut outcome)
+        {
             let data = match decode_client_entry(payload) {
                 Some((client, seq, data)) => {
                     match self.dedup.apply(client, seq, e.index, fingerprint(data)) {
@@ -985,8 +988,8 @@ impl Replica {
                 continue;
             }
             match (w.reply, &outcome) {
-                (WaiterReply::Index(r), Applied2::Index(o)) => r(o.clone()),
-                (WaiterReply::State(r), Applied2::State(o)) => {
+                (WaiterReply::Index(r), WaiterAnswer::Index(o)) => r(o.clone()),
+                (WaiterReply::State(r), WaiterAnswer::State(o)) => {
                     let mut o = o.clone();
                     if let Ok(out) = &mut o {
                         if let Err(i) = out.fill(&mut payload_at(&self.raft, &mut self.wal)) {
