@@ -10,7 +10,7 @@
 //! their replicas. Nothing else crosses cores, and no lock is taken.
 
 use super::config::NodeSpec;
-use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
+use super::handle::{CoreCommand, GroupView, LinkView, NodeStatus, PeerView};
 use super::log::{log_error, log_info, log_warn};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
@@ -101,7 +101,7 @@ struct Control {
 pub(crate) struct EventLoop {
     spec: NodeSpec,
     started: Instant,
-    commands: Receiver<Command>,
+    commands: Receiver<CoreCommand>,
     mesh: Receiver<CoreMsg>,
     udp: UdpDriver,
     replicas: Vec<Replica>,
@@ -134,7 +134,7 @@ impl EventLoop {
     pub(crate) fn open(
         spec: NodeSpec,
         started: Instant,
-        commands: Receiver<Command>,
+        commands: Receiver<CoreCommand>,
         mesh: Receiver<CoreMsg>,
         wiring: Wiring,
         waker: Waker,
@@ -376,17 +376,17 @@ impl EventLoop {
     fn serve_commands(&mut self, now: u64) -> bool {
         while let Ok(cmd) = self.commands.try_recv() {
             let group = match &cmd {
-                Command::Status(reply) => {
+                CoreCommand::Status(reply) => {
                     let _ = reply.send(self.status());
                     continue;
                 }
-                Command::Stop => return false,
-                Command::Propose { group, .. }
-                | Command::Append { group, .. }
-                | Command::Membership { group, .. }
-                | Command::Read { group, .. }
-                | Command::State { group, .. }
-                | Command::Query { group, .. } => *group,
+                CoreCommand::Stop => return false,
+                CoreCommand::Propose { group, .. }
+                | CoreCommand::Append { group, .. }
+                | CoreCommand::Membership { group, .. }
+                | CoreCommand::Read { group, .. }
+                | CoreCommand::State { group, .. }
+                | CoreCommand::Query { group, .. } => *group,
             };
             let Some(&i) = self.by_group.get(&group) else {
                 let why = format!("group {group} is not on this core");
@@ -395,21 +395,21 @@ impl EventLoop {
             };
             let r = &mut self.replicas[i];
             match cmd {
-                Command::Propose { data, reply, .. } => r.propose(data, reply),
-                Command::Append {
+                CoreCommand::Propose { data, reply, .. } => r.propose(data, reply),
+                CoreCommand::Append {
                     client_id,
                     seq,
                     data,
                     reply,
                     ..
                 } => r.propose_client(client_id, seq, &data, reply),
-                Command::Membership {
+                CoreCommand::Membership {
                     change,
                     force,
                     reply,
                     ..
                 } => r.propose_membership(change, force, reply),
-                Command::Read {
+                CoreCommand::Read {
                     from,
                     max_entries,
                     max_bytes,
@@ -418,7 +418,7 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.read_or_wait(from, max_entries, max_bytes, wait_ms, now, reply),
-                Command::Read {
+                CoreCommand::Read {
                     from,
                     max_entries,
                     max_bytes,
@@ -427,20 +427,20 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.read_log(from, max_entries, max_bytes, wait_ms, reply),
-                Command::State {
+                CoreCommand::State {
                     client_id,
                     seq,
                     command,
                     reply,
                     ..
                 } => r.propose_command(client_id, seq, command, wall_clock_ms(), reply),
-                Command::Query {
+                CoreCommand::Query {
                     query,
                     wait_ms,
                     reply,
                     ..
                 } => r.query(query, wait_ms, reply),
-                Command::Status(_) | Command::Stop => unreachable!("served above"),
+                CoreCommand::Status(_) | CoreCommand::Stop => unreachable!("served above"),
             }
         }
         true

@@ -287,8 +287,8 @@ pub type StateReply = Box<dyn FnOnce(Result<crate::state::Outcome, ProposeError>
 /// Where a query's answer goes: called once, on the loop's thread.
 pub type QueryReply = Box<dyn FnOnce(Result<crate::state::Answer, ProposeError>) + Send>;
 
-/// A command to the loop.
-pub(crate) enum Command {
+/// A command from the handle (or a server thread) to the loop of one core.
+pub(crate) enum CoreCommand {
     Propose {
         group: GroupId,
         data: Vec<u8>,
@@ -338,24 +338,24 @@ pub(crate) enum Command {
     Stop,
 }
 
-impl Command {
+impl CoreCommand {
     /// Answers the command's caller with `why` (it could not be served).
     pub(crate) fn fail(self, why: ProposeError) {
         match self {
-            Command::Propose { reply, .. }
-            | Command::Append { reply, .. }
-            | Command::Membership { reply, .. } => reply(Err(why)),
-            Command::Read { reply, .. } => reply(Err(why)),
-            Command::State { reply, .. } => reply(Err(why)),
-            Command::Query { reply, .. } => reply(Err(why)),
-            Command::Status(_) | Command::Stop => {}
+            CoreCommand::Propose { reply, .. }
+            | CoreCommand::Append { reply, .. }
+            | CoreCommand::Membership { reply, .. } => reply(Err(why)),
+            CoreCommand::Read { reply, .. } => reply(Err(why)),
+            CoreCommand::State { reply, .. } => reply(Err(why)),
+            CoreCommand::Query { reply, .. } => reply(Err(why)),
+            CoreCommand::Status(_) | CoreCommand::Stop => {}
         }
     }
 }
 
 /// One core's loop.
 struct CoreLoop {
-    commands: Sender<Command>,
+    commands: Sender<CoreCommand>,
     waker: Waker,
     thread: Option<JoinHandle<()>>,
 }
@@ -363,7 +363,7 @@ struct CoreLoop {
 impl CoreLoop {
     /// Hands the loop a command and wakes it; gives the command back if
     /// the loop has stopped.
-    fn send(&self, cmd: Command) -> Result<(), Command> {
+    fn send(&self, cmd: CoreCommand) -> Result<(), CoreCommand> {
         self.commands.send(cmd).map_err(|e| e.0)?;
         self.waker.wake();
         Ok(())
@@ -492,7 +492,7 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        self.call(group, timeout, |reply| Command::Propose {
+        self.call(group, timeout, |reply| CoreCommand::Propose {
             group,
             data,
             reply,
@@ -511,7 +511,7 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        self.call(group, timeout, |reply| Command::Append {
+        self.call(group, timeout, |reply| CoreCommand::Append {
             group,
             client_id,
             seq,
@@ -526,7 +526,7 @@ impl NodeHandle {
         &self,
         group: GroupId,
         timeout: Duration,
-        make: impl FnOnce(Box<dyn FnOnce(Result<T, ProposeError>) + Send>) -> Command,
+        make: impl FnOnce(Box<dyn FnOnce(Result<T, ProposeError>) + Send>) -> CoreCommand,
     ) -> Result<T, ProposeError> {
         let (tx, answer) = bounded(1);
         let reply: Box<dyn FnOnce(Result<T, ProposeError>) + Send> = Box::new(move |r| {
@@ -540,7 +540,7 @@ impl NodeHandle {
 
     /// Hands a command to the loop owning `group` without waiting; if it
     /// cannot be handed over, its caller is answered here at once.
-    fn dispatch(&self, group: GroupId, cmd: Command) {
+    fn dispatch(&self, group: GroupId, cmd: CoreCommand) {
         match self.owner.get(&group) {
             Some(&core) => {
                 if let Err(cmd) = self.cores[core].send(cmd) {
@@ -555,7 +555,7 @@ impl NodeHandle {
 
     /// Hands a command to the loop owning `group` without waiting: its
     /// reply callback runs on that loop when the outcome is known.
-    fn submit(&self, group: GroupId, cmd: Command) -> Result<(), ProposeError> {
+    fn submit(&self, group: GroupId, cmd: CoreCommand) -> Result<(), ProposeError> {
         let Some(&core) = self.owner.get(&group) else {
             return Err(ProposeError::Unavailable(format!(
                 "group {group} is not on this node"
@@ -577,7 +577,7 @@ impl NodeHandle {
         data: Vec<u8>,
         reply: Reply,
     ) {
-        let cmd = Command::Append {
+        let cmd = CoreCommand::Append {
             group,
             client_id,
             seq,
@@ -599,7 +599,7 @@ impl NodeHandle {
         command: crate::state::Command,
         reply: StateReply,
     ) {
-        let cmd = Command::State {
+        let cmd = CoreCommand::State {
             group,
             client_id,
             seq,
@@ -618,7 +618,7 @@ impl NodeHandle {
         command: crate::state::Command,
         timeout: Duration,
     ) -> Result<crate::state::Outcome, ProposeError> {
-        self.call(group, timeout, |reply| Command::State {
+        self.call(group, timeout, |reply| CoreCommand::State {
             group,
             client_id,
             seq,
@@ -645,7 +645,7 @@ impl NodeHandle {
     ) {
         self.dispatch(
             group,
-            Command::Query {
+            CoreCommand::Query {
                 group,
                 query,
                 wait_ms,
@@ -661,7 +661,7 @@ impl NodeHandle {
         query: crate::state::Query,
         timeout: Duration,
     ) -> Result<crate::state::Answer, ProposeError> {
-        self.call(group, timeout, |reply| Command::Query {
+        self.call(group, timeout, |reply| CoreCommand::Query {
             group,
             query,
             wait_ms: 0,
@@ -694,7 +694,7 @@ impl NodeHandle {
         force: bool,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        self.call(group, timeout, |reply| Command::Membership {
+        self.call(group, timeout, |reply| CoreCommand::Membership {
             group,
             change,
             force,
@@ -734,7 +734,7 @@ impl NodeHandle {
         stale: bool,
         reply: ReadReply,
     ) {
-        let cmd = Command::Read {
+        let cmd = CoreCommand::Read {
             group,
             from,
             max_entries,
@@ -782,7 +782,7 @@ impl NodeHandle {
         let mut merged: Option<NodeStatus> = None;
         for core in &self.cores {
             let (reply, answer) = bounded(1);
-            core.send(Command::Status(reply)).ok()?;
+            core.send(CoreCommand::Status(reply)).ok()?;
             let s = answer.recv_timeout(Duration::from_secs(5)).ok()?;
             match merged.as_mut() {
                 None => merged = Some(s),
@@ -829,7 +829,7 @@ impl NodeHandle {
 
     fn stop_inner(&mut self) {
         for c in &self.cores {
-            let _ = c.send(Command::Stop);
+            let _ = c.send(CoreCommand::Stop);
         }
         for c in &mut self.cores {
             if let Some(t) = c.thread.take() {
