@@ -59,14 +59,15 @@ pub(crate) enum CoreMsg {
     PeerHeartbeat(Box<Heartbeat>, bool),
 }
 
-/// A sender to another loop, with that loop's wake-up.
+/// The mailbox of another core's loop (not a peer node): a sender of
+/// `CoreMsg`, with that loop's wake-up.
 #[derive(Clone)]
-pub(crate) struct Peer {
+pub(crate) struct CoreMailbox {
     pub(crate) tx: Sender<CoreMsg>,
     pub(crate) waker: Waker,
 }
 
-impl Peer {
+impl CoreMailbox {
     fn send(&self, msg: CoreMsg) {
         if self.tx.send(msg).is_ok() {
             self.waker.wake();
@@ -77,9 +78,9 @@ impl Peer {
 /// How a loop is wired to the node's other loops.
 pub(crate) enum Wiring {
     /// The control loop, with a sender to every worker.
-    Control(Vec<Peer>),
+    Control(Vec<CoreMailbox>),
     /// A worker, with a sender to the control loop.
-    Worker(Peer),
+    Worker(CoreMailbox),
 }
 
 /// The parts only the control loop has.
@@ -90,7 +91,7 @@ struct Control {
     seq: u64,
     udp_guards: BTreeMap<NodeId, ReplayGuard>,
     serial_guards: BTreeMap<NodeId, ReplayGuard>,
-    workers: Vec<Peer>,
+    workers: Vec<CoreMailbox>,
     /// The latest status of the workers' groups.
     remote_groups: BTreeMap<GroupId, GroupStatus>,
     /// Where the next heartbeat's groups start, for nodes with more groups
@@ -107,7 +108,7 @@ pub(crate) struct EventLoop {
     replicas: Vec<Replica>,
     by_group: BTreeMap<GroupId, usize>,
     control: Option<Control>,
-    to_control: Option<Peer>,
+    to_control: Option<CoreMailbox>,
     waker: Waker,
     /// Scratch: the descriptors besides the sockets that end a wait.
     wake_fds: Vec<std::os::fd::RawFd>,

@@ -2,7 +2,7 @@
 //! commands go in over a channel, answers come back over one.
 
 use super::config::NodeSpec;
-use super::event_loop::{CoreMsg, EventLoop, Peer, Wiring};
+use super::event_loop::{CoreMailbox, CoreMsg, EventLoop, Wiring};
 use super::log::log_warn;
 use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Role, Term};
@@ -413,7 +413,7 @@ impl NodeHandle {
             .map(|_| Waker::new())
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| format!("creating a loop's eventfd: {e}"))?;
-        let peer = |i: usize| Peer {
+        let mailbox = |i: usize| CoreMailbox {
             tx: mesh[i].0.clone(),
             waker: wakers[i].clone(),
         };
@@ -428,9 +428,9 @@ impl NodeHandle {
                 handle.owner.insert(g.group, i);
             }
             let wiring = if i == 0 {
-                Wiring::Control((1..mesh.len()).map(peer).collect())
+                Wiring::Control((1..mesh.len()).map(mailbox).collect())
             } else {
-                Wiring::Worker(peer(0))
+                Wiring::Worker(mailbox(0))
             };
             let waker = wakers[i].clone();
             let inbox = mesh[i].1.clone();
