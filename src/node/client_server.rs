@@ -19,7 +19,7 @@
 use super::admin::status_json;
 use super::client_admission::{ClientLimits, ConnId};
 use super::client_gate::{read_some, Gate, Got};
-use super::{NodeHandle, ProposeError};
+use super::{ListenError, NodeHandle, ProposeError};
 use crate::api::{ErrorCode, Incoming, LeaderInfo, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
 use crossbeam_channel::{unbounded, Sender};
@@ -89,7 +89,7 @@ impl ClientServer {
         node: Arc<NodeHandle>,
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
-    ) -> Result<ClientServer, String> {
+    ) -> Result<ClientServer, ListenError> {
         Self::start_with(listen, node, token, client_addrs, ClientLimits::default())
     }
 
@@ -101,13 +101,15 @@ impl ClientServer {
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
         limits: ClientLimits,
-    ) -> Result<ClientServer, String> {
-        limits
-            .validate()
-            .map_err(|e| format!("client limits: {e}"))?;
-        let listener =
-            TcpListener::bind(listen).map_err(|e| format!("client listener on {listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    ) -> Result<ClientServer, ListenError> {
+        limits.validate().map_err(ListenError::Limits)?;
+        let bind_failed = |error| ListenError::Bind {
+            server: "the client server",
+            addr: listen,
+            error,
+        };
+        let listener = TcpListener::bind(listen).map_err(bind_failed)?;
+        let addr = listener.local_addr().map_err(bind_failed)?;
         let cfg = Arc::new(ServerConfig::new(node.id(), token));
         let addrs = Arc::new(client_addrs);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -144,7 +146,7 @@ impl ClientServer {
                     }
                 }
             })
-            .map_err(|e| format!("starting the client server: {e}"))?;
+            .map_err(ListenError::Thread)?;
         Ok(ClientServer {
             addr,
             stop,

@@ -1,11 +1,11 @@
 //! What a node runs: its id, peers, groups and every tunable, as values
 //! (the daemon's TOML file is parsed into this).
 
-use crate::consensus::{NodeId, RaftConfig};
-use crate::heartbeat::DetectorConfig;
+use crate::consensus::{NodeId, RaftConfig, RaftConfigError};
+use crate::heartbeat::{DetectorConfig, DetectorConfigError};
 use crate::net::UdpConfig;
 use crate::storage::WalConfig;
-use crate::transport::{ClusterKey, GroupId, TransportConfig};
+use crate::transport::{ClusterKey, ConfigError as TransportConfigError, GroupId, TransportConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -106,25 +106,73 @@ impl NodeSpec {
         }
     }
 
+    /// The Raft config each of this node's groups runs with: `raft`, with
+    /// this node's id and voters, and snapshots that carry the log entries
+    /// at or below them which the ledgers and queues refer to.
+    pub fn raft_config(&self) -> RaftConfig {
+        RaftConfig {
+            id: self.id,
+            initial_voters: self.voters.clone(),
+            snapshot_with_entries: true,
+            ..self.raft.clone()
+        }
+    }
+
     /// Checks what the cores would otherwise refuse later, naming the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.id == 0 {
-            return Err("id: node id 0 is reserved".into());
+            return Err(SpecError::IdReserved);
         }
         if !self.voters.contains(&self.id) {
-            return Err(format!("voters: this node ({}) is not among them", self.id));
+            return Err(SpecError::NotAVoter(self.id));
         }
         for p in &self.peers {
             if p.id == self.id || !self.voters.contains(&p.id) {
-                return Err(format!("peers: node {} is not another voter", p.id));
+                return Err(SpecError::PeerNotAVoter(p.id));
             }
         }
         if self.groups.is_empty() {
-            return Err("groups: a node needs at least one".into());
+            return Err(SpecError::NoGroups);
         }
-        self.detector
-            .validate()
-            .map_err(|e| format!("detector: {e}"))?;
+        self.detector.validate().map_err(SpecError::Detector)?;
+        self.transport.validate().map_err(SpecError::Transport)?;
+        self.raft_config().validate().map_err(SpecError::Raft)?;
         Ok(())
     }
 }
+
+/// A [`NodeSpec`] a node cannot run with: a bad config, found before any
+/// log is opened or socket bound. The message names the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecError {
+    /// `id` is 0, which no node has.
+    IdReserved,
+    /// `voters` does not hold this node.
+    NotAVoter(NodeId),
+    /// A peer that is this node, or not one of `voters`.
+    PeerNotAVoter(NodeId),
+    /// `groups` is empty.
+    NoGroups,
+    /// The failure detector's timers (`detector`).
+    Detector(DetectorConfigError),
+    /// The replication transport's bounds (`transport`).
+    Transport(TransportConfigError),
+    /// Raft's timers and limits (`raft`).
+    Raft(RaftConfigError),
+}
+
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpecError::IdReserved => write!(f, "id: node id 0 is reserved"),
+            SpecError::NotAVoter(id) => write!(f, "voters: this node ({id}) is not among them"),
+            SpecError::PeerNotAVoter(p) => write!(f, "peers: node {p} is not another voter"),
+            SpecError::NoGroups => write!(f, "groups: a node needs at least one"),
+            SpecError::Detector(e) => write!(f, "detector: {e}"),
+            SpecError::Transport(e) => write!(f, "transport: {e}"),
+            SpecError::Raft(e) => write!(f, "raft.{e}"),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}

@@ -9,13 +9,14 @@
 //! events and the peers' heartbeats, which drive the failover policy of
 //! their replicas. Nothing else crosses cores, and no lock is taken.
 
-use super::config::NodeSpec;
+use super::config::{NodeSpec, SpecError};
+use super::errors::StartError;
 use super::handle::{CoreCommand, GroupView, LinkView, NodeStatus, PeerView};
 use super::log::{log_error, log_info, log_warn};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::waker::Waker;
-use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
+use crate::consensus::{Message, NodeId, Raft, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
 use crate::heartbeat::message::GROUPS_MAX;
 use crate::heartbeat::{
@@ -139,7 +140,7 @@ impl EventLoop {
         mesh: Receiver<CoreMsg>,
         wiring: Wiring,
         waker: Waker,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StartError> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
         let udp_cfg = UdpConfig {
@@ -156,40 +157,34 @@ impl EventLoop {
             id,
             super::os_seed(),
         )
-        .map_err(|e| format!("transport: {e}"))?;
-        let (udp, report) =
-            UdpDriver::bind(udp_cfg, endpoint, peers).map_err(|e| format!("udp: {e}"))?;
+        .map_err(SpecError::Transport)?;
+        let (udp, report) = UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
         for w in &report.warnings {
             log_warn!("node {id}: {w}");
         }
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();
         for g in &spec.groups {
-            let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone())
-                .map_err(|e| format!("group {} log at {}: {e}", g.group, g.dir.display()))?;
-            wal.notify_completions(waker.fd())
-                .map_err(|e| format!("group {} log: {e}", g.group))?;
-            log_info!("node {id} group {}: {report}", g.group);
-            // The ledgers and queues refer to entries at or below their
-            // snapshot, so a snapshot sent carries those entries.
-            let cfg = RaftConfig {
-                id,
-                initial_voters: spec.voters.clone(),
-                snapshot_with_entries: true,
-                ..spec.raft.clone()
+            let log_failed = |error| StartError::Log {
+                group: g.group,
+                dir: g.dir.clone(),
+                error,
             };
+            let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone()).map_err(log_failed)?;
+            wal.notify_completions(waker.fd()).map_err(log_failed)?;
+            log_info!("node {id} group {}: {report}", g.group);
             let snapshot = report.restored.snapshot.clone();
-            let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
+            let raft = Raft::restore(spec.raft_config(), super::os_seed(), now, report.restored)
+                .map_err(SpecError::Raft)?;
             let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
             r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
-                    return Err(format!(
-                        "group {} log at {}: the snapshot at {} does not decode",
-                        g.group,
-                        g.dir.display(),
-                        s.index
-                    ));
+                    return Err(StartError::SnapshotUndecodable {
+                        group: g.group,
+                        dir: g.dir.clone(),
+                        index: s.index,
+                    });
                 }
                 r.check_stored_entries();
             }
@@ -199,7 +194,7 @@ impl EventLoop {
         let (control, to_control) = match wiring {
             Wiring::Control(workers) => {
                 let mut detector =
-                    Detector::new(spec.detector, now).map_err(|e| format!("detector: {e}"))?;
+                    Detector::new(spec.detector, now).map_err(SpecError::Detector)?;
                 let mut serial = Vec::new();
                 for p in &spec.peers {
                     detector.add_peer(now, p.id, p.serial_device.is_some());
@@ -209,7 +204,7 @@ impl EventLoop {
                             ..SerialConfig::new(dev)
                         };
                         let port = SerialPort::new(cfg, spec.key.clone())
-                            .map_err(|e| format!("serial port to node {}: {e}", p.id))?;
+                            .map_err(|why| StartError::Serial { peer: p.id, why })?;
                         serial.push((p.id, port));
                     }
                 }

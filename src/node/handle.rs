@@ -2,6 +2,7 @@
 //! commands go in over a channel, answers come back over one.
 
 use super::config::NodeSpec;
+use super::errors::StartError;
 use super::event_loop::{CoreMailbox, CoreMsg, EventLoop, Wiring};
 use super::log::log_warn;
 use super::waker::Waker;
@@ -382,7 +383,7 @@ pub struct NodeHandle {
 
 impl NodeHandle {
     /// Runs the node's groups on one loop thread, not pinned.
-    pub fn spawn(spec: NodeSpec) -> Result<NodeHandle, String> {
+    pub fn spawn(spec: NodeSpec) -> Result<NodeHandle, StartError> {
         Self::spawn_on(spec, &[])
     }
 
@@ -391,7 +392,7 @@ impl NodeHandle {
     /// one loop, not pinned). The logs and sockets are opened on the loop
     /// threads themselves, which own them for good (an io_uring ring is
     /// never shared); errors name what could not be opened.
-    pub fn spawn_on(spec: NodeSpec, cores: &[usize]) -> Result<NodeHandle, String> {
+    pub fn spawn_on(spec: NodeSpec, cores: &[usize]) -> Result<NodeHandle, StartError> {
         spec.validate()?;
         let id = spec.id;
         let started = Instant::now();
@@ -412,7 +413,10 @@ impl NodeHandle {
             .iter()
             .map(|_| Waker::new())
             .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| format!("creating a loop's eventfd: {e}"))?;
+            .map_err(|error| StartError::Os {
+                what: "creating a loop's eventfd",
+                error,
+            })?;
         let mailbox = |i: usize| CoreMailbox {
             tx: mesh[i].0.clone(),
             waker: wakers[i].clone(),
@@ -464,10 +468,11 @@ impl NodeHandle {
                         }
                     }
                 })
-                .map_err(|e| format!("starting a node thread: {e}"))?;
-            let opened = opened
-                .recv()
-                .unwrap_or_else(|_| Err("a node thread died while opening".into()));
+                .map_err(|error| StartError::Os {
+                    what: "starting a node thread",
+                    error,
+                })?;
+            let opened = opened.recv().unwrap_or(Err(StartError::LoopDied));
             handle.cores.push(CoreLoop {
                 commands: tx,
                 waker: wakers[i].clone(),

@@ -291,7 +291,8 @@ impl World {
                     let seed = w.rng.gen();
                     let sm = (opts.workload != Workload::Log).then(StateMachine::new);
                     Some(SimReplica::new(
-                        Raft::new(w.raft_config(node, g), seed, 0),
+                        Raft::new(w.raft_config(node, g), seed, 0)
+                            .expect("the simulator draws valid timers and limits"),
                         sm,
                     ))
                 })
@@ -891,7 +892,8 @@ impl World {
         }
         let restored = self.nodes[n].disks[g].durable.recover();
         let seed = self.rng.gen();
-        let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored);
+        let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored)
+            .expect("the simulator draws valid timers and limits");
         let sm = (self.opts.workload != Workload::Log).then(StateMachine::new);
         let mut rep = SimReplica::new(raft, sm);
         rep.retained = self.nodes[n].disks[g].durable.retained.clone();

@@ -328,20 +328,15 @@ pub(super) fn timers(
     detector.validate().map_err(|e| in_section("timers", e.0))?;
     let mut raft = RaftConfig::new(id, voters);
     set_present!(raft, t; election_timeout_ms, heartbeat_interval_ms, fast_campaign_jitter_ms);
-    // RaftConfig's own check asserts (a programming error there); here the
-    // same rules are an operator's mistake and get a message.
-    if raft.heartbeat_interval_ms == 0 {
-        return Err(bad("timers.heartbeat_interval_ms", "must be at least 1"));
-    }
-    if raft.election_timeout_ms <= raft.heartbeat_interval_ms {
-        return Err(bad(
-            "timers.election_timeout_ms",
-            format!(
-                "{} must exceed heartbeat_interval_ms ({}): followers would campaign between heartbeats",
-                raft.election_timeout_ms, raft.heartbeat_interval_ms
-            ),
-        ));
-    }
+    // Raft's own check, under the key of the field at fault: of this
+    // section's keys only the timers can be wrong (id is node.id, checked
+    // first; the limits are not in the file).
+    raft.validate().map_err(|e| match e.field() {
+        f @ ("election_timeout_ms" | "heartbeat_interval_ms" | "fast_campaign_jitter_ms") => {
+            bad(format!("timers.{f}"), e.reason())
+        }
+        _ => bad("timers", e.to_string()),
+    })?;
     if detector.deadtime_ms < 5 * detector.keepalive_ms {
         warnings.push(format!(
             "timers.deadtime_ms: {} is under five keepalives ({} ms): a few lost heartbeats look like death",
