@@ -292,7 +292,17 @@ fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response
         ),
         ProposeError::DiskFull => (ErrorCode::DiskFull, None),
         ProposeError::Timeout => (ErrorCode::Timeout, None),
-        ProposeError::Lost | ProposeError::Unavailable(_) => (ErrorCode::Unavailable, None),
+        // Another node may serve it, or the outcome is unknown: the
+        // client retries (the same seq, so nothing applies twice).
+        ProposeError::Lost
+        | ProposeError::LogStopped(_)
+        | ProposeError::Stopping
+        | ProposeError::Compacted { .. }
+        | ProposeError::Unreadable(_)
+        | ProposeError::Internal(_) => (ErrorCode::Unavailable, None),
+        ProposeError::UnknownGroup(_) => (ErrorCode::UnknownGroup, None),
+        // Permanent: the same seq is refused again, wherever it is sent.
+        ProposeError::SeqForgotten { .. } => (ErrorCode::Conflict, None),
         ProposeError::Refused(r) => (refusal_code(*r), None),
         ProposeError::TooLarge { .. } => (ErrorCode::TooLarge, None),
         ProposeError::Conflict { .. } => (ErrorCode::Conflict, None),
@@ -450,7 +460,7 @@ fn dispatch(
             // entry is applied there; no thread waits here. It holds one of
             // the `TAILS_MAX` slots until then.
             let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+                let why = ProposeError::Busy("too many long polls waiting".into());
                 return answer(out, error_response(why, addrs));
             };
             let wait = Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX);
@@ -484,7 +494,7 @@ fn dispatch(
                         })
                         .collect(),
                 },
-                None => error_response(ProposeError::Unavailable("node stopping".into()), addrs),
+                None => error_response(ProposeError::Stopping, addrs),
             };
             answer(out, resp);
         }
@@ -493,7 +503,7 @@ fn dispatch(
                 Some(s) => Response::StatusJson {
                     json: status_json(&s).to_string(),
                 },
-                None => error_response(ProposeError::Unavailable("node stopping".into()), addrs),
+                None => error_response(ProposeError::Stopping, addrs),
             };
             answer(out, resp);
         }
@@ -547,7 +557,7 @@ fn dispatch(
             // it and answers as soon as an entry is confirmed; no thread
             // waits here. It holds one of the `TAILS_MAX` slots until then.
             let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+                let why = ProposeError::Busy("too many long polls waiting".into());
                 return answer(out, error_response(why, addrs));
             };
             let wait = (Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX)).as_millis();

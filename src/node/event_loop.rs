@@ -385,8 +385,10 @@ impl EventLoop {
                 | CoreCommand::Query { group, .. } => *group,
             };
             let Some(&i) = self.by_group.get(&group) else {
-                let why = format!("group {group} is not on this core");
-                cmd.fail(super::ProposeError::Unavailable(why));
+                // The handle sends a group's commands to the core owning it.
+                cmd.fail(super::ProposeError::Internal(format!(
+                    "group {group} is not on the core it was sent to"
+                )));
                 continue;
             };
             let r = &mut self.replicas[i];

@@ -13,7 +13,10 @@ use std::collections::BTreeMap;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Why a proposal was not confirmed.
+/// Why a proposal (or a read) was not confirmed. Each condition a caller
+/// must tell apart has its own variant: whether retrying can help, here
+/// or on another node, is in its doc and in the client code it maps to
+/// (`client_server::error_response`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProposeError {
     /// This node does not lead the group; the leader it knows, if any.
@@ -22,8 +25,42 @@ pub enum ProposeError {
     Lost,
     /// No space for the log: appends are refused until space returns.
     DiskFull,
-    /// The group cannot serve here (log stopped, unknown group, node stopping).
-    Unavailable(String),
+    /// The group's log stopped on this node (a write or sync error, a
+    /// snapshot from the leader that does not decode), with why: the
+    /// group is out of service here until the node restarts; other nodes
+    /// may serve it.
+    LogStopped(String),
+    /// No such group on this node. Every node runs the same groups, so
+    /// none in the cluster: retrying will not help.
+    UnknownGroup(GroupId),
+    /// The node is stopping: its loops are gone or going.
+    Stopping,
+    /// Client `client_id`'s sequence number `seq` is older than the
+    /// window of sequence numbers the group remembers per client
+    /// (`state::dedup::WINDOW`): it may have been applied before, and
+    /// its index is forgotten. Nothing was applied now, and a retry under
+    /// the same seq is refused the same way: permanent.
+    SeqForgotten {
+        /// The client.
+        client_id: u64,
+        /// The sequence number refused.
+        seq: u64,
+    },
+    /// A read starts below the first entry this node still holds as log
+    /// entries (`first`); the earlier ones were compacted into a snapshot
+    /// here. Another node, whose snapshot is older, may still hold them.
+    Compacted {
+        /// The first index this node can read.
+        first: Index,
+    },
+    /// This node cannot read back a log entry it needs (a read error, or
+    /// an entry the ledgers and queues refer to that is missing), with
+    /// what and where. For a command the command may have applied: the
+    /// outcome is unknown, and a retry under the same seq is safe.
+    Unreadable(String),
+    /// Something the node never expects (a bug), with what. As with
+    /// `Unreadable`, an entry may have applied: the outcome is unknown.
+    Internal(String),
     /// No answer within the caller's timeout: the outcome is unknown.
     Timeout,
     /// The state machine refused the command (its state is unchanged).
@@ -48,7 +85,8 @@ pub enum ProposeError {
     /// a non-member, adding a member twice); retrying will not help.
     Invalid(String),
     /// Another operation must finish first (a membership change still
-    /// uncommitted, a leadership transfer): retry later.
+    /// uncommitted, a leadership transfer), or a bound on waiting work is
+    /// reached (long polls): retry later.
     Busy(String),
     /// A promotion to voter of a learner that has not caught up with the
     /// leader's log (how far behind, and the bound): wait, or force it.
@@ -62,7 +100,23 @@ impl std::fmt::Display for ProposeError {
             ProposeError::NotLeader(None) => write!(f, "not the leader; no leader known"),
             ProposeError::Lost => write!(f, "replaced by another leader's entry"),
             ProposeError::DiskFull => write!(f, "disk full"),
-            ProposeError::Unavailable(why) => write!(f, "unavailable: {why}"),
+            ProposeError::LogStopped(why) => {
+                write!(f, "unavailable: the group's log stopped on this node: {why}")
+            }
+            ProposeError::UnknownGroup(g) => write!(f, "group {g} is not on this node"),
+            ProposeError::Stopping => write!(f, "unavailable: node stopping"),
+            ProposeError::SeqForgotten { client_id, seq } => write!(
+                f,
+                "client {client_id}: sequence number {seq} is older than the {} this group remembers per client; \
+                 it may have been applied before under it, and its index is forgotten; nothing was applied",
+                crate::state::dedup::WINDOW
+            ),
+            ProposeError::Compacted { first } => write!(
+                f,
+                "unavailable: entries below {first} were compacted into a snapshot on this node"
+            ),
+            ProposeError::Unreadable(why) => write!(f, "unavailable: {why}"),
+            ProposeError::Internal(why) => write!(f, "internal error: {why}"),
             ProposeError::Timeout => write!(f, "no answer in time; outcome unknown"),
             ProposeError::Refused(e) => write!(f, "refused: {e}"),
             ProposeError::TooLarge { bytes, max } => write!(
@@ -549,12 +603,10 @@ impl NodeHandle {
         match self.owner.get(&group) {
             Some(&core) => {
                 if let Err(cmd) = self.cores[core].send(cmd) {
-                    cmd.fail(ProposeError::Unavailable("node stopped".into()));
+                    cmd.fail(ProposeError::Stopping);
                 }
             }
-            None => cmd.fail(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            ))),
+            None => cmd.fail(ProposeError::UnknownGroup(group)),
         }
     }
 
@@ -562,13 +614,11 @@ impl NodeHandle {
     /// reply callback runs on that loop when the outcome is known.
     fn submit(&self, group: GroupId, cmd: CoreCommand) -> Result<(), ProposeError> {
         let Some(&core) = self.owner.get(&group) else {
-            return Err(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            )));
+            return Err(ProposeError::UnknownGroup(group));
         };
         self.cores[core]
             .send(cmd)
-            .map_err(|_| ProposeError::Unavailable("node stopped".into()))
+            .map_err(|_| ProposeError::Stopping)
     }
 
     /// `append` without waiting: `reply` is called on the group's loop

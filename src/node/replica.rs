@@ -312,7 +312,7 @@ impl Replica {
         reply: Reply,
     ) {
         if let Some(why) = &self.stopped {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::LogStopped(why.clone())));
             return;
         }
         if let crate::consensus::MembershipChange::AddVoter(id) = change {
@@ -326,17 +326,7 @@ impl Replica {
                 let reply = WaiterReply::Index(reply);
                 self.waiters.insert(index, Waiter { term, reply });
             }
-            Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                reply(Err(ProposeError::NotLeader(leader)));
-            }
-            Err(crate::consensus::RaftError::InvalidMembershipChange(why)) => {
-                reply(Err(ProposeError::Invalid(why)));
-            }
-            Err(
-                e @ (crate::consensus::RaftError::MembershipChangePending
-                | crate::consensus::RaftError::TransferInProgress),
-            ) => reply(Err(ProposeError::Busy(e.to_string()))),
-            Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
+            Err(e) => reply(Err(refused_by_raft(e))),
         }
     }
 
@@ -406,7 +396,7 @@ impl Replica {
 
     fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
         if let Some(why) = &self.stopped {
-            reply.fail(ProposeError::Unavailable(why.clone()));
+            reply.fail(ProposeError::LogStopped(why.clone()));
             return;
         }
         if data.len() > self.entry_bytes_max {
@@ -424,10 +414,7 @@ impl Replica {
             Ok((index, term)) => {
                 self.waiters.insert(index, Waiter { term, reply });
             }
-            Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                reply.fail(ProposeError::NotLeader(leader));
-            }
-            Err(e) => reply.fail(ProposeError::Unavailable(e.to_string())),
+            Err(e) => reply.fail(refused_by_raft(e)),
         }
     }
 
@@ -473,7 +460,7 @@ impl Replica {
     /// Starts the read-index round of `read`, or refuses it here.
     fn read_linear(&mut self, read: LinearRead) {
         if let Some(why) = &self.stopped {
-            read.fail(ProposeError::Unavailable(why.clone()));
+            read.fail(ProposeError::LogStopped(why.clone()));
             return;
         }
         let id = self.next_read_id;
@@ -482,10 +469,7 @@ impl Replica {
             Ok(()) => {
                 self.reads_pending.insert(id, read);
             }
-            Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                read.fail(ProposeError::NotLeader(leader));
-            }
-            Err(e) => read.fail(ProposeError::Unavailable(e.to_string())),
+            Err(e) => read.fail(refused_by_raft(e)),
         }
     }
 
@@ -965,7 +949,10 @@ impl Replica {
                         }
                         Applied::Forgotten => {
                             self.not_applied.insert(e.index);
-                            *outcome = Err(ProposeError::Refused(StateError::Forgotten));
+                            *outcome = Err(ProposeError::SeqForgotten {
+                                client_id: client,
+                                seq,
+                            });
                             None
                         }
                     }
@@ -999,7 +986,7 @@ impl Replica {
                     }
                     r(o)
                 }
-                (r, _) => r.fail(ProposeError::Unavailable(
+                (r, _) => r.fail(ProposeError::Internal(
                     "the entry applied is not the kind proposed".into(),
                 )),
             }
@@ -1029,7 +1016,12 @@ impl Replica {
                 Applied::New => {}
                 Applied::Duplicate(at) => return Ok(self.retry_outcome(&command, at)),
                 Applied::Conflict(applied_at) => return Err(ProposeError::Conflict { applied_at }),
-                Applied::Forgotten => return Err(ProposeError::Refused(StateError::Forgotten)),
+                Applied::Forgotten => {
+                    return Err(ProposeError::SeqForgotten {
+                        client_id: client,
+                        seq,
+                    })
+                }
             }
         }
         self.machine
@@ -1124,19 +1116,19 @@ impl Replica {
             self.raft.step_down();
         }
         for (_, w) in std::mem::take(&mut self.waiters) {
-            w.reply.fail(ProposeError::Unavailable(why.clone()));
+            w.reply.fail(ProposeError::LogStopped(why.clone()));
         }
         for (_, read) in std::mem::take(&mut self.reads_pending) {
-            read.fail(ProposeError::Unavailable(why.clone()));
+            read.fail(ProposeError::LogStopped(why.clone()));
         }
         for (_, read) in std::mem::take(&mut self.reads_confirmed) {
-            read.fail(ProposeError::Unavailable(why.clone()));
+            read.fail(ProposeError::LogStopped(why.clone()));
         }
         for (_, _, reply) in std::mem::take(&mut self.tails) {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::LogStopped(why.clone())));
         }
         for (_, _, _, _, reply) in std::mem::take(&mut self.log_tails) {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::LogStopped(why.clone())));
         }
         self.held.clear();
         self.stopped = Some(why);
@@ -1153,16 +1145,14 @@ impl Replica {
         max_bytes: usize,
     ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
         if let Some(why) = &self.stopped {
-            return Err(ProposeError::Unavailable(why.clone()));
+            return Err(ProposeError::LogStopped(why.clone()));
         }
         // Up to what is applied, not committed: only apply knows which
         // entries are retries to skip.
         let commit = self.raft.commit_index().min(self.applied);
         let first = self.raft.first_index().max(1);
         if from < first {
-            return Err(ProposeError::Unavailable(format!(
-                "entries below {first} were compacted into a snapshot"
-            )));
+            return Err(ProposeError::Compacted { first });
         }
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -1172,7 +1162,7 @@ impl Replica {
             let entries = self
                 .wal
                 .read(at, hi)
-                .map_err(|e| ProposeError::Unavailable(format!("reading the log: {e}")))?;
+                .map_err(|e| ProposeError::Unreadable(format!("reading the log: {e}")))?;
             if entries.is_empty() {
                 break;
             }
@@ -1219,7 +1209,19 @@ fn stored_missing(group: GroupId, index: Index) -> ProposeError {
         "group {group}: the state refers to log entry {index}, which this node cannot read"
     );
     log_error!("{why}");
-    ProposeError::Unavailable(why)
+    ProposeError::Unreadable(why)
+}
+
+/// The answer for a proposal or read-index round the Raft core refused.
+fn refused_by_raft(e: crate::consensus::RaftError) -> ProposeError {
+    use crate::consensus::RaftError as E;
+    match e {
+        E::NotLeader { leader } => ProposeError::NotLeader(leader),
+        E::InvalidMembershipChange(why) => ProposeError::Invalid(why),
+        E::MembershipChangePending | E::TransferInProgress => ProposeError::Busy(e.to_string()),
+        // Only compaction and snapshots name an index; a proposal never.
+        E::InvalidIndex(_) => ProposeError::Internal(e.to_string()),
+    }
 }
 
 /// The payload of the log entry at an index: from Raft's log in memory,
