@@ -4,10 +4,11 @@
 use crate::consensus::{NodeId, RaftConfig, RaftConfigError};
 use crate::heartbeat::{DetectorConfig, DetectorConfigError};
 use crate::net::UdpConfig;
+use crate::serial::SerialConfig;
 use crate::storage::WalConfig;
 use crate::transport::{ClusterKey, ConfigError as TransportConfigError, GroupId, TransportConfig};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Another node of the cluster.
 #[derive(Clone, Debug)]
@@ -118,6 +119,23 @@ impl NodeSpec {
         }
     }
 
+    /// The socket config of this node's loop for `groups`: `udp`, with
+    /// one socket per group.
+    pub fn udp_config(&self, groups: &[GroupSpec]) -> UdpConfig {
+        UdpConfig {
+            groups: groups.iter().map(|g| g.group).collect(),
+            ..self.udp.clone()
+        }
+    }
+
+    /// The config of the serial port on `device`: at `serial_baud`.
+    pub fn serial_config(&self, device: &Path) -> SerialConfig {
+        SerialConfig {
+            baud: self.serial_baud,
+            ..SerialConfig::new(device)
+        }
+    }
+
     /// Checks what the cores would otherwise refuse later, naming the field.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.id == 0 {
@@ -137,6 +155,14 @@ impl NodeSpec {
         self.detector.validate().map_err(SpecError::Detector)?;
         self.transport.validate().map_err(SpecError::Transport)?;
         self.raft_config().validate().map_err(SpecError::Raft)?;
+        self.udp_config(&self.groups)
+            .validate()
+            .map_err(SpecError::Udp)?;
+        for dev in self.peers.iter().filter_map(|p| p.serial_device.as_deref()) {
+            self.serial_config(dev)
+                .validate()
+                .map_err(SpecError::Serial)?;
+        }
         Ok(())
     }
 }
@@ -159,6 +185,10 @@ pub enum SpecError {
     Transport(TransportConfigError),
     /// Raft's timers and limits (`raft`).
     Raft(RaftConfigError),
+    /// The sockets' bounds (`udp`); the message names the field.
+    Udp(String),
+    /// The serial line (`serial_baud`); the message names the field.
+    Serial(String),
 }
 
 impl std::fmt::Display for SpecError {
@@ -171,8 +201,51 @@ impl std::fmt::Display for SpecError {
             SpecError::Detector(e) => write!(f, "detector: {e}"),
             SpecError::Transport(e) => write!(f, "transport: {e}"),
             SpecError::Raft(e) => write!(f, "raft.{e}"),
+            SpecError::Udp(why) => write!(f, "udp: {why}"),
+            SpecError::Serial(why) => write!(f, "serial: {why}"),
         }
     }
 }
 
 impl std::error::Error for SpecError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every config a loop would refuse once started is refused up front,
+    /// as a `SpecError` naming its section.
+    #[test]
+    fn validate_refuses_what_the_loop_would() {
+        let groups = vec![GroupSpec {
+            group: 0,
+            dir: PathBuf::from("unused"),
+        }];
+        let ok = NodeSpec::loopback(1, vec![1, 2], groups, 0);
+        assert_eq!(ok.validate(), Ok(()));
+        let mut s = ok.clone();
+        s.raft.heartbeat_interval_ms = 0;
+        assert_eq!(
+            s.validate(),
+            Err(SpecError::Raft(RaftConfigError::Zero(
+                "heartbeat_interval_ms"
+            )))
+        );
+        let mut s = ok.clone();
+        s.transport.mtu_bytes = 100;
+        assert!(matches!(s.validate(), Err(SpecError::Transport(_))));
+        let mut s = ok.clone();
+        s.udp.recv_batch_max = 0;
+        assert!(matches!(s.validate(), Err(SpecError::Udp(_))));
+        let mut s = ok.clone();
+        s.serial_baud = 7;
+        s.peers.push(PeerSpec {
+            id: 2,
+            udp_base: "127.0.0.1:1".parse().unwrap(),
+            serial_device: Some(PathBuf::from("/dev/null")),
+        });
+        let e = s.validate().unwrap_err();
+        assert!(matches!(e, SpecError::Serial(_)), "{e:?}");
+        assert!(e.to_string().starts_with("serial: baud 7"), "{e}");
+    }
+}

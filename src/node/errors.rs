@@ -4,7 +4,6 @@
 //! (exit code 1). Each message names what could not be opened.
 
 use super::config::SpecError;
-use crate::consensus::NodeId;
 use crate::storage::WalError;
 use crate::transport::GroupId;
 use std::fmt;
@@ -39,13 +38,6 @@ pub enum StartError {
     },
     /// The group sockets could not be bound (`AddrInUse`: a port taken).
     Udp(io::Error),
-    /// The serial port to a peer could not be opened.
-    Serial {
-        /// The peer at the other end of the cable.
-        peer: NodeId,
-        /// What the port said.
-        why: String,
-    },
     /// The OS refused a resource the loops need (a thread, an eventfd).
     Os {
         /// What was being created.
@@ -79,7 +71,6 @@ impl fmt::Display for StartError {
                 dir.display()
             ),
             StartError::Udp(e) => write!(f, "udp: {e}"),
-            StartError::Serial { peer, why } => write!(f, "serial port to node {peer}: {why}"),
             StartError::Os { what, error } => write!(f, "{what}: {error}"),
             StartError::LoopDied => write!(f, "a node thread died while opening"),
         }

@@ -23,8 +23,8 @@ use crate::heartbeat::{
     encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
     ReplayGuard,
 };
-use crate::net::{PeerMap, UdpConfig, UdpDriver};
-use crate::serial::{SerialConfig, SerialPort};
+use crate::net::{PeerMap, UdpDriver};
+use crate::serial::SerialPort;
 use crate::storage::Wal;
 use crate::transport::raft_codec::{decode_message, encode_message};
 use crate::transport::{Endpoint, Event, GroupId};
@@ -143,10 +143,7 @@ impl EventLoop {
     ) -> Result<Self, StartError> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
-        let udp_cfg = UdpConfig {
-            groups: spec.groups.iter().map(|g| g.group).collect(),
-            ..spec.udp.clone()
-        };
+        let udp_cfg = spec.udp_config(&spec.groups);
         let mut peers = PeerMap::new();
         for p in &spec.peers {
             peers.set_node(p.id, p.udp_base);
@@ -199,12 +196,9 @@ impl EventLoop {
                 for p in &spec.peers {
                     detector.add_peer(now, p.id, p.serial_device.is_some());
                     if let Some(dev) = &p.serial_device {
-                        let cfg = SerialConfig {
-                            baud: spec.serial_baud,
-                            ..SerialConfig::new(dev)
-                        };
-                        let port = SerialPort::new(cfg, spec.key.clone())
-                            .map_err(|why| StartError::Serial { peer: p.id, why })?;
+                        let port = SerialPort::new(spec.serial_config(dev), spec.key.clone())
+                            // Only its config can be refused: it opens later.
+                            .map_err(SpecError::Serial)?;
                         serial.push((p.id, port));
                     }
                 }
