@@ -605,12 +605,36 @@ impl Replica {
         if self.stopped.is_some() {
             return;
         }
+        // Applying past the commit index would apply an entry a new leader
+        // may still replace: this replica's state would diverge.
+        assert!(self.applied <= self.raft.commit_index());
+        // Raft learns what is applied from here alone (a snapshot from the
+        // leader moves both): ahead of the state, it would let a snapshot
+        // cover entries this state never applied.
+        assert!(self.applied <= self.raft.applied_index());
+        let (commit_in, applied_in) = (self.raft.commit_index(), self.applied);
         self.poll_image();
         // Reporting durability to Raft (in `pump`) can commit entries: on
         // a leader whose own fsync completes after a follower's ack. They
         // are applied and answered in another round now, not at the loop's
         // next turn, which nothing else would wake (up to `TURN_MAX`).
         while self.drive_once(now_ms, out) {}
+        if self.stopped.is_some() {
+            return;
+        }
+        // A committed entry is durable on a majority and may have been
+        // answered: a commit index that moved back could let another
+        // leader's entry take its place.
+        assert!(self.raft.commit_index() >= commit_in);
+        // The state never goes back: what it applied was answered.
+        assert!(self.applied >= applied_in);
+        assert!(self.applied <= self.raft.commit_index());
+        // Raft hands out for applying only what this log holds durably: a
+        // state past it could be snapshotted with entries the log lacks.
+        assert!(self.applied <= self.raft.persisted_index());
+        // Every applied entry was reported, so Raft's compaction bound and
+        // snapshot requests follow the state (see the entry check).
+        assert_eq!(self.raft.applied_index(), self.applied);
     }
 
     /// One round of `drive`; true if it reported new durability to Raft.
@@ -622,12 +646,23 @@ impl Replica {
             }
             out.extend(rd.messages);
             let snapshot = rd.snapshot.as_ref().map(|s| (s, &rd.snapshot_entries[..]));
-            if let Err(e) = self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
-                self.stop(format!("{e}"));
-                return false;
-            }
+            let written = match self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.stop(format!("{e}"));
+                    return false;
+                }
+            };
             if !rd.messages_after_persist.is_empty() {
                 let ticket = self.wal.current_ticket();
+                // These (votes, acks) vouch for this Ready's writes: held
+                // for a ticket that does not cover them, they would leave
+                // before the data is durable, and a crash could lose an
+                // entry a leader counted toward its commit.
+                assert!(ticket >= written, "ticket {ticket} below {written}");
+                // Tickets only grow, so the held queue is in ticket order
+                // and `pump` releases it from the front.
+                assert!(self.held.back().is_none_or(|(t, _)| *t <= ticket));
                 if self.wal.durable_ticket() >= ticket {
                     out.extend(rd.messages_after_persist);
                 } else {
@@ -902,7 +937,10 @@ impl Replica {
         truncate_from: Option<Index>,
         entries: &[Entry],
         hard_state: Option<crate::consensus::HardState>,
-    ) -> Result<(), WalError> {
+    ) -> Result<Ticket, WalError> {
+        // The highest ticket of the writes queued here (0: none; a
+        // snapshot is durable once `install_snapshot` returns).
+        let mut ticket = 0;
         if let Some((s, below)) = snapshot {
             // A snapshot of our own being written goes to the slot the
             // install writes: wait for it, and drop it (this one is newer).
@@ -915,15 +953,25 @@ impl Replica {
             self.raft.persisted(s.index, s.term);
         }
         if truncate_from.is_some() || !entries.is_empty() {
-            self.wal.append(truncate_from, entries)?;
+            ticket = self.wal.append(truncate_from, entries)?;
         }
         if let Some(hs) = hard_state {
-            self.wal.set_hard_state(hs)?;
+            ticket = ticket.max(self.wal.set_hard_state(hs)?);
         }
-        Ok(())
+        Ok(ticket)
     }
 
     fn apply(&mut self, e: &Entry) {
+        // In log order, each once: a gap or a repeat would leave this
+        // replica's state different from every other's at the same index.
+        assert_eq!(
+            e.index,
+            self.applied + 1,
+            "group {}: applying {} after {}",
+            self.group,
+            e.index,
+            self.applied
+        );
         self.applied = e.index;
         let mut outcome = WaiterAnswer::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
@@ -1077,6 +1125,12 @@ impl Replica {
             }
         }
         let durable_ticket = self.wal.durable_ticket();
+        // Durability only grows, and only over what was queued: messages
+        // released for a ticket vouch for its writes, so a ticket that
+        // went back (or ran ahead) would have released acks for data a
+        // crash can lose.
+        assert!(durable_ticket >= self.last_durable_ticket);
+        assert!(durable_ticket <= self.wal.current_ticket());
         if durable_ticket != self.last_durable_ticket {
             self.last_durable_ticket = durable_ticket;
             self.last_fsync_ms = now_ms;
