@@ -702,6 +702,7 @@ impl Raft {
     }
 
     /// Collects everything the caller must do now. See [`Ready`].
+    #[must_use = "the Ready holds writes, messages and committed entries; dropped, they are lost"]
     pub fn ready(&mut self) -> Ready {
         if self.role == Role::Leader && self.replication_dirty {
             self.broadcast_append();
