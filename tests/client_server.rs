@@ -138,3 +138,59 @@ fn malformed_frames_close_their_connection_and_the_node_serves_on() {
     assert_eq!(data, vec![&b"before"[..], &b"after"[..]]);
     drop(server);
 }
+
+/// A sequence number older than the window the group remembers per client
+/// is refused for good: the node says `SeqForgotten`, the wire says a
+/// permanent code, and the client library returns at once instead of
+/// retrying it until its deadline as if the cluster were unavailable.
+#[test]
+fn a_forgotten_sequence_number_is_refused_at_once_not_retried() {
+    use quire::client::ClientError;
+    use quire::node::ProposeError;
+    use quire::state::dedup::WINDOW;
+    let dir = tempfile::tempdir().unwrap();
+    let node = common::single_node(dir.path());
+    let server = ClientServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::clone(&node),
+        TOKEN,
+        BTreeMap::new(),
+    )
+    .unwrap();
+    // Seqs 1..=WINDOW + 1 of client 77: the group now remembers 2..
+    let mut first = Client::new(vec![server.addr()], TOKEN, 77);
+    let records = vec![b"r".to_vec(); WINDOW + 1];
+    let indexes = first.append_all(0, &records, 8, 256).expect("appended");
+    // The node's own answer for seq 1.
+    let r = node.append(0, 77, 1, b"again".to_vec(), Duration::from_secs(10));
+    assert_eq!(
+        r,
+        Err(ProposeError::SeqForgotten {
+            client_id: 77,
+            seq: 1
+        })
+    );
+    // A second client under the same id starts at seq 1 again.
+    let mut reused = Client::new(vec![server.addr()], TOKEN, 77);
+    reused.deadline = Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    let r = reused.append(0, b"again");
+    let took = started.elapsed();
+    match &r {
+        Err(ClientError::Refused(ErrorCode::Conflict, why)) => {
+            assert!(why.contains("older than the 4096"), "{why}")
+        }
+        other => panic!("a permanent refusal, got {other:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "refused at once, not retried: {took:?}"
+    );
+    // Neither attempt applied: a read from the last appended record on
+    // sees it, then the next append, and nothing between.
+    first.append(0, b"after").unwrap();
+    let last = *indexes.last().unwrap();
+    let entries = first.read(0, last, 10).unwrap();
+    let data: Vec<&[u8]> = entries.iter().map(|e| &e.data[..]).collect();
+    assert_eq!(data, vec![&b"r"[..], &b"after"[..]]);
+}

@@ -372,6 +372,49 @@ fn deadtime_not_above_warntime() {
 }
 
 #[test]
+fn raft_timers_are_refused_by_raft_s_own_check_under_their_key() {
+    let d = Dir::new();
+    let (e, msg) = d.error(&minimal_with("[timers]\nheartbeat_interval_ms = 0\n"));
+    assert_eq!(e.key, "timers.heartbeat_interval_ms");
+    assert_eq!(msg, "timers.heartbeat_interval_ms: must be at least 1");
+    let (e, _) = d.error(&minimal_with("[timers]\nelection_timeout_ms = 20\n"));
+    assert_eq!(e.key, "timers.election_timeout_ms");
+}
+
+/// A spec built in code (not from a file) with a Raft config the core
+/// cannot run: `spawn` refuses it with a config error naming the field,
+/// before any log is opened, instead of a loop thread panicking.
+#[test]
+fn a_bad_raft_config_is_refused_by_spawn_as_a_config_error() {
+    use quire::consensus::RaftConfigError;
+    use quire::node::{GroupSpec, NodeHandle, NodeSpec, SpecError, StartError};
+    let d = Dir::new();
+    let groups = vec![GroupSpec {
+        group: 0,
+        dir: d.path().join("log0"),
+    }];
+    let mut spec = NodeSpec::loopback(1, vec![1], groups, 0);
+    spec.raft.election_timeout_ms = spec.raft.heartbeat_interval_ms;
+    let e = NodeHandle::spawn(spec).err().expect("refused");
+    assert!(e.is_config(), "{e}");
+    assert!(
+        matches!(
+            e,
+            StartError::Spec(SpecError::Raft(
+                RaftConfigError::ElectionTimeoutTooShort { .. }
+            ))
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("raft.election_timeout_ms: 30 must exceed"),
+        "{e}"
+    );
+    assert!(!d.path().join("log0").exists(), "no log was opened");
+}
+
+#[test]
 fn cores() {
     let d = Dir::new();
     let p = d.write(&MINIMAL.replace("[node]\n", "[node]\ncores = [1, 9]\n"));

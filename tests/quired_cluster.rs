@@ -161,6 +161,32 @@ fn a_bad_config_exits_2_naming_the_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("node.id"), "{err}");
+
+    // Raft timers the consensus core cannot run with: its own check
+    // refuses them, named by their key, and nothing panics.
+    std::fs::write(dir.path().join("k"), "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::write(dir.path().join("t"), "s3cret-token\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "[node]\nid = 1\ncluster_key_file = \"k\"\nauth_token_file = \"t\"\n\
+         [[peers]]\nid = 2\nudp = \"10.0.0.2:7500\"\n\
+         [[disks]]\npath = \"log0\"\ngroup = 0\n\
+         [timers]\nheartbeat_interval_ms = 40\nelection_timeout_ms = 40\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quired"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("timers.election_timeout_ms: 40 must exceed heartbeat_interval_ms (40)"),
+        "{err}"
+    );
+    assert!(!dir.path().join("log0").exists(), "no log was opened");
 }
 
 #[test]

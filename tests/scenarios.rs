@@ -538,7 +538,10 @@ impl Node {
         let seed = cfg.id * 1000 + restarts;
         let applied = durable.snapshot.as_ref().map_or(0, |s| s.index);
         Node {
-            raft: Some(Raft::restore(cfg.clone(), seed, now_ms, durable.clone())),
+            raft: Some(
+                Raft::restore(cfg.clone(), seed, now_ms, durable.clone())
+                    .unwrap_or_else(|e| panic!("the scenario's config: {e}")),
+            ),
             cfg,
             durable,
             pending: Vec::new(),

@@ -134,18 +134,89 @@ impl RaftConfig {
         }
     }
 
-    fn validate(&self) {
-        assert!(self.id != 0, "node id 0 is reserved");
-        assert!(self.heartbeat_interval_ms > 0);
-        assert!(
-            self.election_timeout_ms > self.heartbeat_interval_ms,
-            "election timeout must exceed the heartbeat interval"
-        );
-        assert!(self.inflight_msgs_max > 0 && self.inflight_bytes_max > 0);
-        assert!(self.snapshot_entries > 0);
-        assert!(self.snapshot_chunk_bytes > 0);
+    /// Checks what the core cannot run with; [`Raft::new`] and
+    /// [`Raft::restore`] refuse a config this refuses.
+    pub fn validate(&self) -> Result<(), RaftConfigError> {
+        if self.id == 0 {
+            return Err(RaftConfigError::IdReserved);
+        }
+        if self.heartbeat_interval_ms == 0 {
+            return Err(RaftConfigError::Zero("heartbeat_interval_ms"));
+        }
+        if self.election_timeout_ms <= self.heartbeat_interval_ms {
+            return Err(RaftConfigError::ElectionTimeoutTooShort {
+                election_timeout_ms: self.election_timeout_ms,
+                heartbeat_interval_ms: self.heartbeat_interval_ms,
+            });
+        }
+        for (field, value) in [
+            ("inflight_msgs_max", self.inflight_msgs_max as u64),
+            ("inflight_bytes_max", self.inflight_bytes_max as u64),
+            ("snapshot_entries", self.snapshot_entries),
+            ("snapshot_chunk_bytes", self.snapshot_chunk_bytes as u64),
+        ] {
+            if value == 0 {
+                return Err(RaftConfigError::Zero(field));
+            }
+        }
+        Ok(())
     }
 }
+
+/// A [`RaftConfig`] the core cannot run with. [`RaftConfigError::field`]
+/// names the field at fault, so a config file can name its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RaftConfigError {
+    /// `id` is 0, which no node has (0 stands for "none" in messages).
+    IdReserved,
+    /// `election_timeout_ms` does not exceed `heartbeat_interval_ms`:
+    /// followers would campaign between a leader's heartbeats.
+    ElectionTimeoutTooShort {
+        /// The election timeout given.
+        election_timeout_ms: u64,
+        /// The heartbeat interval given.
+        heartbeat_interval_ms: u64,
+    },
+    /// A field that must be at least 1 is 0 (a timer that never fires, a
+    /// window that never admits anything).
+    Zero(&'static str),
+}
+
+impl RaftConfigError {
+    /// The field of [`RaftConfig`] at fault.
+    pub fn field(&self) -> &'static str {
+        match self {
+            RaftConfigError::IdReserved => "id",
+            RaftConfigError::ElectionTimeoutTooShort { .. } => "election_timeout_ms",
+            RaftConfigError::Zero(field) => field,
+        }
+    }
+}
+
+impl RaftConfigError {
+    /// What is wrong with [`field`](Self::field), without its name.
+    pub fn reason(&self) -> String {
+        match self {
+            RaftConfigError::IdReserved => "node id 0 is reserved".into(),
+            RaftConfigError::ElectionTimeoutTooShort {
+                election_timeout_ms,
+                heartbeat_interval_ms,
+            } => format!(
+                "{election_timeout_ms} must exceed heartbeat_interval_ms ({heartbeat_interval_ms}): followers would campaign between heartbeats"
+            ),
+            RaftConfigError::Zero(_) => "must be at least 1".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for RaftConfigError {
+    /// The field, then what is wrong with it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field(), self.reason())
+    }
+}
+
+impl std::error::Error for RaftConfigError {}
 
 /// Durable state read back from storage when a replica restarts.
 #[derive(Clone, Debug, Default)]
@@ -338,14 +409,21 @@ pub struct Raft {
 
 impl Raft {
     /// A fresh replica with an empty log. `seed` drives every random choice
-    /// (election timeouts); `now_ms` starts the timers.
-    pub fn new(cfg: RaftConfig, seed: u64, now_ms: u64) -> Self {
+    /// (election timeouts); `now_ms` starts the timers. A `cfg` that
+    /// [`RaftConfig::validate`] refuses is refused here.
+    pub fn new(cfg: RaftConfig, seed: u64, now_ms: u64) -> Result<Self, RaftConfigError> {
         let membership = Membership::with_voters(cfg.initial_voters.iter().copied());
         Self::build(cfg, seed, now_ms, RestoredState::default(), membership)
     }
 
-    /// A replica recovered from its durable state after a restart.
-    pub fn restore(cfg: RaftConfig, seed: u64, now_ms: u64, state: RestoredState) -> Self {
+    /// A replica recovered from its durable state after a restart; refused
+    /// as [`Raft::new`] is.
+    pub fn restore(
+        cfg: RaftConfig,
+        seed: u64,
+        now_ms: u64,
+        state: RestoredState,
+    ) -> Result<Self, RaftConfigError> {
         let membership = match &state.snapshot {
             Some(s) => s.membership.clone(),
             None => Membership::with_voters(cfg.initial_voters.iter().copied()),
@@ -359,8 +437,8 @@ impl Raft {
         now_ms: u64,
         state: RestoredState,
         base_membership: Membership,
-    ) -> Self {
-        cfg.validate();
+    ) -> Result<Self, RaftConfigError> {
+        cfg.validate()?;
         let (snap_index, snap_term) = state
             .snapshot
             .as_ref()
@@ -415,7 +493,7 @@ impl Raft {
             cfg,
         };
         raft.reset_election_deadline();
-        raft
+        Ok(raft)
     }
 
     // ----- inspection -------------------------------------------------
@@ -624,6 +702,7 @@ impl Raft {
     }
 
     /// Collects everything the caller must do now. See [`Ready`].
+    #[must_use = "the Ready holds writes, messages and committed entries; dropped, they are lost"]
     pub fn ready(&mut self) -> Ready {
         if self.role == Role::Leader && self.replication_dirty {
             self.broadcast_append();
@@ -742,5 +821,45 @@ impl Raft {
         self.votes.clear();
         self.replication_dirty = false;
         self.reset_election_deadline();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_config_is_refused_with_the_field_not_a_panic() {
+        let ok = RaftConfig::new(1, vec![1, 2, 3]);
+        assert_eq!(ok.validate(), Ok(()));
+        type Spoil = fn(&mut RaftConfig);
+        let cases: [(Spoil, RaftConfigError); 4] = [
+            (|c| c.id = 0, RaftConfigError::IdReserved),
+            (
+                |c| c.heartbeat_interval_ms = 0,
+                RaftConfigError::Zero("heartbeat_interval_ms"),
+            ),
+            (
+                |c| c.election_timeout_ms = c.heartbeat_interval_ms,
+                RaftConfigError::ElectionTimeoutTooShort {
+                    election_timeout_ms: 30,
+                    heartbeat_interval_ms: 30,
+                },
+            ),
+            (
+                |c| c.snapshot_chunk_bytes = 0,
+                RaftConfigError::Zero("snapshot_chunk_bytes"),
+            ),
+        ];
+        for (spoil, want) in cases {
+            let mut cfg = ok.clone();
+            spoil(&mut cfg);
+            assert_eq!(cfg.validate(), Err(want.clone()));
+            assert!(want.to_string().starts_with(want.field()), "{want}");
+            let refused = Raft::new(cfg.clone(), 1, 0).err();
+            assert_eq!(refused, Some(want.clone()));
+            let refused = Raft::restore(cfg, 1, 0, RestoredState::default()).err();
+            assert_eq!(refused, Some(want));
+        }
     }
 }

@@ -28,7 +28,7 @@
 
 use std::collections::VecDeque;
 
-use super::message::{LinkState, PeerView, MAX_GROUPS, MAX_PEERS};
+use super::message::{LinkState, PeerView, GROUPS_MAX, PEERS_MAX};
 use crate::consensus::NodeId;
 
 /// One of the two independent paths to a peer.
@@ -265,7 +265,7 @@ pub struct DetectorStats {
     /// Inputs about a peer never added (or a serial input for a peer
     /// without a cable): ignored.
     pub unknown_inputs: u64,
-    /// Disk reports for groups beyond `MAX_GROUPS` per peer: ignored.
+    /// Disk reports for groups beyond `GROUPS_MAX` per peer: ignored.
     pub groups_over_limit: u64,
     /// Events dropped because the caller did not drain `events_max`.
     pub events_dropped: u64,
@@ -330,14 +330,14 @@ impl Detector {
 
     /// Starts watching `peer`; `serial` says whether a cable runs to it (a
     /// peer without one is classified from UDP alone). Its `initdead_ms`
-    /// grace starts now. False if it is already watched or `MAX_PEERS`
+    /// grace starts now. False if it is already watched or `PEERS_MAX`
     /// are (the views must fit a heartbeat).
     pub fn add_peer(&mut self, now_ms: u64, peer: NodeId, serial: bool) -> bool {
         let now = self.advance(now_ms);
         let Err(at) = self.peers.binary_search_by_key(&peer, |p| p.id) else {
             return false;
         };
-        if peer == 0 || self.peers.len() == MAX_PEERS {
+        if peer == 0 || self.peers.len() == PEERS_MAX {
             return false;
         }
         let link = Link {
@@ -357,6 +357,7 @@ impl Detector {
                 disks: Vec::new(),
             },
         );
+        self.assert_consistent();
         true
     }
 
@@ -397,6 +398,7 @@ impl Detector {
             self.link_event(peer, channel, old, LinkState::Up, now);
         }
         self.reclassify(i, now);
+        self.assert_consistent();
     }
 
     /// The disk progress `peer` reported for `group` in a heartbeat: its
@@ -429,7 +431,7 @@ impl Detector {
                 d.pending = pending;
                 d
             }
-            None if disks.len() == MAX_GROUPS => {
+            None if disks.len() == GROUPS_MAX => {
                 self.stats.groups_over_limit += 1;
                 return;
             }
@@ -448,6 +450,7 @@ impl Detector {
         if let Some(stalled) = update_stall(d, now, stall, false) {
             self.stall_event(peer, group, stalled, now);
         }
+        self.assert_consistent();
     }
 
     /// Applies the passage of time: links late, dead, disks stalled. Call
@@ -559,6 +562,52 @@ impl Detector {
         self.peers.binary_search_by_key(&peer, |p| p.id).ok()
     }
 
+    /// What holds after every input: the invariants the failover policy
+    /// relies on. Cheap (at most `PEERS_MAX` peers of two links each).
+    fn assert_consistent(&self) {
+        let (now, c) = (self.now_ms, &self.cfg);
+        // Sorted, distinct ids: `index` searches by id, and a peer found at
+        // the wrong slot would take another's heartbeats (a dead leader
+        // seen alive, or a live one declared dead).
+        assert!(self.peers.windows(2).all(|w| w[0].id < w[1].id));
+        assert!(self.peers.len() <= PEERS_MAX);
+        assert!(self.events.len() <= c.events_max);
+        for p in &self.peers {
+            for l in std::iter::once(&p.udp).chain(p.serial.as_ref()) {
+                // A link's state is what its silence says, up to `now`: a
+                // link left Up past deadtime delays failover from a dead
+                // leader; one Dead while heard starts a needless election.
+                let silence = l.last_heard_ms.map(|t| now - t);
+                let holds = match (l.state, silence) {
+                    (LinkState::Init, None) => now - p.added_ms < c.initdead_ms,
+                    (LinkState::Up, Some(s)) => s < c.warntime_ms,
+                    (LinkState::Late, Some(s)) => (c.warntime_ms..c.deadtime_ms).contains(&s),
+                    (LinkState::Dead, None) => now - p.added_ms >= c.initdead_ms,
+                    (LinkState::Dead, Some(s)) => s >= c.deadtime_ms,
+                    _ => false,
+                };
+                assert!(
+                    holds && l.since_ms <= now,
+                    "peer {}: link {:?} after {silence:?} ms of silence at {now}",
+                    p.id,
+                    l.state
+                );
+            }
+            // The classification follows its links: a stale one would have
+            // the failover policy act on an old view.
+            assert_eq!(
+                p.status,
+                classify(p.udp.state, p.serial.as_ref().map(|l| l.state)),
+                "peer {}",
+                p.id
+            );
+            // Only a disk with writes pending can stall: a flag without
+            // them would make its node step down for nothing.
+            assert!(p.disks.len() <= GROUPS_MAX);
+            assert!(p.disks.iter().all(|d| d.pending || !d.stalled));
+        }
+    }
+
     /// Moves the clock to `now_ms` (never back) and applies every
     /// time-based change up to it; returns the clock.
     fn advance(&mut self, now_ms: u64) -> u64 {
@@ -615,6 +664,7 @@ impl Detector {
                 }
             }
         }
+        self.assert_consistent();
         now
     }
 
@@ -1089,7 +1139,7 @@ mod tests {
         d.heard(1, B, Channel::Serial);
         d.disk_progress(1, 99, 0, 0, true);
         assert_eq!(d.stats().unknown_inputs, 3);
-        for g in 0..MAX_GROUPS as u32 + 2 {
+        for g in 0..GROUPS_MAX as u32 + 2 {
             d.disk_progress(2, A, g, 0, false);
         }
         assert_eq!(d.stats().groups_over_limit, 2);
@@ -1098,7 +1148,7 @@ mod tests {
         for id in 10..100 {
             d.add_peer(3, id, true);
         }
-        assert_eq!(d.peers().count(), MAX_PEERS);
+        assert_eq!(d.peers().count(), PEERS_MAX);
         // Time never runs backwards, and events are bounded.
         let mut d = Detector::new(
             DetectorConfig {

@@ -83,7 +83,7 @@ mod tests {
     /// Node 2's replica, following leader 1 in term 1 (after one
     /// heartbeat), at 10 ms.
     fn follower_of_1() -> Raft {
-        let mut r = Raft::new(RaftConfig::new(2, vec![1, 2, 3]), 7, 0);
+        let mut r = Raft::new(RaftConfig::new(2, vec![1, 2, 3]), 7, 0).unwrap();
         r.step(
             10,
             Message {

@@ -309,8 +309,8 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::super::message::tests::sample;
-    use super::super::message::MAX_GROUPS;
-    use super::super::message::MAX_PEERS;
+    use super::super::message::GROUPS_MAX;
+    use super::super::message::PEERS_MAX;
     use super::*;
     use rand::{Rng, RngCore, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -372,14 +372,14 @@ mod tests {
     #[test]
     fn frames_round_trip_in_any_chunking() {
         let hbs: Vec<Heartbeat> = (0..20)
-            .map(|i| sample(i % (MAX_GROUPS + 1), i % (MAX_PEERS + 1)))
+            .map(|i| sample(i % (GROUPS_MAX + 1), i % (PEERS_MAX + 1)))
             .collect();
         let stream: Vec<u8> = hbs.iter().flat_map(frame).collect();
         assert!(hbs.iter().all(|h| frame(h).len() <= FRAME_BYTES_MAX));
         // The line sizes the docs quote (airtime at 115200 baud: 10 bits a byte).
         assert_eq!(frame(&sample(2, 2)).len(), 165);
         assert_eq!(FRAME_BYTES_MAX, 502);
-        assert!(frame(&sample(MAX_GROUPS, MAX_PEERS)).len() <= FRAME_BYTES_MAX);
+        assert!(frame(&sample(GROUPS_MAX, PEERS_MAX)).len() <= FRAME_BYTES_MAX);
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         for _ in 0..50 {
             let mut d = FrameDecoder::new(key());

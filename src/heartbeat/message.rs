@@ -44,9 +44,9 @@ pub const MAGIC: [u8; 2] = *b"qH";
 /// Message format version; a heartbeat of another version is rejected.
 pub const VERSION: u8 = 1;
 /// Most groups one heartbeat reports (one per disk of the sender).
-pub const MAX_GROUPS: usize = 8;
+pub const GROUPS_MAX: usize = 8;
 /// Most peer views one heartbeat carries (a cluster of at most 9 nodes).
-pub const MAX_PEERS: usize = 8;
+pub const PEERS_MAX: usize = 8;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = 30;
 /// Bytes of one group status.
@@ -55,7 +55,7 @@ pub const GROUP_BYTES: usize = 46;
 pub const PEER_BYTES: usize = 10;
 /// Largest encoded heartbeat: every group and peer slot used.
 pub const MESSAGE_BYTES_MAX: usize =
-    HEADER_BYTES + MAX_GROUPS * GROUP_BYTES + MAX_PEERS * PEER_BYTES;
+    HEADER_BYTES + GROUPS_MAX * GROUP_BYTES + PEERS_MAX * PEER_BYTES;
 
 const GROUP_FLAG_PENDING: u8 = 1;
 
@@ -182,9 +182,9 @@ pub enum MessageError {
     BadMagic,
     /// A version this build does not speak.
     BadVersion(u8),
-    /// More groups than [`MAX_GROUPS`].
+    /// More groups than [`GROUPS_MAX`].
     TooManyGroups(u8),
-    /// More peer views than [`MAX_PEERS`].
+    /// More peer views than [`PEERS_MAX`].
     TooManyPeers(u8),
     /// A reserved flag bit is set.
     ReservedBits,
@@ -225,9 +225,9 @@ pub struct Heartbeat {
     /// Sequence number within the epoch, from 1.
     pub seq: u64,
     group_count: u8,
-    groups: [GroupStatus; MAX_GROUPS],
+    groups: [GroupStatus; GROUPS_MAX],
     peer_count: u8,
-    peers: [PeerView; MAX_PEERS],
+    peers: [PeerView; PEERS_MAX],
 }
 
 impl Heartbeat {
@@ -238,9 +238,9 @@ impl Heartbeat {
             epoch,
             seq,
             group_count: 0,
-            groups: [GroupStatus::default(); MAX_GROUPS],
+            groups: [GroupStatus::default(); GROUPS_MAX],
             peer_count: 0,
-            peers: [PeerView::default(); MAX_PEERS],
+            peers: [PeerView::default(); PEERS_MAX],
         }
     }
 
@@ -257,7 +257,7 @@ impl Heartbeat {
     /// Appends a group status; groups must come in increasing order.
     pub fn push_group(&mut self, g: GroupStatus) -> Result<(), MessageError> {
         let n = self.group_count as usize;
-        if n == MAX_GROUPS {
+        if n == GROUPS_MAX {
             return Err(MessageError::Full);
         }
         if n > 0 && self.groups[n - 1].group >= g.group {
@@ -271,7 +271,7 @@ impl Heartbeat {
     /// Appends a peer view; peers must come in increasing node order.
     pub fn push_peer(&mut self, p: PeerView) -> Result<(), MessageError> {
         let n = self.peer_count as usize;
-        if n == MAX_PEERS {
+        if n == PEERS_MAX {
             return Err(MessageError::Full);
         }
         if p.node == 0 {
@@ -365,10 +365,10 @@ impl Heartbeat {
             return Err(MessageError::BadVersion(bytes[2]));
         }
         let (group_count, peer_count) = (bytes[3], bytes[4]);
-        if group_count as usize > MAX_GROUPS {
+        if group_count as usize > GROUPS_MAX {
             return Err(MessageError::TooManyGroups(group_count));
         }
-        if peer_count as usize > MAX_PEERS {
+        if peer_count as usize > PEERS_MAX {
             return Err(MessageError::TooManyPeers(peer_count));
         }
         if bytes[5] != 0 {
@@ -504,8 +504,8 @@ pub(crate) mod tests {
 
     #[test]
     fn round_trips_every_shape() {
-        for groups in 0..=MAX_GROUPS {
-            for peers in 0..=MAX_PEERS {
+        for groups in 0..=GROUPS_MAX {
+            for peers in 0..=PEERS_MAX {
                 let hb = sample(groups, peers);
                 let bytes = encoded(&hb);
                 assert_eq!(bytes.len(), hb.encoded_len());
@@ -513,7 +513,7 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(
-            encoded(&sample(MAX_GROUPS, MAX_PEERS)).len(),
+            encoded(&sample(GROUPS_MAX, PEERS_MAX)).len(),
             MESSAGE_BYTES_MAX
         );
         assert_eq!(
@@ -626,7 +626,7 @@ pub(crate) mod tests {
             hb.push_peer(PeerView::default()),
             Err(MessageError::ZeroNode)
         );
-        let full = sample(MAX_GROUPS, MAX_PEERS);
+        let full = sample(GROUPS_MAX, PEERS_MAX);
         let mut f = full;
         assert_eq!(
             f.push_group(GroupStatus {

@@ -47,6 +47,7 @@ impl ReplayGuard {
     }
 
     /// Classifies `hb` and, unless it is stale, records it as the latest.
+    #[must_use = "a stale or replayed heartbeat must be dropped"]
     pub fn check(&mut self, hb: &Heartbeat) -> Freshness {
         // Decoded heartbeats never carry epoch or seq 0 (message.rs).
         if hb.epoch == self.epoch {

@@ -289,6 +289,7 @@ impl UdpDriver {
     /// Things that happened at run time and deserve a log line: GSO
     /// turned off, send errors, rejected datagrams, peers without an
     /// address. Each kind is described a bounded number of times.
+    #[must_use = "the notices are taken: log them"]
     pub fn take_notices(&mut self) -> Vec<String> {
         if self.notices_dropped > 0 {
             self.notices.push(format!(

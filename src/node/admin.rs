@@ -7,7 +7,7 @@
 
 use super::admin_auth::{Gate, RefusalCounts};
 use super::log::log_info;
-use super::{NodeHandle, NodeStatus};
+use super::{ListenError, NodeHandle, NodeStatus};
 use crate::consensus::Role;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -558,13 +558,25 @@ impl AdminServer {
         listen: SocketAddr,
         node: Arc<NodeHandle>,
         admin_token_file: Option<PathBuf>,
-    ) -> Result<AdminServer, String> {
-        let server = tiny_http::Server::http(listen)
-            .map_err(|e| format!("admin endpoint on {listen}: {e}"))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or("admin endpoint: not an IP listener")?;
+    ) -> Result<AdminServer, ListenError> {
+        let bind_failed = |error| ListenError::Bind {
+            server: "the admin endpoint",
+            addr: listen,
+            error,
+        };
+        // tiny_http boxes the bind's io::Error; its kind (AddrInUse) is
+        // what the daemon looks at.
+        let server = tiny_http::Server::http(listen).map_err(|e| {
+            bind_failed(match e.downcast::<std::io::Error>() {
+                Ok(io) => *io,
+                Err(other) => std::io::Error::other(other.to_string()),
+            })
+        })?;
+        let addr = server.server_addr().to_ip().ok_or_else(|| {
+            bind_failed(std::io::Error::other(
+                "the admin endpoint is not an IP listener",
+            ))
+        })?;
         let server = Arc::new(server);
         let s = Arc::clone(&server);
         let thread = std::thread::Builder::new()
@@ -634,7 +646,7 @@ impl AdminServer {
                     let _ = req.respond(resp);
                 }
             })
-            .map_err(|e| format!("starting the admin thread: {e}"))?;
+            .map_err(ListenError::Thread)?;
         Ok(AdminServer {
             server,
             addr,

@@ -146,6 +146,7 @@ impl Admission {
 
     /// Call when a connection from `source` has been accepted, before
     /// serving it; close the evicted one, or the new one if refused.
+    #[must_use = "the verdict says which connection to close"]
     pub fn admit(&mut self, source: IpAddr, now_ms: u64) -> Admit {
         let mut evict = None;
         if self.per_source.get(&source).copied().unwrap_or(0)
@@ -224,6 +225,7 @@ impl Admission {
 
     /// The earliest Hello deadline of any connection: when to call
     /// `handle_timeout` next.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<u64> {
         self.waiting.values().min().copied()
     }
@@ -231,6 +233,7 @@ impl Admission {
     /// Call at or after `poll_timeout`: the connections whose Hello
     /// deadline has passed, each returned once; close them. Their slots
     /// are free from now.
+    #[must_use = "the expired connections must be closed"]
     pub fn handle_timeout(&mut self, now_ms: u64) -> Vec<ConnId> {
         let expired: Vec<ConnId> = self
             .waiting

@@ -19,7 +19,7 @@
 use super::admin::status_json;
 use super::client_admission::{ClientLimits, ConnId};
 use super::client_gate::{read_some, Gate, Got};
-use super::{NodeHandle, ProposeError};
+use super::{ListenError, NodeHandle, ProposeError};
 use crate::api::{ErrorCode, Incoming, LeaderInfo, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
 use crossbeam_channel::{unbounded, Sender};
@@ -89,7 +89,7 @@ impl ClientServer {
         node: Arc<NodeHandle>,
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
-    ) -> Result<ClientServer, String> {
+    ) -> Result<ClientServer, ListenError> {
         Self::start_with(listen, node, token, client_addrs, ClientLimits::default())
     }
 
@@ -101,13 +101,15 @@ impl ClientServer {
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
         limits: ClientLimits,
-    ) -> Result<ClientServer, String> {
-        limits
-            .validate()
-            .map_err(|e| format!("client limits: {e}"))?;
-        let listener =
-            TcpListener::bind(listen).map_err(|e| format!("client listener on {listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    ) -> Result<ClientServer, ListenError> {
+        limits.validate().map_err(ListenError::Limits)?;
+        let bind_failed = |error| ListenError::Bind {
+            server: "the client server",
+            addr: listen,
+            error,
+        };
+        let listener = TcpListener::bind(listen).map_err(bind_failed)?;
+        let addr = listener.local_addr().map_err(bind_failed)?;
         let cfg = Arc::new(ServerConfig::new(node.id(), token));
         let addrs = Arc::new(client_addrs);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -144,7 +146,7 @@ impl ClientServer {
                     }
                 }
             })
-            .map_err(|e| format!("starting the client server: {e}"))?;
+            .map_err(ListenError::Thread)?;
         Ok(ClientServer {
             addr,
             stop,
@@ -290,7 +292,17 @@ fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response
         ),
         ProposeError::DiskFull => (ErrorCode::DiskFull, None),
         ProposeError::Timeout => (ErrorCode::Timeout, None),
-        ProposeError::Lost | ProposeError::Unavailable(_) => (ErrorCode::Unavailable, None),
+        // Another node may serve it, or the outcome is unknown: the
+        // client retries (the same seq, so nothing applies twice).
+        ProposeError::Lost
+        | ProposeError::LogStopped(_)
+        | ProposeError::Stopping
+        | ProposeError::Compacted { .. }
+        | ProposeError::Unreadable(_)
+        | ProposeError::Internal(_) => (ErrorCode::Unavailable, None),
+        ProposeError::UnknownGroup(_) => (ErrorCode::UnknownGroup, None),
+        // Permanent: the same seq is refused again, wherever it is sent.
+        ProposeError::SeqForgotten { .. } => (ErrorCode::Conflict, None),
         ProposeError::Refused(r) => (refusal_code(*r), None),
         ProposeError::TooLarge { .. } => (ErrorCode::TooLarge, None),
         ProposeError::Conflict { .. } => (ErrorCode::Conflict, None),
@@ -448,7 +460,7 @@ fn dispatch(
             // entry is applied there; no thread waits here. It holds one of
             // the `TAILS_MAX` slots until then.
             let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+                let why = ProposeError::Busy("too many long polls waiting".into());
                 return answer(out, error_response(why, addrs));
             };
             let wait = Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX);
@@ -482,7 +494,7 @@ fn dispatch(
                         })
                         .collect(),
                 },
-                None => error_response(ProposeError::Unavailable("node stopping".into()), addrs),
+                None => error_response(ProposeError::Stopping, addrs),
             };
             answer(out, resp);
         }
@@ -491,7 +503,7 @@ fn dispatch(
                 Some(s) => Response::StatusJson {
                     json: status_json(&s).to_string(),
                 },
-                None => error_response(ProposeError::Unavailable("node stopping".into()), addrs),
+                None => error_response(ProposeError::Stopping, addrs),
             };
             answer(out, resp);
         }
@@ -545,7 +557,7 @@ fn dispatch(
             // it and answers as soon as an entry is confirmed; no thread
             // waits here. It holds one of the `TAILS_MAX` slots until then.
             let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let why = ProposeError::Unavailable("too many long polls waiting; retry".into());
+                let why = ProposeError::Busy("too many long polls waiting".into());
                 return answer(out, error_response(why, addrs));
             };
             let wait = (Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX)).as_millis();

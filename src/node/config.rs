@@ -1,13 +1,14 @@
 //! What a node runs: its id, peers, groups and every tunable, as values
 //! (the daemon's TOML file is parsed into this).
 
-use crate::consensus::{NodeId, RaftConfig};
-use crate::heartbeat::DetectorConfig;
+use crate::consensus::{NodeId, RaftConfig, RaftConfigError};
+use crate::heartbeat::{DetectorConfig, DetectorConfigError};
 use crate::net::UdpConfig;
+use crate::serial::SerialConfig;
 use crate::storage::WalConfig;
-use crate::transport::{ClusterKey, GroupId, TransportConfig};
+use crate::transport::{ClusterKey, ConfigError as TransportConfigError, GroupId, TransportConfig};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Another node of the cluster.
 #[derive(Clone, Debug)]
@@ -106,25 +107,145 @@ impl NodeSpec {
         }
     }
 
+    /// The Raft config each of this node's groups runs with: `raft`, with
+    /// this node's id and voters, and snapshots that carry the log entries
+    /// at or below them which the ledgers and queues refer to.
+    pub fn raft_config(&self) -> RaftConfig {
+        RaftConfig {
+            id: self.id,
+            initial_voters: self.voters.clone(),
+            snapshot_with_entries: true,
+            ..self.raft.clone()
+        }
+    }
+
+    /// The socket config of this node's loop for `groups`: `udp`, with
+    /// one socket per group.
+    pub fn udp_config(&self, groups: &[GroupSpec]) -> UdpConfig {
+        UdpConfig {
+            groups: groups.iter().map(|g| g.group).collect(),
+            ..self.udp.clone()
+        }
+    }
+
+    /// The config of the serial port on `device`: at `serial_baud`.
+    pub fn serial_config(&self, device: &Path) -> SerialConfig {
+        SerialConfig {
+            baud: self.serial_baud,
+            ..SerialConfig::new(device)
+        }
+    }
+
     /// Checks what the cores would otherwise refuse later, naming the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.id == 0 {
-            return Err("id: node id 0 is reserved".into());
+            return Err(SpecError::IdReserved);
         }
         if !self.voters.contains(&self.id) {
-            return Err(format!("voters: this node ({}) is not among them", self.id));
+            return Err(SpecError::NotAVoter(self.id));
         }
         for p in &self.peers {
             if p.id == self.id || !self.voters.contains(&p.id) {
-                return Err(format!("peers: node {} is not another voter", p.id));
+                return Err(SpecError::PeerNotAVoter(p.id));
             }
         }
         if self.groups.is_empty() {
-            return Err("groups: a node needs at least one".into());
+            return Err(SpecError::NoGroups);
         }
-        self.detector
+        self.detector.validate().map_err(SpecError::Detector)?;
+        self.transport.validate().map_err(SpecError::Transport)?;
+        self.raft_config().validate().map_err(SpecError::Raft)?;
+        self.udp_config(&self.groups)
             .validate()
-            .map_err(|e| format!("detector: {e}"))?;
+            .map_err(SpecError::Udp)?;
+        for dev in self.peers.iter().filter_map(|p| p.serial_device.as_deref()) {
+            self.serial_config(dev)
+                .validate()
+                .map_err(SpecError::Serial)?;
+        }
         Ok(())
+    }
+}
+
+/// A [`NodeSpec`] a node cannot run with: a bad config, found before any
+/// log is opened or socket bound. The message names the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecError {
+    /// `id` is 0, which no node has.
+    IdReserved,
+    /// `voters` does not hold this node.
+    NotAVoter(NodeId),
+    /// A peer that is this node, or not one of `voters`.
+    PeerNotAVoter(NodeId),
+    /// `groups` is empty.
+    NoGroups,
+    /// The failure detector's timers (`detector`).
+    Detector(DetectorConfigError),
+    /// The replication transport's bounds (`transport`).
+    Transport(TransportConfigError),
+    /// Raft's timers and limits (`raft`).
+    Raft(RaftConfigError),
+    /// The sockets' bounds (`udp`); the message names the field.
+    Udp(String),
+    /// The serial line (`serial_baud`); the message names the field.
+    Serial(String),
+}
+
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpecError::IdReserved => write!(f, "id: node id 0 is reserved"),
+            SpecError::NotAVoter(id) => write!(f, "voters: this node ({id}) is not among them"),
+            SpecError::PeerNotAVoter(p) => write!(f, "peers: node {p} is not another voter"),
+            SpecError::NoGroups => write!(f, "groups: a node needs at least one"),
+            SpecError::Detector(e) => write!(f, "detector: {e}"),
+            SpecError::Transport(e) => write!(f, "transport: {e}"),
+            SpecError::Raft(e) => write!(f, "raft.{e}"),
+            SpecError::Udp(why) => write!(f, "udp: {why}"),
+            SpecError::Serial(why) => write!(f, "serial: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every config a loop would refuse once started is refused up front,
+    /// as a `SpecError` naming its section.
+    #[test]
+    fn validate_refuses_what_the_loop_would() {
+        let groups = vec![GroupSpec {
+            group: 0,
+            dir: PathBuf::from("unused"),
+        }];
+        let ok = NodeSpec::loopback(1, vec![1, 2], groups, 0);
+        assert_eq!(ok.validate(), Ok(()));
+        let mut s = ok.clone();
+        s.raft.heartbeat_interval_ms = 0;
+        assert_eq!(
+            s.validate(),
+            Err(SpecError::Raft(RaftConfigError::Zero(
+                "heartbeat_interval_ms"
+            )))
+        );
+        let mut s = ok.clone();
+        s.transport.mtu_bytes = 100;
+        assert!(matches!(s.validate(), Err(SpecError::Transport(_))));
+        let mut s = ok.clone();
+        s.udp.recv_batch_max = 0;
+        assert!(matches!(s.validate(), Err(SpecError::Udp(_))));
+        let mut s = ok.clone();
+        s.serial_baud = 7;
+        s.peers.push(PeerSpec {
+            id: 2,
+            udp_base: "127.0.0.1:1".parse().unwrap(),
+            serial_device: Some(PathBuf::from("/dev/null")),
+        });
+        let e = s.validate().unwrap_err();
+        assert!(matches!(e, SpecError::Serial(_)), "{e:?}");
+        assert!(e.to_string().starts_with("serial: baud 7"), "{e}");
     }
 }

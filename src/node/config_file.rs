@@ -235,7 +235,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     };
     // Everything above covers what this checks; a message from here is a
     // gap in this module, still better than a refusal at spawn.
-    node.validate().map_err(|e| bad("node", e))?;
+    node.validate().map_err(|e| bad("node", e.to_string()))?;
     Ok(DaemonConfig {
         node,
         cores,

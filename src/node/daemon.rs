@@ -100,10 +100,17 @@ pub fn port_claims(cfg: &DaemonConfig) -> Vec<Claim> {
     claims
 }
 
-/// The exit for a start that failed with `e`: 2 and the port's holder if
-/// one of `claims` is taken now (another process won a race with our own
-/// check), else 1 and `e`.
-fn start_failed(id: u64, claims: &[Claim], e: &str) -> ExitCode {
+/// The exit for a start that failed with `e`: 2 and `e` if the config is
+/// at fault (`config`); 2 and the port's holder if one of `claims` is
+/// taken now (another process won a race with our own check); else 1
+/// and `e`.
+fn start_failed(id: u64, claims: &[Claim], config: bool, e: &dyn std::fmt::Display) -> ExitCode {
+    if config {
+        // The config file's checks should have caught it: a gap there,
+        // but still the operator's to fix, so not worth a restart.
+        eprintln!("quired: node {id}: {e}");
+        return ExitCode::from(config_file::EXIT_CODE_BAD_CONFIG as u8);
+    }
     match port_check::find_taken(claims) {
         Some(taken) => {
             eprintln!("quired: node {id}: {taken}");
@@ -174,12 +181,12 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
     let groups = cfg.node.groups.len();
     let node = match NodeHandle::spawn_on(cfg.node, &cfg.cores) {
         Ok(n) => Arc::new(n),
-        Err(e) => return start_failed(id, &udp_claims, &e),
+        Err(e) => return start_failed(id, &udp_claims, e.is_config(), &e),
     };
     let admin_token_file = cfg.admin_token_file.clone();
     let admin = match AdminServer::start(cfg.admin_listen, Arc::clone(&node), admin_token_file) {
         Ok(a) => a,
-        Err(e) => return start_failed(id, &listener("node.admin_listen"), &e),
+        Err(e) => return start_failed(id, &listener("node.admin_listen"), e.is_config(), &e),
     };
     let clients = match ClientServer::start_with(
         cfg.client_listen,
@@ -189,7 +196,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         cfg.client,
     ) {
         Ok(c) => c,
-        Err(e) => return start_failed(id, &listener("node.client_listen"), &e),
+        Err(e) => return start_failed(id, &listener("node.client_listen"), e.is_config(), &e),
     };
     log_info!(
         "quired: node {id} up: {groups} groups on cores {:?}; clients on {}; admin on http://{}/status",

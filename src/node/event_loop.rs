@@ -9,21 +9,22 @@
 //! events and the peers' heartbeats, which drive the failover policy of
 //! their replicas. Nothing else crosses cores, and no lock is taken.
 
-use super::config::NodeSpec;
-use super::handle::{Command, GroupView, LinkView, NodeStatus, PeerView};
+use super::config::{NodeSpec, SpecError};
+use super::errors::StartError;
+use super::handle::{CoreCommand, GroupView, LinkView, NodeStatus, PeerView};
 use super::log::{log_error, log_info, log_warn};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::waker::Waker;
-use crate::consensus::{Message, NodeId, Raft, RaftConfig, Role};
+use crate::consensus::{Message, NodeId, Raft, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
-use crate::heartbeat::message::MAX_GROUPS;
+use crate::heartbeat::message::GROUPS_MAX;
 use crate::heartbeat::{
     encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
     ReplayGuard,
 };
-use crate::net::{PeerMap, UdpConfig, UdpDriver};
-use crate::serial::{SerialConfig, SerialPort};
+use crate::net::{PeerMap, UdpDriver};
+use crate::serial::SerialPort;
 use crate::storage::Wal;
 use crate::transport::raft_codec::{decode_message, encode_message};
 use crate::transport::{Endpoint, Event, GroupId};
@@ -59,14 +60,15 @@ pub(crate) enum CoreMsg {
     PeerHeartbeat(Box<Heartbeat>, bool),
 }
 
-/// A sender to another loop, with that loop's wake-up.
+/// The mailbox of another core's loop (not a peer node): a sender of
+/// `CoreMsg`, with that loop's wake-up.
 #[derive(Clone)]
-pub(crate) struct Peer {
+pub(crate) struct CoreMailbox {
     pub(crate) tx: Sender<CoreMsg>,
     pub(crate) waker: Waker,
 }
 
-impl Peer {
+impl CoreMailbox {
     fn send(&self, msg: CoreMsg) {
         if self.tx.send(msg).is_ok() {
             self.waker.wake();
@@ -77,9 +79,9 @@ impl Peer {
 /// How a loop is wired to the node's other loops.
 pub(crate) enum Wiring {
     /// The control loop, with a sender to every worker.
-    Control(Vec<Peer>),
+    Control(Vec<CoreMailbox>),
     /// A worker, with a sender to the control loop.
-    Worker(Peer),
+    Worker(CoreMailbox),
 }
 
 /// The parts only the control loop has.
@@ -90,7 +92,7 @@ struct Control {
     seq: u64,
     udp_guards: BTreeMap<NodeId, ReplayGuard>,
     serial_guards: BTreeMap<NodeId, ReplayGuard>,
-    workers: Vec<Peer>,
+    workers: Vec<CoreMailbox>,
     /// The latest status of the workers' groups.
     remote_groups: BTreeMap<GroupId, GroupStatus>,
     /// Where the next heartbeat's groups start, for nodes with more groups
@@ -101,13 +103,13 @@ struct Control {
 pub(crate) struct EventLoop {
     spec: NodeSpec,
     started: Instant,
-    commands: Receiver<Command>,
+    commands: Receiver<CoreCommand>,
     mesh: Receiver<CoreMsg>,
     udp: UdpDriver,
     replicas: Vec<Replica>,
     by_group: BTreeMap<GroupId, usize>,
     control: Option<Control>,
-    to_control: Option<Peer>,
+    to_control: Option<CoreMailbox>,
     waker: Waker,
     /// Scratch: the descriptors besides the sockets that end a wait.
     wake_fds: Vec<std::os::fd::RawFd>,
@@ -134,17 +136,14 @@ impl EventLoop {
     pub(crate) fn open(
         spec: NodeSpec,
         started: Instant,
-        commands: Receiver<Command>,
+        commands: Receiver<CoreCommand>,
         mesh: Receiver<CoreMsg>,
         wiring: Wiring,
         waker: Waker,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StartError> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
-        let udp_cfg = UdpConfig {
-            groups: spec.groups.iter().map(|g| g.group).collect(),
-            ..spec.udp.clone()
-        };
+        let udp_cfg = spec.udp_config(&spec.groups);
         let mut peers = PeerMap::new();
         for p in &spec.peers {
             peers.set_node(p.id, p.udp_base);
@@ -155,40 +154,34 @@ impl EventLoop {
             id,
             super::os_seed(),
         )
-        .map_err(|e| format!("transport: {e}"))?;
-        let (udp, report) =
-            UdpDriver::bind(udp_cfg, endpoint, peers).map_err(|e| format!("udp: {e}"))?;
+        .map_err(SpecError::Transport)?;
+        let (udp, report) = UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
         for w in &report.warnings {
             log_warn!("node {id}: {w}");
         }
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();
         for g in &spec.groups {
-            let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone())
-                .map_err(|e| format!("group {} log at {}: {e}", g.group, g.dir.display()))?;
-            wal.notify_completions(waker.fd())
-                .map_err(|e| format!("group {} log: {e}", g.group))?;
-            log_info!("node {id} group {}: {report}", g.group);
-            // The ledgers and queues refer to entries at or below their
-            // snapshot, so a snapshot sent carries those entries.
-            let cfg = RaftConfig {
-                id,
-                initial_voters: spec.voters.clone(),
-                snapshot_with_entries: true,
-                ..spec.raft.clone()
+            let log_failed = |error| StartError::Log {
+                group: g.group,
+                dir: g.dir.clone(),
+                error,
             };
+            let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone()).map_err(log_failed)?;
+            wal.notify_completions(waker.fd()).map_err(log_failed)?;
+            log_info!("node {id} group {}: {report}", g.group);
             let snapshot = report.restored.snapshot.clone();
-            let raft = Raft::restore(cfg, super::os_seed(), now, report.restored);
+            let raft = Raft::restore(spec.raft_config(), super::os_seed(), now, report.restored)
+                .map_err(SpecError::Raft)?;
             let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
             r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
-                    return Err(format!(
-                        "group {} log at {}: the snapshot at {} does not decode",
-                        g.group,
-                        g.dir.display(),
-                        s.index
-                    ));
+                    return Err(StartError::SnapshotUndecodable {
+                        group: g.group,
+                        dir: g.dir.clone(),
+                        index: s.index,
+                    });
                 }
                 r.check_stored_entries();
             }
@@ -198,17 +191,14 @@ impl EventLoop {
         let (control, to_control) = match wiring {
             Wiring::Control(workers) => {
                 let mut detector =
-                    Detector::new(spec.detector, now).map_err(|e| format!("detector: {e}"))?;
+                    Detector::new(spec.detector, now).map_err(SpecError::Detector)?;
                 let mut serial = Vec::new();
                 for p in &spec.peers {
                     detector.add_peer(now, p.id, p.serial_device.is_some());
                     if let Some(dev) = &p.serial_device {
-                        let cfg = SerialConfig {
-                            baud: spec.serial_baud,
-                            ..SerialConfig::new(dev)
-                        };
-                        let port = SerialPort::new(cfg, spec.key.clone())
-                            .map_err(|e| format!("serial port to node {}: {e}", p.id))?;
+                        let port = SerialPort::new(spec.serial_config(dev), spec.key.clone())
+                            // Only its config can be refused: it opens later.
+                            .map_err(SpecError::Serial)?;
                         serial.push((p.id, port));
                     }
                 }
@@ -376,40 +366,42 @@ impl EventLoop {
     fn serve_commands(&mut self, now: u64) -> bool {
         while let Ok(cmd) = self.commands.try_recv() {
             let group = match &cmd {
-                Command::Status(reply) => {
+                CoreCommand::Status(reply) => {
                     let _ = reply.send(self.status());
                     continue;
                 }
-                Command::Stop => return false,
-                Command::Propose { group, .. }
-                | Command::Append { group, .. }
-                | Command::Membership { group, .. }
-                | Command::Read { group, .. }
-                | Command::State { group, .. }
-                | Command::Query { group, .. } => *group,
+                CoreCommand::Stop => return false,
+                CoreCommand::Propose { group, .. }
+                | CoreCommand::Append { group, .. }
+                | CoreCommand::Membership { group, .. }
+                | CoreCommand::Read { group, .. }
+                | CoreCommand::State { group, .. }
+                | CoreCommand::Query { group, .. } => *group,
             };
             let Some(&i) = self.by_group.get(&group) else {
-                let why = format!("group {group} is not on this core");
-                cmd.fail(super::ProposeError::Unavailable(why));
+                // The handle sends a group's commands to the core owning it.
+                cmd.fail(super::ProposeError::Internal(format!(
+                    "group {group} is not on the core it was sent to"
+                )));
                 continue;
             };
             let r = &mut self.replicas[i];
             match cmd {
-                Command::Propose { data, reply, .. } => r.propose(data, reply),
-                Command::Append {
+                CoreCommand::Propose { data, reply, .. } => r.propose(data, reply),
+                CoreCommand::Append {
                     client_id,
                     seq,
                     data,
                     reply,
                     ..
                 } => r.propose_client(client_id, seq, &data, reply),
-                Command::Membership {
+                CoreCommand::Membership {
                     change,
                     force,
                     reply,
                     ..
                 } => r.propose_membership(change, force, reply),
-                Command::Read {
+                CoreCommand::Read {
                     from,
                     max_entries,
                     max_bytes,
@@ -418,7 +410,7 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.read_or_wait(from, max_entries, max_bytes, wait_ms, now, reply),
-                Command::Read {
+                CoreCommand::Read {
                     from,
                     max_entries,
                     max_bytes,
@@ -427,20 +419,20 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.read_log(from, max_entries, max_bytes, wait_ms, reply),
-                Command::State {
+                CoreCommand::State {
                     client_id,
                     seq,
                     command,
                     reply,
                     ..
                 } => r.propose_command(client_id, seq, command, wall_clock_ms(), reply),
-                Command::Query {
+                CoreCommand::Query {
                     query,
                     wait_ms,
                     reply,
                     ..
                 } => r.query(query, wait_ms, reply),
-                Command::Status(_) | Command::Stop => unreachable!("served above"),
+                CoreCommand::Status(_) | CoreCommand::Stop => unreachable!("served above"),
             }
         }
         true
@@ -730,12 +722,12 @@ impl EventLoop {
         let mut hb = Heartbeat::new(self.spec.id, c.epoch, c.seq);
         let mut all: BTreeMap<GroupId, GroupStatus> = c.remote_groups.clone();
         all.extend(mine.into_iter().map(|g| (g.group, g)));
-        // A heartbeat holds MAX_GROUPS groups (its serial airtime must fit
+        // A heartbeat holds GROUPS_MAX groups (its serial airtime must fit
         // the keepalive); with more, successive heartbeats take turns, so
-        // each group is reported every ceil(groups / MAX_GROUPS) keepalives.
+        // each group is reported every ceil(groups / GROUPS_MAX) keepalives.
         let all: Vec<GroupStatus> = all.into_values().collect();
-        let take = all.len().min(MAX_GROUPS);
-        let start = if all.len() > MAX_GROUPS {
+        let take = all.len().min(GROUPS_MAX);
+        let start = if all.len() > GROUPS_MAX {
             c.rotation % all.len()
         } else {
             0
@@ -746,7 +738,7 @@ impl EventLoop {
         chosen.sort_by_key(|g| g.group); // the format wants increasing ids
         for g in chosen {
             hb.push_group(g)
-                .expect("at most MAX_GROUPS, in increasing order");
+                .expect("at most GROUPS_MAX, in increasing order");
         }
         for view in c.detector.views() {
             let _ = hb.push_peer(view);

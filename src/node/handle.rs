@@ -2,7 +2,8 @@
 //! commands go in over a channel, answers come back over one.
 
 use super::config::NodeSpec;
-use super::event_loop::{CoreMsg, EventLoop, Peer, Wiring};
+use super::errors::StartError;
+use super::event_loop::{CoreMailbox, CoreMsg, EventLoop, Wiring};
 use super::log::log_warn;
 use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Role, Term};
@@ -12,7 +13,10 @@ use std::collections::BTreeMap;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Why a proposal was not confirmed.
+/// Why a proposal (or a read) was not confirmed. Each condition a caller
+/// must tell apart has its own variant: whether retrying can help, here
+/// or on another node, is in its doc and in the client code it maps to
+/// (`client_server::error_response`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProposeError {
     /// This node does not lead the group; the leader it knows, if any.
@@ -21,8 +25,42 @@ pub enum ProposeError {
     Lost,
     /// No space for the log: appends are refused until space returns.
     DiskFull,
-    /// The group cannot serve here (log stopped, unknown group, node stopping).
-    Unavailable(String),
+    /// The group's log stopped on this node (a write or sync error, a
+    /// snapshot from the leader that does not decode), with why: the
+    /// group is out of service here until the node restarts; other nodes
+    /// may serve it.
+    LogStopped(String),
+    /// No such group on this node. Every node runs the same groups, so
+    /// none in the cluster: retrying will not help.
+    UnknownGroup(GroupId),
+    /// The node is stopping: its loops are gone or going.
+    Stopping,
+    /// Client `client_id`'s sequence number `seq` is older than the
+    /// window of sequence numbers the group remembers per client
+    /// (`state::dedup::WINDOW`): it may have been applied before, and
+    /// its index is forgotten. Nothing was applied now, and a retry under
+    /// the same seq is refused the same way: permanent.
+    SeqForgotten {
+        /// The client.
+        client_id: u64,
+        /// The sequence number refused.
+        seq: u64,
+    },
+    /// A read starts below the first entry this node still holds as log
+    /// entries (`first`); the earlier ones were compacted into a snapshot
+    /// here. Another node, whose snapshot is older, may still hold them.
+    Compacted {
+        /// The first index this node can read.
+        first: Index,
+    },
+    /// This node cannot read back a log entry it needs (a read error, or
+    /// an entry the ledgers and queues refer to that is missing), with
+    /// what and where. For a command the command may have applied: the
+    /// outcome is unknown, and a retry under the same seq is safe.
+    Unreadable(String),
+    /// Something the node never expects (a bug), with what. As with
+    /// `Unreadable`, an entry may have applied: the outcome is unknown.
+    Internal(String),
     /// No answer within the caller's timeout: the outcome is unknown.
     Timeout,
     /// The state machine refused the command (its state is unchanged).
@@ -47,7 +85,8 @@ pub enum ProposeError {
     /// a non-member, adding a member twice); retrying will not help.
     Invalid(String),
     /// Another operation must finish first (a membership change still
-    /// uncommitted, a leadership transfer): retry later.
+    /// uncommitted, a leadership transfer), or a bound on waiting work is
+    /// reached (long polls): retry later.
     Busy(String),
     /// A promotion to voter of a learner that has not caught up with the
     /// leader's log (how far behind, and the bound): wait, or force it.
@@ -61,7 +100,23 @@ impl std::fmt::Display for ProposeError {
             ProposeError::NotLeader(None) => write!(f, "not the leader; no leader known"),
             ProposeError::Lost => write!(f, "replaced by another leader's entry"),
             ProposeError::DiskFull => write!(f, "disk full"),
-            ProposeError::Unavailable(why) => write!(f, "unavailable: {why}"),
+            ProposeError::LogStopped(why) => {
+                write!(f, "unavailable: the group's log stopped on this node: {why}")
+            }
+            ProposeError::UnknownGroup(g) => write!(f, "group {g} is not on this node"),
+            ProposeError::Stopping => write!(f, "unavailable: node stopping"),
+            ProposeError::SeqForgotten { client_id, seq } => write!(
+                f,
+                "client {client_id}: sequence number {seq} is older than the {} this group remembers per client; \
+                 it may have been applied before under it, and its index is forgotten; nothing was applied",
+                crate::state::dedup::WINDOW
+            ),
+            ProposeError::Compacted { first } => write!(
+                f,
+                "unavailable: entries below {first} were compacted into a snapshot on this node"
+            ),
+            ProposeError::Unreadable(why) => write!(f, "unavailable: {why}"),
+            ProposeError::Internal(why) => write!(f, "internal error: {why}"),
             ProposeError::Timeout => write!(f, "no answer in time; outcome unknown"),
             ProposeError::Refused(e) => write!(f, "refused: {e}"),
             ProposeError::TooLarge { bytes, max } => write!(
@@ -287,8 +342,8 @@ pub type StateReply = Box<dyn FnOnce(Result<crate::state::Outcome, ProposeError>
 /// Where a query's answer goes: called once, on the loop's thread.
 pub type QueryReply = Box<dyn FnOnce(Result<crate::state::Answer, ProposeError>) + Send>;
 
-/// A command to the loop.
-pub(crate) enum Command {
+/// A command from the handle (or a server thread) to the loop of one core.
+pub(crate) enum CoreCommand {
     Propose {
         group: GroupId,
         data: Vec<u8>,
@@ -338,24 +393,24 @@ pub(crate) enum Command {
     Stop,
 }
 
-impl Command {
+impl CoreCommand {
     /// Answers the command's caller with `why` (it could not be served).
     pub(crate) fn fail(self, why: ProposeError) {
         match self {
-            Command::Propose { reply, .. }
-            | Command::Append { reply, .. }
-            | Command::Membership { reply, .. } => reply(Err(why)),
-            Command::Read { reply, .. } => reply(Err(why)),
-            Command::State { reply, .. } => reply(Err(why)),
-            Command::Query { reply, .. } => reply(Err(why)),
-            Command::Status(_) | Command::Stop => {}
+            CoreCommand::Propose { reply, .. }
+            | CoreCommand::Append { reply, .. }
+            | CoreCommand::Membership { reply, .. } => reply(Err(why)),
+            CoreCommand::Read { reply, .. } => reply(Err(why)),
+            CoreCommand::State { reply, .. } => reply(Err(why)),
+            CoreCommand::Query { reply, .. } => reply(Err(why)),
+            CoreCommand::Status(_) | CoreCommand::Stop => {}
         }
     }
 }
 
 /// One core's loop.
 struct CoreLoop {
-    commands: Sender<Command>,
+    commands: Sender<CoreCommand>,
     waker: Waker,
     thread: Option<JoinHandle<()>>,
 }
@@ -363,7 +418,7 @@ struct CoreLoop {
 impl CoreLoop {
     /// Hands the loop a command and wakes it; gives the command back if
     /// the loop has stopped.
-    fn send(&self, cmd: Command) -> Result<(), Command> {
+    fn send(&self, cmd: CoreCommand) -> Result<(), CoreCommand> {
         self.commands.send(cmd).map_err(|e| e.0)?;
         self.waker.wake();
         Ok(())
@@ -382,7 +437,7 @@ pub struct NodeHandle {
 
 impl NodeHandle {
     /// Runs the node's groups on one loop thread, not pinned.
-    pub fn spawn(spec: NodeSpec) -> Result<NodeHandle, String> {
+    pub fn spawn(spec: NodeSpec) -> Result<NodeHandle, StartError> {
         Self::spawn_on(spec, &[])
     }
 
@@ -391,7 +446,7 @@ impl NodeHandle {
     /// one loop, not pinned). The logs and sockets are opened on the loop
     /// threads themselves, which own them for good (an io_uring ring is
     /// never shared); errors name what could not be opened.
-    pub fn spawn_on(spec: NodeSpec, cores: &[usize]) -> Result<NodeHandle, String> {
+    pub fn spawn_on(spec: NodeSpec, cores: &[usize]) -> Result<NodeHandle, StartError> {
         spec.validate()?;
         let id = spec.id;
         let started = Instant::now();
@@ -412,8 +467,11 @@ impl NodeHandle {
             .iter()
             .map(|_| Waker::new())
             .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| format!("creating a loop's eventfd: {e}"))?;
-        let peer = |i: usize| Peer {
+            .map_err(|error| StartError::Os {
+                what: "creating a loop's eventfd",
+                error,
+            })?;
+        let mailbox = |i: usize| CoreMailbox {
             tx: mesh[i].0.clone(),
             waker: wakers[i].clone(),
         };
@@ -428,9 +486,9 @@ impl NodeHandle {
                 handle.owner.insert(g.group, i);
             }
             let wiring = if i == 0 {
-                Wiring::Control((1..mesh.len()).map(peer).collect())
+                Wiring::Control((1..mesh.len()).map(mailbox).collect())
             } else {
-                Wiring::Worker(peer(0))
+                Wiring::Worker(mailbox(0))
             };
             let waker = wakers[i].clone();
             let inbox = mesh[i].1.clone();
@@ -464,10 +522,11 @@ impl NodeHandle {
                         }
                     }
                 })
-                .map_err(|e| format!("starting a node thread: {e}"))?;
-            let opened = opened
-                .recv()
-                .unwrap_or_else(|_| Err("a node thread died while opening".into()));
+                .map_err(|error| StartError::Os {
+                    what: "starting a node thread",
+                    error,
+                })?;
+            let opened = opened.recv().unwrap_or(Err(StartError::LoopDied));
             handle.cores.push(CoreLoop {
                 commands: tx,
                 waker: wakers[i].clone(),
@@ -492,7 +551,7 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        self.call(group, timeout, |reply| Command::Propose {
+        self.call(group, timeout, |reply| CoreCommand::Propose {
             group,
             data,
             reply,
@@ -511,7 +570,7 @@ impl NodeHandle {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        self.call(group, timeout, |reply| Command::Append {
+        self.call(group, timeout, |reply| CoreCommand::Append {
             group,
             client_id,
             seq,
@@ -526,7 +585,7 @@ impl NodeHandle {
         &self,
         group: GroupId,
         timeout: Duration,
-        make: impl FnOnce(Box<dyn FnOnce(Result<T, ProposeError>) + Send>) -> Command,
+        make: impl FnOnce(Box<dyn FnOnce(Result<T, ProposeError>) + Send>) -> CoreCommand,
     ) -> Result<T, ProposeError> {
         let (tx, answer) = bounded(1);
         let reply: Box<dyn FnOnce(Result<T, ProposeError>) + Send> = Box::new(move |r| {
@@ -540,30 +599,26 @@ impl NodeHandle {
 
     /// Hands a command to the loop owning `group` without waiting; if it
     /// cannot be handed over, its caller is answered here at once.
-    fn dispatch(&self, group: GroupId, cmd: Command) {
+    fn dispatch(&self, group: GroupId, cmd: CoreCommand) {
         match self.owner.get(&group) {
             Some(&core) => {
                 if let Err(cmd) = self.cores[core].send(cmd) {
-                    cmd.fail(ProposeError::Unavailable("node stopped".into()));
+                    cmd.fail(ProposeError::Stopping);
                 }
             }
-            None => cmd.fail(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            ))),
+            None => cmd.fail(ProposeError::UnknownGroup(group)),
         }
     }
 
     /// Hands a command to the loop owning `group` without waiting: its
     /// reply callback runs on that loop when the outcome is known.
-    fn submit(&self, group: GroupId, cmd: Command) -> Result<(), ProposeError> {
+    fn submit(&self, group: GroupId, cmd: CoreCommand) -> Result<(), ProposeError> {
         let Some(&core) = self.owner.get(&group) else {
-            return Err(ProposeError::Unavailable(format!(
-                "group {group} is not on this node"
-            )));
+            return Err(ProposeError::UnknownGroup(group));
         };
         self.cores[core]
             .send(cmd)
-            .map_err(|_| ProposeError::Unavailable("node stopped".into()))
+            .map_err(|_| ProposeError::Stopping)
     }
 
     /// `append` without waiting: `reply` is called on the group's loop
@@ -577,7 +632,7 @@ impl NodeHandle {
         data: Vec<u8>,
         reply: Reply,
     ) {
-        let cmd = Command::Append {
+        let cmd = CoreCommand::Append {
             group,
             client_id,
             seq,
@@ -599,7 +654,7 @@ impl NodeHandle {
         command: crate::state::Command,
         reply: StateReply,
     ) {
-        let cmd = Command::State {
+        let cmd = CoreCommand::State {
             group,
             client_id,
             seq,
@@ -618,7 +673,7 @@ impl NodeHandle {
         command: crate::state::Command,
         timeout: Duration,
     ) -> Result<crate::state::Outcome, ProposeError> {
-        self.call(group, timeout, |reply| Command::State {
+        self.call(group, timeout, |reply| CoreCommand::State {
             group,
             client_id,
             seq,
@@ -645,7 +700,7 @@ impl NodeHandle {
     ) {
         self.dispatch(
             group,
-            Command::Query {
+            CoreCommand::Query {
                 group,
                 query,
                 wait_ms,
@@ -661,7 +716,7 @@ impl NodeHandle {
         query: crate::state::Query,
         timeout: Duration,
     ) -> Result<crate::state::Answer, ProposeError> {
-        self.call(group, timeout, |reply| Command::Query {
+        self.call(group, timeout, |reply| CoreCommand::Query {
             group,
             query,
             wait_ms: 0,
@@ -694,7 +749,7 @@ impl NodeHandle {
         force: bool,
         timeout: Duration,
     ) -> Result<Index, ProposeError> {
-        self.call(group, timeout, |reply| Command::Membership {
+        self.call(group, timeout, |reply| CoreCommand::Membership {
             group,
             change,
             force,
@@ -734,7 +789,7 @@ impl NodeHandle {
         stale: bool,
         reply: ReadReply,
     ) {
-        let cmd = Command::Read {
+        let cmd = CoreCommand::Read {
             group,
             from,
             max_entries,
@@ -782,7 +837,7 @@ impl NodeHandle {
         let mut merged: Option<NodeStatus> = None;
         for core in &self.cores {
             let (reply, answer) = bounded(1);
-            core.send(Command::Status(reply)).ok()?;
+            core.send(CoreCommand::Status(reply)).ok()?;
             let s = answer.recv_timeout(Duration::from_secs(5)).ok()?;
             match merged.as_mut() {
                 None => merged = Some(s),
@@ -829,7 +884,7 @@ impl NodeHandle {
 
     fn stop_inner(&mut self) {
         for c in &self.cores {
-            let _ = c.send(Command::Stop);
+            let _ = c.send(CoreCommand::Stop);
         }
         for c in &mut self.cores {
             if let Some(t) = c.thread.take() {

@@ -85,7 +85,8 @@ impl LocalCluster {
             spec.peers = peers;
             tune(&mut spec);
             specs.insert(id, spec.clone());
-            nodes.insert(id, NodeHandle::spawn_on(spec, cores)?);
+            let node = NodeHandle::spawn_on(spec, cores).map_err(|e| e.to_string())?;
+            nodes.insert(id, node);
         }
         Ok(LocalCluster {
             nodes,
@@ -139,7 +140,7 @@ impl LocalCluster {
     pub fn restart_node(&mut self, id: NodeId) -> Result<(), String> {
         self.stop_node(id);
         let spec = self.specs.get(&id).ok_or("no such node")?.clone();
-        let node = NodeHandle::spawn_on(spec, &self.cores)?;
+        let node = NodeHandle::spawn_on(spec, &self.cores).map_err(|e| e.to_string())?;
         self.nodes.insert(id, node);
         Ok(())
     }

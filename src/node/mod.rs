@@ -36,6 +36,7 @@ pub mod client_stats;
 mod config;
 pub mod config_file;
 pub mod daemon;
+mod errors;
 mod event_loop;
 mod handle;
 mod local;
@@ -46,7 +47,8 @@ mod replica;
 mod stall;
 mod waker;
 
-pub use config::{GroupSpec, NodeSpec, PeerSpec, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
+pub use config::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
+pub use errors::{ListenError, StartError};
 pub use handle::{
     GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, QueryReply, ReadReply,
     Reply, StallView, StateReply, TransportView, WalView,

@@ -100,8 +100,10 @@ impl WaiterReply {
     }
 }
 
-/// What applying an entry answers its waiter.
-enum Applied2 {
+/// What applying an entry answers its waiter: the index (an append, a
+/// membership change) or the state machine's outcome (a command); the
+/// kind matches the waiter's `WaiterReply`.
+enum WaiterAnswer {
     Index(Result<Index, ProposeError>),
     State(Result<Outcome, ProposeError>),
 }
@@ -310,7 +312,7 @@ impl Replica {
         reply: Reply,
     ) {
         if let Some(why) = &self.stopped {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::LogStopped(why.clone())));
             return;
         }
         if let crate::consensus::MembershipChange::AddVoter(id) = change {
@@ -324,17 +326,7 @@ impl Replica {
                 let reply = WaiterReply::Index(reply);
                 self.waiters.insert(index, Waiter { term, reply });
             }
-            Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                reply(Err(ProposeError::NotLeader(leader)));
-            }
-            Err(crate::consensus::RaftError::InvalidMembershipChange(why)) => {
-                reply(Err(ProposeError::Invalid(why)));
-            }
-            Err(
-                e @ (crate::consensus::RaftError::MembershipChangePending
-                | crate::consensus::RaftError::TransferInProgress),
-            ) => reply(Err(ProposeError::Busy(e.to_string()))),
-            Err(e) => reply(Err(ProposeError::Unavailable(e.to_string()))),
+            Err(e) => reply(Err(refused_by_raft(e))),
         }
     }
 
@@ -404,7 +396,7 @@ impl Replica {
 
     fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
         if let Some(why) = &self.stopped {
-            reply.fail(ProposeError::Unavailable(why.clone()));
+            reply.fail(ProposeError::LogStopped(why.clone()));
             return;
         }
         if data.len() > self.entry_bytes_max {
@@ -422,10 +414,7 @@ impl Replica {
             Ok((index, term)) => {
                 self.waiters.insert(index, Waiter { term, reply });
             }
-            Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                reply.fail(ProposeError::NotLeader(leader));
-            }
-            Err(e) => reply.fail(ProposeError::Unavailable(e.to_string())),
+            Err(e) => reply.fail(refused_by_raft(e)),
         }
     }
 
@@ -471,7 +460,7 @@ impl Replica {
     /// Starts the read-index round of `read`, or refuses it here.
     fn read_linear(&mut self, read: LinearRead) {
         if let Some(why) = &self.stopped {
-            read.fail(ProposeError::Unavailable(why.clone()));
+            read.fail(ProposeError::LogStopped(why.clone()));
             return;
         }
         let id = self.next_read_id;
@@ -480,10 +469,7 @@ impl Replica {
             Ok(()) => {
                 self.reads_pending.insert(id, read);
             }
-            Err(crate::consensus::RaftError::NotLeader { leader }) => {
-                read.fail(ProposeError::NotLeader(leader));
-            }
-            Err(e) => read.fail(ProposeError::Unavailable(e.to_string())),
+            Err(e) => read.fail(refused_by_raft(e)),
         }
     }
 
@@ -619,12 +605,36 @@ impl Replica {
         if self.stopped.is_some() {
             return;
         }
+        // Applying past the commit index would apply an entry a new leader
+        // may still replace: this replica's state would diverge.
+        assert!(self.applied <= self.raft.commit_index());
+        // Raft learns what is applied from here alone (a snapshot from the
+        // leader moves both): ahead of the state, it would let a snapshot
+        // cover entries this state never applied.
+        assert!(self.applied <= self.raft.applied_index());
+        let (commit_in, applied_in) = (self.raft.commit_index(), self.applied);
         self.poll_image();
         // Reporting durability to Raft (in `pump`) can commit entries: on
         // a leader whose own fsync completes after a follower's ack. They
         // are applied and answered in another round now, not at the loop's
         // next turn, which nothing else would wake (up to `TURN_MAX`).
         while self.drive_once(now_ms, out) {}
+        if self.stopped.is_some() {
+            return;
+        }
+        // A committed entry is durable on a majority and may have been
+        // answered: a commit index that moved back could let another
+        // leader's entry take its place.
+        assert!(self.raft.commit_index() >= commit_in);
+        // The state never goes back: what it applied was answered.
+        assert!(self.applied >= applied_in);
+        assert!(self.applied <= self.raft.commit_index());
+        // Raft hands out for applying only what this log holds durably: a
+        // state past it could be snapshotted with entries the log lacks.
+        assert!(self.applied <= self.raft.persisted_index());
+        // Every applied entry was reported, so Raft's compaction bound and
+        // snapshot requests follow the state (see the entry check).
+        assert_eq!(self.raft.applied_index(), self.applied);
     }
 
     /// One round of `drive`; true if it reported new durability to Raft.
@@ -636,12 +646,23 @@ impl Replica {
             }
             out.extend(rd.messages);
             let snapshot = rd.snapshot.as_ref().map(|s| (s, &rd.snapshot_entries[..]));
-            if let Err(e) = self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
-                self.stop(format!("{e}"));
-                return false;
-            }
+            let written = match self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.stop(format!("{e}"));
+                    return false;
+                }
+            };
             if !rd.messages_after_persist.is_empty() {
                 let ticket = self.wal.current_ticket();
+                // These (votes, acks) vouch for this Ready's writes: held
+                // for a ticket that does not cover them, they would leave
+                // before the data is durable, and a crash could lose an
+                // entry a leader counted toward its commit.
+                assert!(ticket >= written, "ticket {ticket} below {written}");
+                // Tickets only grow, so the held queue is in ticket order
+                // and `pump` releases it from the front.
+                assert!(self.held.back().is_none_or(|(t, _)| *t <= ticket));
                 if self.wal.durable_ticket() >= ticket {
                     out.extend(rd.messages_after_persist);
                 } else {
@@ -918,7 +939,10 @@ impl Replica {
         truncate_from: Option<Index>,
         entries: &[Entry],
         hard_state: Option<crate::consensus::HardState>,
-    ) -> Result<(), WalError> {
+    ) -> Result<Ticket, WalError> {
+        // The highest ticket of the writes queued here (0: none; a
+        // snapshot is durable once `install_snapshot` returns).
+        let mut ticket = 0;
         if let Some((s, below)) = snapshot {
             // A snapshot of our own being written goes to the slot the
             // install writes: wait for it, and drop it (this one is newer).
@@ -931,23 +955,34 @@ impl Replica {
             self.raft.persisted(s.index, s.term);
         }
         if truncate_from.is_some() || !entries.is_empty() {
-            self.wal.append(truncate_from, entries)?;
+            ticket = self.wal.append(truncate_from, entries)?;
         }
         if let Some(hs) = hard_state {
-            self.wal.set_hard_state(hs)?;
+            ticket = ticket.max(self.wal.set_hard_state(hs)?);
         }
-        Ok(())
+        Ok(ticket)
     }
 
     fn apply(&mut self, e: &Entry) {
+        // In log order, each once: a gap or a repeat would leave this
+        // replica's state different from every other's at the same index.
+        assert_eq!(
+            e.index,
+            self.applied + 1,
+            "group {}: applying {} after {}",
+            self.group,
+            e.index,
+            self.applied
+        );
         self.applied = e.index;
-        let mut outcome = Applied2::Index(Ok(e.index));
+        let mut outcome = WaiterAnswer::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
             if let Some((client, seq, bytes)) = decode_command_entry(payload) {
-                outcome = Applied2::State(self.apply_command(e.index, client, seq, bytes));
+                outcome = WaiterAnswer::State(self.apply_command(e.index, client, seq, bytes));
             }
         }
-        if let (Payload::Normal(payload), Applied2::Index(outcome)) = (&e.payload, &mut outcome) {
+        if let (Payload::Normal(payload), WaiterAnswer::Index(outcome)) = (&e.payload, &mut outcome)
+        {
             let data = match decode_client_entry(payload) {
                 Some((client, seq, data)) => {
                     match self.dedup.apply(client, seq, e.index, fingerprint(data)) {
@@ -964,7 +999,10 @@ impl Replica {
                         }
                         Applied::Forgotten => {
                             self.not_applied.insert(e.index);
-                            *outcome = Err(ProposeError::Refused(StateError::Forgotten));
+                            *outcome = Err(ProposeError::SeqForgotten {
+                                client_id: client,
+                                seq,
+                            });
                             None
                         }
                     }
@@ -987,8 +1025,8 @@ impl Replica {
                 continue;
             }
             match (w.reply, &outcome) {
-                (WaiterReply::Index(r), Applied2::Index(o)) => r(o.clone()),
-                (WaiterReply::State(r), Applied2::State(o)) => {
+                (WaiterReply::Index(r), WaiterAnswer::Index(o)) => r(o.clone()),
+                (WaiterReply::State(r), WaiterAnswer::State(o)) => {
                     let mut o = o.clone();
                     if let Ok(out) = &mut o {
                         if let Err(i) = out.fill(&mut payload_at(&self.raft, &mut self.wal)) {
@@ -998,7 +1036,7 @@ impl Replica {
                     }
                     r(o)
                 }
-                (r, _) => r.fail(ProposeError::Unavailable(
+                (r, _) => r.fail(ProposeError::Internal(
                     "the entry applied is not the kind proposed".into(),
                 )),
             }
@@ -1028,7 +1066,12 @@ impl Replica {
                 Applied::New => {}
                 Applied::Duplicate(at) => return Ok(self.retry_outcome(&command, at)),
                 Applied::Conflict(applied_at) => return Err(ProposeError::Conflict { applied_at }),
-                Applied::Forgotten => return Err(ProposeError::Refused(StateError::Forgotten)),
+                Applied::Forgotten => {
+                    return Err(ProposeError::SeqForgotten {
+                        client_id: client,
+                        seq,
+                    })
+                }
             }
         }
         self.machine
@@ -1084,6 +1127,12 @@ impl Replica {
             }
         }
         let durable_ticket = self.wal.durable_ticket();
+        // Durability only grows, and only over what was queued: messages
+        // released for a ticket vouch for its writes, so a ticket that
+        // went back (or ran ahead) would have released acks for data a
+        // crash can lose.
+        assert!(durable_ticket >= self.last_durable_ticket);
+        assert!(durable_ticket <= self.wal.current_ticket());
         if durable_ticket != self.last_durable_ticket {
             self.last_durable_ticket = durable_ticket;
             self.last_fsync_ms = now_ms;
@@ -1123,19 +1172,19 @@ impl Replica {
             self.raft.step_down();
         }
         for (_, w) in std::mem::take(&mut self.waiters) {
-            w.reply.fail(ProposeError::Unavailable(why.clone()));
+            w.reply.fail(ProposeError::LogStopped(why.clone()));
         }
         for (_, read) in std::mem::take(&mut self.reads_pending) {
-            read.fail(ProposeError::Unavailable(why.clone()));
+            read.fail(ProposeError::LogStopped(why.clone()));
         }
         for (_, read) in std::mem::take(&mut self.reads_confirmed) {
-            read.fail(ProposeError::Unavailable(why.clone()));
+            read.fail(ProposeError::LogStopped(why.clone()));
         }
         for (_, _, reply) in std::mem::take(&mut self.tails) {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::LogStopped(why.clone())));
         }
         for (_, _, _, _, reply) in std::mem::take(&mut self.log_tails) {
-            reply(Err(ProposeError::Unavailable(why.clone())));
+            reply(Err(ProposeError::LogStopped(why.clone())));
         }
         self.held.clear();
         self.stopped = Some(why);
@@ -1152,16 +1201,14 @@ impl Replica {
         max_bytes: usize,
     ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
         if let Some(why) = &self.stopped {
-            return Err(ProposeError::Unavailable(why.clone()));
+            return Err(ProposeError::LogStopped(why.clone()));
         }
         // Up to what is applied, not committed: only apply knows which
         // entries are retries to skip.
         let commit = self.raft.commit_index().min(self.applied);
         let first = self.raft.first_index().max(1);
         if from < first {
-            return Err(ProposeError::Unavailable(format!(
-                "entries below {first} were compacted into a snapshot"
-            )));
+            return Err(ProposeError::Compacted { first });
         }
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -1171,7 +1218,7 @@ impl Replica {
             let entries = self
                 .wal
                 .read(at, hi)
-                .map_err(|e| ProposeError::Unavailable(format!("reading the log: {e}")))?;
+                .map_err(|e| ProposeError::Unreadable(format!("reading the log: {e}")))?;
             if entries.is_empty() {
                 break;
             }
@@ -1218,7 +1265,19 @@ fn stored_missing(group: GroupId, index: Index) -> ProposeError {
         "group {group}: the state refers to log entry {index}, which this node cannot read"
     );
     log_error!("{why}");
-    ProposeError::Unavailable(why)
+    ProposeError::Unreadable(why)
+}
+
+/// The answer for a proposal or read-index round the Raft core refused.
+fn refused_by_raft(e: crate::consensus::RaftError) -> ProposeError {
+    use crate::consensus::RaftError as E;
+    match e {
+        E::NotLeader { leader } => ProposeError::NotLeader(leader),
+        E::InvalidMembershipChange(why) => ProposeError::Invalid(why),
+        E::MembershipChangePending | E::TransferInProgress => ProposeError::Busy(e.to_string()),
+        // Only compaction and snapshots name an index; a proposal never.
+        E::InvalidIndex(_) => ProposeError::Internal(e.to_string()),
+    }
 }
 
 /// The payload of the log entry at an index: from Raft's log in memory,

@@ -2,7 +2,7 @@
 //!
 //! It runs the production cores (`consensus::Raft`, the heartbeat's codec,
 //! replay guard, detector and failover policy, `state::StateMachine`)
-//! through its own glue: `world::Replica` stands in for `node::Replica`,
+//! through its own glue: `world::SimReplica` stands in for `node::Replica`,
 //! `disk::SimDisk` for `storage::Wal` and its on-disk format, and the
 //! simulated network hands Raft messages over directly instead of through
 //! `transport::Endpoint`. So that glue is not what `quired` runs; putting

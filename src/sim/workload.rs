@@ -11,7 +11,7 @@
 
 use super::checker::Violation;
 use super::trace::What;
-use super::world::{idx, Event, Replica, World};
+use super::world::{idx, Event, SimReplica, World};
 use crate::consensus::{Entry, Index, Payload, RaftError, ReadState, Term};
 use crate::state::query::{decode_command, encode_command_entry};
 use crate::state::{Answer, Command, Error, Outcome, Query, StateMachine};
@@ -849,7 +849,7 @@ impl World {
 fn answer_read(
     n: usize,
     g: usize,
-    rep: &Replica,
+    rep: &SimReplica,
     request: &StateRequest,
 ) -> Result<StateResult, Violation> {
     let sm = rep.sm.as_ref().expect("state workloads keep a machine");
@@ -881,7 +881,7 @@ fn answer_read(
 
 /// The payload of the log entry at an index, as a replica holds it: in
 /// its log, or among the entries kept below its snapshot.
-pub(crate) fn payload_at(rep: &Replica) -> impl FnMut(u64) -> Option<Vec<u8>> + '_ {
+pub(crate) fn payload_at(rep: &SimReplica) -> impl FnMut(u64) -> Option<Vec<u8>> + '_ {
     move |i| {
         let kept = || {
             let at = rep.retained.binary_search_by_key(&i, |e| e.index).ok()?;

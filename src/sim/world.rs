@@ -140,8 +140,9 @@ struct PendingWrite {
     submitted_ms: u64,
 }
 
-/// One group's replica on one node, with its driver state.
-pub(crate) struct Replica {
+/// One group's replica on one simulated node, with its driver state (the
+/// simulator's own glue; the daemon's is `node::replica::Replica`).
+pub(crate) struct SimReplica {
     pub(crate) raft: Raft,
     /// The state machine: applied index and chain hash of the applied log.
     pub(crate) sm_index: Index,
@@ -163,7 +164,7 @@ pub(crate) struct Replica {
 
 pub(crate) struct Node {
     pub(crate) alive: bool,
-    pub(crate) replicas: Vec<Option<Replica>>,
+    pub(crate) replicas: Vec<Option<SimReplica>>,
     pub(crate) disks: Vec<SimDisk>,
 }
 
@@ -289,7 +290,11 @@ impl World {
                 .map(|g| {
                     let seed = w.rng.gen();
                     let sm = (opts.workload != Workload::Log).then(StateMachine::new);
-                    Some(Replica::new(Raft::new(w.raft_config(node, g), seed, 0), sm))
+                    Some(SimReplica::new(
+                        Raft::new(w.raft_config(node, g), seed, 0)
+                            .expect("the simulator draws valid timers and limits"),
+                        sm,
+                    ))
                 })
                 .collect();
             w.nodes.push(Node {
@@ -887,9 +892,10 @@ impl World {
         }
         let restored = self.nodes[n].disks[g].durable.recover();
         let seed = self.rng.gen();
-        let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored);
+        let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored)
+            .expect("the simulator draws valid timers and limits");
         let sm = (self.opts.workload != Workload::Log).then(StateMachine::new);
-        let mut rep = Replica::new(raft, sm);
+        let mut rep = SimReplica::new(raft, sm);
         rep.retained = self.nodes[n].disks[g].durable.retained.clone();
         if let Some(s) = self.nodes[n].disks[g].durable.snapshot.as_ref() {
             rep.sm_index = s.index;
@@ -1004,7 +1010,7 @@ impl World {
     }
 }
 
-impl Replica {
+impl SimReplica {
     /// True while writes are submitted and not yet durable.
     pub(crate) fn writes_pending(&self) -> bool {
         !self.in_flight.is_empty()
@@ -1016,7 +1022,7 @@ impl Replica {
     }
 
     fn new(raft: Raft, sm: Option<StateMachine>) -> Self {
-        Replica {
+        SimReplica {
             raft,
             sm_index: 0,
             sm_chain: 0,

@@ -40,7 +40,7 @@ pub const ACK_IDS_MAX: usize = 4096;
 /// Longest visibility timeout, in ms (12 hours).
 pub const VISIBILITY_MS_MAX: u64 = 12 * 3600 * 1000;
 /// Largest `max_deliveries` a queue may have.
-pub const MAX_DELIVERIES_MAX: u32 = 1000;
+pub const DELIVERIES_PER_MESSAGE_MAX: u32 = 1000;
 /// Produce sequence numbers remembered per producer.
 pub const PRODUCE_WINDOW: usize = 64;
 /// Producers remembered per queue; the least recently active is forgotten.
@@ -161,7 +161,7 @@ fn name_ok(name: &str) -> bool {
 impl Queues {
     /// Creates a queue that dead-letters after `max_deliveries` deliveries.
     pub(crate) fn create(&mut self, name: &str, max_deliveries: u32) -> Result<(), Error> {
-        if !name_ok(name) || !(1..=MAX_DELIVERIES_MAX).contains(&max_deliveries) {
+        if !name_ok(name) || !(1..=DELIVERIES_PER_MESSAGE_MAX).contains(&max_deliveries) {
             return Err(Error::Invalid);
         }
         if self.queues.contains_key(name) {
@@ -544,7 +544,7 @@ fn produce_fingerprint(messages: &[Vec<u8>]) -> u64 {
 
 fn decode_queue(r: &mut Reader<'_>, fingerprinted: bool) -> Option<Queue> {
     let max_deliveries = r.u32()?;
-    if !(1..=MAX_DELIVERIES_MAX).contains(&max_deliveries) {
+    if !(1..=DELIVERIES_PER_MESSAGE_MAX).contains(&max_deliveries) {
         return None;
     }
     let mut q = Queue::new(max_deliveries);

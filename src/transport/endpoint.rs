@@ -179,6 +179,44 @@ impl Endpoint {
     /// [`Endpoint::poll_transmit`]. A datagram that is dropped whole says
     /// why (log it); drops are also counted in the stats.
     pub fn handle_datagram(&mut self, now_us: u64, bytes: &[u8]) -> Result<(), DropReason> {
+        self.assert_indexes();
+        let (events_before, peers_before) = (self.events.len(), self.peers.len());
+        let r = self.receive(now_us, bytes);
+        if let Err(why) = &r {
+            // A dropped datagram delivers nothing: what it carries is
+            // unauthenticated, misaddressed or from a dead session, and
+            // handing it to Raft could inject or replay a message.
+            assert!(
+                self.events
+                    .iter()
+                    .skip(events_before)
+                    .all(|e| !matches!(e, Event::Delivered { .. } | Event::Skipped { .. })),
+                "a dropped datagram ({why:?}) delivered a message"
+            );
+            if matches!(why, DropReason::Decode(_) | DropReason::Misaddressed) {
+                // One that fails its MAC (or is not for us) changes nothing
+                // at all: else a forger could restart sessions or use up
+                // the peer slots that real peers need.
+                assert_eq!(self.events.len(), events_before, "{why:?} queued an event");
+                assert_eq!(self.peers.len(), peers_before, "{why:?} created a peer");
+            }
+        }
+        self.assert_indexes();
+        r
+    }
+
+    /// The id-to-slot maps agree with the slots: a map out of step would
+    /// file one peer's frames under another's channel, delivering a
+    /// message to the wrong peer or group.
+    fn assert_indexes(&self) {
+        assert_eq!(self.peer_index.len(), self.peers.len());
+        assert_eq!(self.channel_index.len(), self.channels.len());
+        assert!(self.peers.len() <= self.cfg.peers_max);
+        assert!(self.channels.len() <= self.cfg.channels_max);
+    }
+
+    /// `handle_datagram` without its checks of the outcome.
+    fn receive(&mut self, now_us: u64, bytes: &[u8]) -> Result<(), DropReason> {
         self.now_us = self.now_us.max(now_us);
         self.stats.datagrams_received += 1;
         let datagram = match wire::decode(&self.key, bytes) {
@@ -478,6 +516,11 @@ impl Endpoint {
             }
             if let Some(t) = self.build(p, now_us, buf) {
                 self.peer_cursor = (p + 1) % n;
+                // Larger than the datagram limit (the path MTU), IP would
+                // fragment or drop it: every retransmission the same, so
+                // the channel would stall for good.
+                assert!(t.size_bytes == buf.len() && t.size_bytes <= self.cfg.datagram_bytes_max());
+                assert!(t.peer != self.local && t.peer != 0);
                 return Some(t);
             }
         }
@@ -602,8 +645,13 @@ impl Endpoint {
     pub fn poll_event(&mut self) -> Option<Event> {
         let e = self.events.pop_front()?;
         if let Event::Delivered { message, .. } = &e {
+            // `events_bytes` is what refuses incoming data while the
+            // caller lags: drifting up, it would refuse data for good;
+            // down (wrapping), it would let the queue grow unbounded.
+            assert!(self.events_bytes >= message.len());
             self.events_bytes -= message.len();
         }
+        assert!(!self.events.is_empty() || self.events_bytes == 0);
         Some(e)
     }
 

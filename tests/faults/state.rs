@@ -85,7 +85,11 @@ impl StateWorkload {
         let queue: Arc<Mutex<QueueRun>> = Arc::default();
         let mut setup = cluster.client(504, Duration::from_secs(30));
         setup
-            .queue_create(GROUP, QUEUE, quire::state::queue::MAX_DELIVERIES_MAX)
+            .queue_create(
+                GROUP,
+                QUEUE,
+                quire::state::queue::DELIVERIES_PER_MESSAGE_MAX,
+            )
             .expect("the queue is created");
         let mut threads = Vec::new();
         // The writer: one ledger after another, each until it is fenced.

@@ -119,7 +119,7 @@ pub(crate) enum QueueCmd {
         /// Deliveries after which a message goes to the dead-letter list
         /// (1 to 1000).
         #[arg(long, default_value_t = 5,
-              value_parser = clap::value_parser!(u32).range(1..=queue::MAX_DELIVERIES_MAX as i64))]
+              value_parser = clap::value_parser!(u32).range(1..=queue::DELIVERIES_PER_MESSAGE_MAX as i64))]
         max_deliveries: u32,
     },
     /// Produce messages (one per argument) as one batch; given `-`, one

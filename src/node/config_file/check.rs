@@ -11,7 +11,7 @@ use super::{
     SERIAL_BAUD_DEFAULT,
 };
 use crate::consensus::{NodeId, RaftConfig};
-use crate::heartbeat::message::{MAX_GROUPS, MAX_PEERS};
+use crate::heartbeat::message::{GROUPS_MAX, PEERS_MAX};
 use crate::heartbeat::DetectorConfig;
 use crate::io::BackendChoice;
 use crate::net::UdpConfig;
@@ -110,11 +110,11 @@ pub(super) fn peers(id: NodeId, raw: &[RawPeer], dir: &Path) -> Result<Vec<PeerS
         });
     }
 
-    if peers.len() > MAX_PEERS {
+    if peers.len() > PEERS_MAX {
         return Err(bad(
             "peers",
             format!(
-                "{} peers; a heartbeat carries the view of at most {MAX_PEERS} (quire runs 3 or 5 nodes)",
+                "{} peers; a heartbeat carries the view of at most {PEERS_MAX} (quire runs 3 or 5 nodes)",
                 peers.len()
             ),
         ));
@@ -192,12 +192,12 @@ pub(super) fn cores(
         }
     }
     // Each core's loop sends one heartbeat carrying its groups' status,
-    // and the message holds at most MAX_GROUPS of them (the rest would go
+    // and the message holds at most GROUPS_MAX of them (the rest would go
     // unreported: no disk-stall flag for them over serial).
     let groups_per_core_max = groups.div_ceil(cores.len());
-    if groups_per_core_max > MAX_GROUPS {
+    if groups_per_core_max > GROUPS_MAX {
         warnings.push(format!(
-            "node.cores: {} groups on {} cores puts {groups_per_core_max} on one core; a heartbeat reports at most {MAX_GROUPS}: add cores",
+            "node.cores: {} groups on {} cores puts {groups_per_core_max} on one core; a heartbeat reports at most {GROUPS_MAX}: add cores",
             groups,
             cores.len()
         ));
@@ -328,20 +328,15 @@ pub(super) fn timers(
     detector.validate().map_err(|e| in_section("timers", e.0))?;
     let mut raft = RaftConfig::new(id, voters);
     set_present!(raft, t; election_timeout_ms, heartbeat_interval_ms, fast_campaign_jitter_ms);
-    // RaftConfig's own check asserts (a programming error there); here the
-    // same rules are an operator's mistake and get a message.
-    if raft.heartbeat_interval_ms == 0 {
-        return Err(bad("timers.heartbeat_interval_ms", "must be at least 1"));
-    }
-    if raft.election_timeout_ms <= raft.heartbeat_interval_ms {
-        return Err(bad(
-            "timers.election_timeout_ms",
-            format!(
-                "{} must exceed heartbeat_interval_ms ({}): followers would campaign between heartbeats",
-                raft.election_timeout_ms, raft.heartbeat_interval_ms
-            ),
-        ));
-    }
+    // Raft's own check, under the key of the field at fault: of this
+    // section's keys only the timers can be wrong (id is node.id, checked
+    // first; the limits are not in the file).
+    raft.validate().map_err(|e| match e.field() {
+        f @ ("election_timeout_ms" | "heartbeat_interval_ms" | "fast_campaign_jitter_ms") => {
+            bad(format!("timers.{f}"), e.reason())
+        }
+        _ => bad("timers", e.to_string()),
+    })?;
     if detector.deadtime_ms < 5 * detector.keepalive_ms {
         warnings.push(format!(
             "timers.deadtime_ms: {} is under five keepalives ({} ms): a few lost heartbeats look like death",
@@ -475,7 +470,7 @@ pub(super) fn serial(
     if peers.iter().any(|p| p.serial_device.is_some()) {
         // A heartbeat on the line: 30 header + 46 a group + 10 a peer,
         // plus about 23 of MAC, envelope and framing (142 -> 165 bytes).
-        let line_bytes = 30 + 46 * groups_per_core_max.min(MAX_GROUPS) + 10 * peers.len() + 23;
+        let line_bytes = 30 + 46 * groups_per_core_max.min(GROUPS_MAX) + 10 * peers.len() + 23;
         let airtime_ms = SerialConfig {
             baud: serial_baud,
             ..SerialConfig::new("")
