@@ -469,41 +469,6 @@ impl Wal {
         self.push_superblock_ops(&mut ops);
         self.run_now(ops).map(|_| ())
     }
-
-    /// Runs a request and waits for it, handling other completions.
-    pub(super) fn run_now(&mut self, ops: Vec<IoOp>) -> Result<Vec<AlignedBuf>, WalError> {
-        const TOKEN: u64 = u64::MAX;
-        self.backend
-            .submit(IoRequest { token: TOKEN, ops })
-            .map_err(io_err("submitting a request"))?;
-        loop {
-            let mut done = Vec::new();
-            self.backend
-                .reap(true, &mut done)
-                .map_err(io_err("collecting completions"))?;
-            let mut mine = None;
-            for c in done {
-                if c.token == TOKEN {
-                    mine = Some(c);
-                } else if let Some(f) = self.in_flight.get_mut(&c.token) {
-                    f.done = true;
-                    f.latency = c.submitted.elapsed();
-                    f.result = c.result.err();
-                }
-            }
-            self.advance_durable();
-            if let Some(c) = mine {
-                return match c.result {
-                    Ok(()) => Ok(c.bufs),
-                    Err(e) => {
-                        self.metrics.io_errors += 1;
-                        self.state = DiskState::Failed(format!("{e}"));
-                        Err(WalError::Stopped(format!("{e}")))
-                    }
-                };
-            }
-        }
-    }
 }
 
 impl InFlight {

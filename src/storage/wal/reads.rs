@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::consensus::{Entry, Index};
-use crate::io::IoOp;
+use crate::io::{AlignedBuf, IoOp, IoRequest};
 use crate::storage::format::{align_up, decode_batch};
 use crate::storage::recovery::BatchLocation;
 use std::fs::File;
@@ -77,6 +77,41 @@ impl Wal {
             i = loc.first_index + loc.count;
         }
         Ok(out)
+    }
+
+    /// Runs a request and waits for it, handling other completions.
+    pub(super) fn run_now(&mut self, ops: Vec<IoOp>) -> Result<Vec<AlignedBuf>, WalError> {
+        const TOKEN: u64 = u64::MAX;
+        self.backend
+            .submit(IoRequest { token: TOKEN, ops })
+            .map_err(io_err("submitting a request"))?;
+        loop {
+            let mut done = Vec::new();
+            self.backend
+                .reap(true, &mut done)
+                .map_err(io_err("collecting completions"))?;
+            let mut mine = None;
+            for c in done {
+                if c.token == TOKEN {
+                    mine = Some(c);
+                } else if let Some(f) = self.in_flight.get_mut(&c.token) {
+                    f.done = true;
+                    f.latency = c.submitted.elapsed();
+                    f.result = c.result.err();
+                }
+            }
+            self.advance_durable();
+            if let Some(c) = mine {
+                return match c.result {
+                    Ok(()) => Ok(c.bufs),
+                    Err(e) => {
+                        self.metrics.io_errors += 1;
+                        self.state = DiskState::Failed(format!("{e}"));
+                        Err(WalError::Stopped(format!("{e}")))
+                    }
+                };
+            }
+        }
     }
 
     pub(super) fn read_batch(&mut self, loc: BatchLocation) -> Result<Vec<Entry>, WalError> {
