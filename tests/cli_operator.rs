@@ -742,6 +742,23 @@ fn a_bench_job_that_could_not_run_exits_1_and_says_error_in_its_json() {
     assert!(msg.starts_with("no operation succeeded; failed: "), "{msg}");
 }
 
+/// Group 0's leader, once there is one, and the client addresses of the
+/// other nodes.
+fn leader_and_followers(procs: &LocalProcesses) -> (u64, Vec<String>) {
+    let mut c = quire::client::Client::new(procs.client_addrs(), &procs.token, 5);
+    let (leader, _) = common::wait_for("a leader of group 0", SERVE_BOUND, || {
+        let row = c.leaders(0).ok()?.into_iter().find(|r| r.leader != 0)?;
+        Some(row.leader)
+    });
+    let followers = procs
+        .nodes
+        .iter()
+        .filter(|(id, _)| **id != leader)
+        .map(|(_, n)| n.client.to_string())
+        .collect();
+    (leader, followers)
+}
+
 /// `quire read` right after `quire append` sees the record even when the
 /// first node it asks is a follower (issue 17, item 4: it missed 17 times
 /// in 20); `--stale` reads that follower's applied copy, and its help
@@ -750,17 +767,7 @@ fn a_bench_job_that_could_not_run_exits_1_and_says_error_in_its_json() {
 fn quire_read_sees_the_last_append_and_stale_reads_a_follower() {
     let dir = tempfile::tempdir().unwrap();
     let procs = cluster(dir.path());
-    let mut c = quire::client::Client::new(procs.client_addrs(), &procs.token, 5);
-    let (leader, _) = common::wait_for("a leader of group 0", SERVE_BOUND, || {
-        let row = c.leaders(0).ok()?.into_iter().find(|r| r.leader != 0)?;
-        Some(row.leader)
-    });
-    let mut addrs: Vec<String> = procs
-        .nodes
-        .iter()
-        .filter(|(id, _)| **id != leader)
-        .map(|(_, n)| n.client.to_string())
-        .collect();
+    let (leader, mut addrs) = leader_and_followers(&procs);
     let follower = addrs[0].clone();
     addrs.push(procs.nodes[&leader].client.to_string());
     let token = procs.dir.join("client.token");
@@ -806,6 +813,91 @@ fn quire_read_sees_the_last_append_and_stale_reads_a_follower() {
         stdout(&help).contains("committed but not yet"),
         "{}",
         stdout(&help)
+    );
+}
+
+/// `quire tail --stale` given a follower's address alone follows that
+/// follower's copy (a linearizable tail there would only be told
+/// NotLeader): records appended through the leader, before it started and
+/// while it runs, are printed in log order, none twice; its help says what
+/// a stale tail misses.
+#[test]
+fn quire_tail_stale_follows_a_follower_alone() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let procs = cluster(dir.path());
+    let (_, followers) = leader_and_followers(&procs);
+    let append = |record: &str| {
+        let out = quire_on(&procs, &["append", record]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    append("before 0");
+    append("before 1");
+    let mut tail = Command::new(QUIRE)
+        .args(["tail", "--stale", "--from", "1", "--addr", &followers[0]])
+        .arg("--token-file")
+        .arg(procs.dir.join("client.token"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = mpsc::channel();
+    let tail_out = tail.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(tail_out).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    append("after 0");
+    append("after 1");
+    let started = std::time::Instant::now();
+    let mut printed: Vec<String> = Vec::new();
+    while !printed.iter().any(|l| l.ends_with("\tafter 1")) {
+        let left = SERVE_BOUND.saturating_sub(started.elapsed());
+        match lines.recv_timeout(left) {
+            Ok(line) => printed.push(line),
+            Err(_) => {
+                let _ = tail.kill();
+                let out = tail.wait_with_output().unwrap();
+                panic!(
+                    "quire tail --stale printed only {printed:?}: {}",
+                    stderr(&out)
+                );
+            }
+        }
+    }
+    let _ = tail.kill();
+    let _ = tail.wait();
+    reader.join().unwrap();
+    let rows: Vec<(u64, &str)> = printed
+        .iter()
+        .map(|l| {
+            let mut cols = l.splitn(3, '\t');
+            let index = cols.next().and_then(|i| i.parse().ok());
+            let data = cols.nth(1);
+            index.zip(data).unwrap_or_else(|| panic!("{l:?}"))
+        })
+        .collect();
+    assert!(
+        rows.windows(2).all(|w| w[0].0 < w[1].0),
+        "in log order, none twice: {printed:?}"
+    );
+    let records: Vec<&str> = rows.iter().map(|r| r.1).filter(|d| !d.is_empty()).collect();
+    assert_eq!(
+        records,
+        ["before 0", "before 1", "after 0", "after 1"],
+        "{printed:?}"
+    );
+    let help = Command::new(QUIRE)
+        .args(["tail", "--help"])
+        .output()
+        .unwrap();
+    let help = stdout(&help);
+    assert!(
+        help.contains("--stale") && help.contains("committed but not yet applied"),
+        "{help}"
     );
 }
 

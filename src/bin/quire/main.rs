@@ -135,7 +135,8 @@ enum Cmd {
         #[arg(long)]
         stale: bool,
     },
-    /// Follow a group's log from an index, printing records as they commit.
+    /// Follow a group's log from an index, printing records as they commit
+    /// (long polls on the group's leader).
     Tail {
         #[command(flatten)]
         target: Target,
@@ -145,6 +146,14 @@ enum Cmd {
         /// First index (the log starts at 1).
         #[arg(long, default_value_t = 1, value_parser = input::log_index)]
         from: u64,
+        /// Follow the first node that answers, leader or not, as it applies
+        /// records: no round trip to the leader, but it lags behind it, and
+        /// misses for now records committed but not yet applied on that
+        /// node (a record just appended); a node cut off from the leader
+        /// prints nothing new until it heals. It never skips a record or
+        /// prints one twice.
+        #[arg(long)]
+        stale: bool,
     },
     /// Check and tune the host (see tuning/README.md).
     Tune {
@@ -449,12 +458,20 @@ fn main() -> ExitCode {
             target,
             group,
             from,
+            stale,
         } => client(&target).and_then(|mut c| {
             let mut next = from;
             loop {
-                // A long poll on the leader: it answers as soon as an entry
-                // at or after `next` commits (or after 1.5 s, empty; the client waits 2 s for an answer).
-                let entries = c.tail(group, next, 1_500).map_err(|e| e.to_string())?;
+                // A long poll on the leader (or, stale, on the first node
+                // that answers): it answers as soon as an entry at or after
+                // `next` is applied there (or after 1.5 s, empty; the client
+                // waits 2 s for an answer).
+                let entries = if stale {
+                    c.tail_stale(group, next, 1_500)
+                } else {
+                    c.tail(group, next, 1_500)
+                };
+                let entries = entries.map_err(|e| e.to_string())?;
                 for e in entries {
                     println!(
                         "{}\t{}\t{}",
