@@ -211,14 +211,6 @@ fn the_commands_quire_up_prints_work_as_printed() {
     );
 }
 
-/// Three `quired` daemons under `dir`, started.
-fn cluster(dir: &Path) -> LocalProcesses {
-    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_quired"));
-    let mut c = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
-    c.start_all().expect("daemons start");
-    c
-}
-
 /// `quire ARGS --addr <every node> --token-file DIR/client.token`.
 fn quire_on(procs: &LocalProcesses, args: &[&str]) -> Output {
     let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
@@ -246,7 +238,7 @@ const SERVE_BOUND: Duration = Duration::from_secs(20);
 #[test]
 fn quire_status_prints_json_the_detectors_labels_and_exits_1_on_an_alarm_or_a_dead_node() {
     let dir = tempfile::tempdir().unwrap();
-    let mut procs = cluster(dir.path());
+    let mut procs = common::three_daemons(dir.path());
     // Healthy: exit 0, every peer classified up, no ALARM.
     let healthy = common::wait_for("a healthy status, exit 0", SERVE_BOUND, || {
         let o = quire_on(&procs, &["status"]);
@@ -425,7 +417,7 @@ fn usage_and_config_errors_exit_2_with_one_line() {
 fn errors_read_once_and_quire_status_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let created = common::wait_for("a ledger created", SERVE_BOUND, || {
         let o = quire_on(&procs, &["ledger", "create", "--json"]);
         o.status.success().then(|| stdout(&o))
@@ -516,7 +508,7 @@ fn bad_arguments_are_refused_naming_the_argument_and_its_limit() {
 fn append_and_produce_read_one_record_per_line_of_stdin_given_a_dash() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
     let piped = |args: &[&str], input: String| {
         let mut child = Command::new(QUIRE)
@@ -655,7 +647,7 @@ fn is_rfc3339_ms(s: &str) -> bool {
 #[test]
 fn human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dashes() {
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let json = |o: &Output| -> serde_json::Value {
         serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
     };
@@ -766,7 +758,7 @@ fn leader_and_followers(procs: &LocalProcesses) -> (u64, Vec<String>) {
 #[test]
 fn quire_read_sees_the_last_append_and_stale_reads_a_follower() {
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let (leader, mut addrs) = leader_and_followers(&procs);
     let follower = addrs[0].clone();
     addrs.push(procs.nodes[&leader].client.to_string());
@@ -825,7 +817,7 @@ fn quire_read_sees_the_last_append_and_stale_reads_a_follower() {
 fn quire_tail_stale_follows_a_follower_alone() {
     use std::sync::mpsc;
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let (_, followers) = leader_and_followers(&procs);
     let append = |record: &str| {
         let out = quire_on(&procs, &["append", record]);
@@ -908,7 +900,7 @@ fn quire_tail_stale_follows_a_follower_alone() {
 #[test]
 fn daemon_log_lines_are_stamped_levelled_and_in_time_order() {
     let dir = tempfile::tempdir().unwrap();
-    let mut procs = cluster(dir.path());
+    let mut procs = common::three_daemons(dir.path());
     let out = quire_on(&procs, &["append", "logged"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // A transition to log: one node stops, the others see it go down.
