@@ -209,6 +209,62 @@ fn the_commands_quire_up_prints_work_as_printed() {
             .any(|l| l.contains("node 1 exit 0, node 2 exit 0, node 3 exit 0")),
         "{rest:?}"
     );
+
+    // The README's transcript of its first command is what was printed:
+    // each of its lines, but for the ones it abbreviates, has the shape
+    // of a printed line.
+    let printed: Vec<String> = printed.iter().chain(&rest).map(|l| shape(l)).collect();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let transcript: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("quire: 3 nodes starting in "))
+        .take_while(|l| !l.starts_with("```"))
+        .filter(|l| *l != "..." && *l != "^C" && !l.contains(" ... "))
+        .collect();
+    assert!(transcript.len() > 20, "no transcript in README.md");
+    for line in transcript {
+        assert!(
+            printed.contains(&shape(line)),
+            "README.md's transcript has {line:?}, quire up printed no such line:\n{text}\n{}",
+            rest.join("\n")
+        );
+    }
+}
+
+/// `line` with what differs from run to run made alike: white space one
+/// space, a word that is a path `/P`, each number `9`, a duration `9 T`.
+fn shape(line: &str) -> String {
+    let words: Vec<String> = line
+        .split_whitespace()
+        .map(|w| {
+            if w.starts_with('/') {
+                return "/P".to_string();
+            }
+            let mut out = String::new();
+            let mut in_number = false;
+            for c in w.chars() {
+                if c.is_ascii_digit() || (in_number && c == '.') {
+                    if !in_number {
+                        out.push('9');
+                    }
+                    in_number = true;
+                } else {
+                    out.push(c);
+                    in_number = false;
+                }
+            }
+            out
+        })
+        .collect();
+    let mut shaped: Vec<&str> = Vec::new();
+    for w in &words {
+        match (shaped.last(), w.as_str()) {
+            (Some(&"9"), "us" | "ms" | "s") => shaped.push("T"),
+            _ => shaped.push(w),
+        }
+    }
+    shaped.join(" ")
 }
 
 /// `quire ARGS --addr <every node> --token-file DIR/client.token`.
