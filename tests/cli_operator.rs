@@ -7,7 +7,27 @@
 //! - `quire up` deletes only a directory it made (or with `--force`);
 //! - the commands `quire up` prints work when pasted into a shell;
 //! - `quire status`: `--json`, the detector's peer labels, exit code 1 on
-//!   an alarm or a node that does not answer ("timed out").
+//!   an alarm (a cut cable, a full disk) or a node that does not answer
+//!   ("timed out").
+//!
+//! Issue 17's items and their tests (here unless named):
+//!
+//! | item | test |
+//! | --- | --- |
+//! | 1 relative `--dir` | `quire_up_with_a_relative_dir_brings_every_link_up_on_both_channels` |
+//! | 2 `--dir` deletion | `quire_up_deletes_only_a_directory_it_made_unless_forced` |
+//! | 3 `try:` lines, admin addresses | `the_commands_quire_up_prints_work_as_printed` (also the README transcript) |
+//! | 4 reads | `quire_read_sees_the_last_append_and_stale_reads_a_follower`, `quire_tail_stale_follows_a_follower_alone`; `tests/reads.rs` (200 pairs) |
+//! | 5 `quire status` | `quire_status_prints_json_the_detectors_labels_and_exits_1_on_an_alarm_or_a_dead_node`, `quire_status_raises_an_alarm_for_a_full_disk`; `tests/hardening_input.rs` (no leader) |
+//! | 6 every binary | `every_binary_prints_its_version`, `a_closed_stdout_ends_each_binary_quietly_not_with_a_panic`, `errors_read_once_and_quire_status_into_a_closed_pipe_ends_quietly`, `usage_and_config_errors_exit_2_with_one_line` |
+//! | 7 human output | `human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dashes` |
+//! | 8 errors name the limit | `bad_arguments_are_refused_naming_the_argument_and_its_limit` |
+//! | 9 stdin | `append_and_produce_read_one_record_per_line_of_stdin_given_a_dash` |
+//! | 10 `quire member` | `tests/member_promote.rs` |
+//! | 11 `quire tune` | `tune_disk_refuses_a_missing_directory_and_tune_apply_names_both_modes` |
+//! | 12 `quire-bench` | `a_bench_job_that_could_not_run_exits_1_and_says_error_in_its_json`; `tests/bench_cli.rs` `the_plots_legend_is_below_every_curve` |
+//! | 13 completions, man pages | `tests/cli_completions.rs` |
+//! | 14 daemon log lines | `daemon_log_lines_are_stamped_levelled_and_in_time_order` |
 
 mod common;
 
@@ -378,6 +398,66 @@ fn quire_status_prints_json_the_detectors_labels_and_exits_1_on_an_alarm_or_a_de
         "{}",
         stdout(&o)
     );
+}
+
+/// Item 5, a disk: `quire status` raises `ALARM: group 0 disk full` for
+/// the node whose log's filesystem is full and exits 1 while it is; with
+/// space again the alarm goes and it exits 0. Needs root (the log on a
+/// loop-mounted ext4) and says so when it skips.
+#[test]
+fn quire_status_raises_an_alarm_for_a_full_disk() {
+    let fs = match common::LoopFs::new(64) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipping the disk-full alarm: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Node 3 logs on the small filesystem, in 1 MiB segments.
+    let procs = common::three_daemons_tuned(dir.path(), |config| {
+        if !config.parent().is_some_and(|d| d.ends_with("node3")) {
+            return;
+        }
+        let text = std::fs::read_to_string(config).unwrap();
+        let log = fs.path().join("log0");
+        let text = text
+            .replace("path = \"log0\"", &format!("path = \"{}\"", log.display()))
+            .replace(
+                "segment_bytes = 8388608",
+                "segment_bytes = 1048576\nflush_bytes_max = 262144",
+            );
+        std::fs::write(config, text).unwrap();
+    });
+    common::wait_for("a healthy status, exit 0", SERVE_BOUND, || {
+        quire_on(&procs, &["status"]).status.success().then_some(())
+    });
+    let ballast = fs.path().join("ballast");
+    common::fill_up(&ballast);
+    // Large appends (committed by nodes 1 and 2) use up node 3's segment.
+    let id = quire::client::random_client_id().unwrap();
+    let mut c = quire::client::Client::new(procs.client_addrs(), &procs.token, id);
+    let record = vec![b'x'; 60 << 10];
+    let (full, code) = common::wait_for("node 3's disk-full alarm", SERVE_BOUND, || {
+        let _ = c.append(0, &record);
+        let o = quire_on(&procs, &["status"]);
+        let text = stdout(&o);
+        text.contains("ALARM: group 0 disk full")
+            .then(|| (text, o.status.code()))
+    })
+    .0;
+    assert_eq!(code, Some(1), "{full}");
+    assert_eq!(full.matches("ALARM: ").count(), 1, "{full}");
+    let o = quire_on(&procs, &["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v[2]["alarms"], serde_json::json!(["group 0 disk full"]));
+    std::fs::remove_file(&ballast).unwrap();
+    let healthy = common::wait_for("the alarm to go", SERVE_BOUND, || {
+        let o = quire_on(&procs, &["status"]);
+        o.status.success().then(|| stdout(&o))
+    })
+    .0;
+    assert!(!healthy.contains("ALARM"), "{healthy}");
 }
 
 #[test]

@@ -173,6 +173,29 @@ impl LoopFs {
     }
 }
 
+/// Creates `path` as one preallocated file taking every free block of the
+/// filesystem holding it (as root the reserved ones too): a ballast that
+/// leaves the filesystem full until it is removed.
+pub fn fill_up(path: &Path) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::create(path).expect("create the ballast");
+    // SAFETY: statvfs on a NUL-terminated path into a zeroed struct.
+    let free = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        let dir = std::ffi::CString::new(path.parent().unwrap().to_str().unwrap()).unwrap();
+        assert_eq!(libc::statvfs(dir.as_ptr(), &mut st), 0, "statvfs");
+        st.f_bfree as u64 * st.f_frsize as u64
+    };
+    let mut len = free;
+    while len > 0 {
+        // SAFETY: fallocate on an open file descriptor we own.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+            return;
+        }
+        len = len.saturating_sub(256 << 10);
+    }
+}
+
 impl Drop for LoopFs {
     fn drop(&mut self) {
         self.thaw();
