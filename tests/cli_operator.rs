@@ -20,7 +20,7 @@
 //! | 4 reads | `quire_read_sees_the_last_append_and_stale_reads_a_follower`, `quire_tail_stale_follows_a_follower_alone`; `tests/reads.rs` (200 pairs) |
 //! | 5 `quire status` | `quire_status_prints_json_the_detectors_labels_and_exits_1_on_an_alarm_or_a_dead_node`, `quire_status_raises_an_alarm_for_a_full_disk`; `tests/hardening_input.rs` (no leader) |
 //! | 6 every binary | `every_binary_prints_its_version`, `a_closed_stdout_ends_each_binary_quietly_not_with_a_panic`, `errors_read_once_and_quire_status_into_a_closed_pipe_ends_quietly`, `usage_and_config_errors_exit_2_with_one_line` |
-//! | 7 human output | `human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dashes` |
+//! | 7 human output, `--json` | `human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dashes`, `append_read_tail_and_member_print_json_objects` |
 //! | 8 errors name the limit | `bad_arguments_are_refused_naming_the_argument_and_its_limit` |
 //! | 9 stdin | `append_and_produce_read_one_record_per_line_of_stdin_given_a_dash` |
 //! | 10 `quire member` | `tests/member_promote.rs` |
@@ -843,6 +843,99 @@ fn human_output_has_no_debug_formatting_dates_are_rfc3339_and_absent_values_dash
             assert!(!text.contains(debug), "{debug:?} in {text}");
         }
     }
+}
+
+/// Item 7, `--json` where a script wants it: `quire append`, `read` and
+/// `tail` print one object per record, `quire member` one per change
+/// (`status`, ledgers and queues: the tests above).
+#[test]
+fn append_read_tail_and_member_print_json_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let procs = common::three_daemons(dir.path());
+    let objects = |o: &Output| -> Vec<serde_json::Value> {
+        assert!(o.status.success(), "{}", stderr(o));
+        stdout(o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    };
+    let appended = objects(&quire_on(&procs, &["append", "--json", "a", "b"]));
+    assert_eq!(appended.len(), 2);
+    assert_eq!(appended[0]["data"], "a");
+    assert_eq!(appended[1]["data"], "b");
+    let first = appended[0]["index"].as_u64().unwrap();
+    assert_eq!(appended[1]["index"].as_u64(), Some(first + 1));
+
+    let from = first.to_string();
+    let read = objects(&quire_on(
+        &procs,
+        &["read", "--json", "--from", &from, "--max", "2"],
+    ));
+    assert_eq!(read.len(), 2);
+    for (r, a) in read.iter().zip(&appended) {
+        assert_eq!((&r["index"], &r["data"]), (&a["index"], &a["data"]));
+        assert!(r["term"].as_u64().unwrap() >= 1, "{r}");
+    }
+
+    let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
+    let mut tail = Command::new(QUIRE)
+        .args([
+            "tail",
+            "--json",
+            "--from",
+            &from,
+            "--addr",
+            &addrs.join(","),
+        ])
+        .arg("--token-file")
+        .arg(procs.dir.join("client.token"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut tailed = BufReader::new(tail.stdout.take().unwrap()).lines();
+    for a in &appended {
+        let line = tailed.next().expect("a line").unwrap();
+        let t: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!((&t["index"], &t["data"]), (&a["index"], &a["data"]));
+    }
+    let _ = tail.kill();
+    let _ = tail.wait();
+
+    let leader = common::agreed_leader(&procs, SERVE_BOUND);
+    let follower = *procs.nodes.keys().find(|&&n| n != leader).unwrap();
+    let admin = procs.nodes[&leader].admin.to_string();
+    let token = procs.dir.join("admin.token");
+    let member = |change: &str| {
+        Command::new(QUIRE)
+            .args(["member", "--json", "--admin", &admin, "--admin-token-file"])
+            .arg(&token)
+            .args([change, "--node", &follower.to_string()])
+            .output()
+            .unwrap()
+    };
+    for change in ["remove", "learner"] {
+        let answers = objects(&member(change));
+        assert_eq!(answers.len(), 1);
+        let a = &answers[0];
+        assert_eq!(
+            (&a["group"], &a["change"], &a["node"]),
+            (&0.into(), &change.into(), &follower.into()),
+            "{a}"
+        );
+        assert!(
+            a["answer"].as_str().unwrap().contains("applied at index"),
+            "{a}"
+        );
+    }
+    // A refusal is an error, as without --json.
+    let refused = member("learner");
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(stdout(&refused), "");
+    assert!(
+        stderr(&refused).starts_with("quire: "),
+        "{}",
+        stderr(&refused)
+    );
 }
 
 #[test]
