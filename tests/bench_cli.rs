@@ -226,6 +226,62 @@ fn cluster_embedded_from_the_job_file_with_replication_block() {
     assert!(svg.starts_with("<svg") && svg.contains("throughput"));
 }
 
+/// `--plot`'s legend is a strip under both charts (issue 17, item 12: it
+/// covered the curves): every job has its entry, and each entry is below
+/// every point of every curve. (`bench::plot`'s unit test checks that no
+/// curve, however it runs, passes under an entry.)
+#[test]
+fn the_plots_legend_is_below_every_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("plot.svg");
+    ok_json(&[
+        "bench/jobs/transport-lossless.fio",
+        "--runtime=0.3",
+        "--log_avg_msec=20",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let svg = std::fs::read_to_string(svg).unwrap();
+    let number = |tag: &str, name: &str| -> f64 {
+        let at = tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        tag[at..].split('"').next().unwrap().parse().unwrap()
+    };
+    // Each <text> element's y and content; the legend's say "(group N)".
+    let legend_tops: Vec<f64> = svg
+        .split("<text")
+        .skip(1)
+        .filter(|t| t.split("</text>").next().unwrap().contains("(group "))
+        .map(|t| number(t, "y") - number(t, "font-size"))
+        .collect();
+    assert_eq!(legend_tops.len(), 2, "one entry per job:\n{svg}");
+    let curve_bottom = svg
+        .split("<polyline")
+        .skip(1)
+        .map(|t| {
+            t.split("points=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+        })
+        .filter(|points| points.split_whitespace().count() >= 3)
+        .flat_map(|points| {
+            points
+                .split_whitespace()
+                .map(|xy| xy.split(',').nth(1).unwrap())
+        })
+        .map(|y| y.parse::<f64>().unwrap())
+        .fold(f64::MIN, f64::max);
+    assert!(curve_bottom > 0.0, "no curve drawn:\n{svg}");
+    for top in legend_tops {
+        assert!(
+            top > curve_bottom,
+            "a legend entry at y {top} is over a curve (down to {curve_bottom})"
+        );
+    }
+}
+
 #[test]
 fn cluster_embedded_from_flags() {
     let doc = ok_json(&[

@@ -27,25 +27,10 @@ use std::time::{Duration, Instant};
 
 const SLOW: Duration = Duration::from_secs(20);
 
-fn cluster(dir: &Path, tune: impl Fn(&Path)) -> LocalProcesses {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
-    let mut c = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
-    for n in c.nodes.values() {
-        tune(&n.config);
-    }
-    c.start_all().expect("daemons start");
-    c
-}
-
 /// One HTTP/1.1 request with `headers` (`Name: value\r\n` each); the
 /// status code and the body, or `None` if the node does not answer.
 fn http(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Option<(u16, String)> {
     common::http(addr, method, path, headers, SLOW)
-}
-
-fn status(addr: SocketAddr) -> Option<serde_json::Value> {
-    let (code, body) = http(addr, "GET", "/status", "")?;
-    (code == 200).then(|| serde_json::from_str(&body).ok())?
 }
 
 fn metrics(addr: SocketAddr) -> String {
@@ -53,29 +38,7 @@ fn metrics(addr: SocketAddr) -> String {
 }
 
 fn voters(addr: SocketAddr) -> Vec<u64> {
-    let v = status(addr).expect("status");
-    v["groups"][0]["voters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n.as_u64().unwrap())
-        .collect()
-}
-
-/// The id of group 0's leader once every node names the same one.
-fn agreed_leader(c: &LocalProcesses) -> u64 {
-    common::wait_for("an agreed leader", SLOW, || {
-        let mut leader = None;
-        for n in c.nodes.values() {
-            let l = status(n.admin)?["groups"][0]["leader"].as_u64()?;
-            if leader.is_some_and(|x| x != l) {
-                return None;
-            }
-            leader = Some(l);
-        }
-        leader
-    })
-    .0
+    common::group0_members(addr, "voters", SLOW)
 }
 
 fn bearer(token: &[u8]) -> String {
@@ -102,8 +65,8 @@ fn refusals(text: &str, reason: &str) -> u64 {
 #[test]
 fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let c = cluster(dir.path(), |_| {});
-    let leader = agreed_leader(&c);
+    let c = common::three_daemons(dir.path());
+    let leader = common::agreed_leader(&c, SLOW);
     let victim = *c.nodes.keys().find(|&&n| n != leader).unwrap();
     let bystander = *c
         .nodes
@@ -198,7 +161,7 @@ fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
     assert_eq!(code, 403, "the old token is refused: {body}");
     let (code, body) = post(&learner, &bearer(new_token));
     assert_eq!(code, 200, "{body}");
-    let v = status(admin).unwrap();
+    let v = common::admin_status(admin, SLOW).unwrap();
     assert_eq!(v["groups"][0]["learners"], serde_json::json!([victim]));
 
     // `quire member` sends the token from --admin-token-file.
@@ -257,7 +220,7 @@ fn everything_quire_writes_is_its_owners_only() {
     unsafe { libc::umask(0o022) };
     let dir = tempfile::tempdir().unwrap();
     // Small snapshots, so the snapshot slot files exist too.
-    let c = cluster(dir.path(), |config| {
+    let c = common::three_daemons_tuned(dir.path(), |config| {
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(config)
@@ -273,7 +236,8 @@ fn everything_quire_writes_is_its_owners_only() {
     }
     for n in c.nodes.values() {
         common::wait_for("a snapshot on every node", SLOW, || {
-            let taken = status(n.admin)?["groups"][0]["snapshot"]["taken"].as_u64()?;
+            let taken =
+                common::admin_status(n.admin, SLOW)?["groups"][0]["snapshot"]["taken"].as_u64()?;
             (taken >= 1).then_some(())
         });
     }

@@ -11,41 +11,11 @@ use quire::client::Client;
 use quire::node::processes::LocalProcesses;
 use quire::node::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
 const SLOW: Duration = Duration::from_secs(20);
-
-fn status(addr: SocketAddr) -> Option<serde_json::Value> {
-    let (code, body) = common::http(addr, "GET", "/status", "", SLOW)?;
-    (code == 200).then(|| serde_json::from_str(&body).ok())?
-}
-
-fn members(addr: SocketAddr, kind: &str) -> Vec<u64> {
-    let v = status(addr).expect("status");
-    v["groups"][0][kind]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n.as_u64().unwrap())
-        .collect()
-}
-
-fn agreed_leader(c: &LocalProcesses) -> u64 {
-    common::wait_for("an agreed leader", SLOW, || {
-        let mut leader = None;
-        for n in c.nodes.values() {
-            let l = status(n.admin)?["groups"][0]["leader"].as_u64()?;
-            if leader.is_some_and(|x| x != l) {
-                return None;
-            }
-            leader = Some(l);
-        }
-        leader
-    })
-    .0
-}
 
 /// `quire member --admin A --admin-token-file F --group 0 CHANGE --node N [extra]`.
 fn member(admin: SocketAddr, token: &Path, change: &str, node: u64, extra: &[&str]) -> Output {
@@ -93,7 +63,7 @@ fn append(c: &LocalProcesses, n: usize, what: &str) {
 fn lagging_learner(c: &mut LocalProcesses, admin: SocketAddr, token: &Path, id: u64) {
     ok(&member(admin, token, "remove", id, &[]));
     ok(&member(admin, token, "learner", id, &[]));
-    assert_eq!(members(admin, "learners"), vec![id]);
+    assert_eq!(common::group0_members(admin, "learners", SLOW), vec![id]);
     c.signal(id, libc::SIGTERM);
     c.wait(id);
     append(
@@ -106,11 +76,9 @@ fn lagging_learner(c: &mut LocalProcesses, admin: SocketAddr, token: &Path, id: 
 #[test]
 fn only_a_caught_up_learner_is_promoted_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
-    let mut c = LocalProcesses::prepare(dir.path(), 3, 1, &exe).expect("cluster prepared");
-    c.start_all().expect("daemons start");
+    let mut c = common::three_daemons(dir.path());
     let token = dir.path().join("admin.token");
-    let leader = agreed_leader(&c);
+    let leader = common::agreed_leader(&c, SLOW);
     let admin = c.nodes[&leader].admin;
     let mut others = c.nodes.keys().copied().filter(|&n| n != leader);
     let (victim, bystander) = (others.next().unwrap(), others.next().unwrap());
@@ -152,7 +120,11 @@ fn only_a_caught_up_learner_is_promoted_unless_forced() {
         )),
         "{err}"
     );
-    assert_eq!(members(admin, "learners"), vec![victim], "still a learner");
+    assert_eq!(
+        common::group0_members(admin, "learners", SLOW),
+        vec![victim],
+        "still a learner"
+    );
 
     // Back up, it catches up and is promoted without --force. Until the
     // leader has its acknowledgements, the answer is the same 409.
@@ -171,7 +143,10 @@ fn only_a_caught_up_learner_is_promoted_unless_forced() {
         promoted.contains(&format!("AddVoter({victim}) applied")),
         "{promoted}"
     );
-    assert!(members(admin, "voters").contains(&victim), "promoted");
+    assert!(
+        common::group0_members(admin, "voters", SLOW).contains(&victim),
+        "promoted"
+    );
 
     // --force promotes a learner however far behind it is.
     lagging_learner(&mut c, admin, &token, bystander);
@@ -182,7 +157,7 @@ fn only_a_caught_up_learner_is_promoted_unless_forced() {
         out.contains(&format!("AddVoter({bystander}) applied")),
         "{out}"
     );
-    let voters = members(admin, "voters");
+    let voters = common::group0_members(admin, "voters", SLOW);
     assert!(voters.contains(&bystander), "{voters:?}");
     assert_eq!(voters.len(), 3, "{voters:?}");
     c.stop_all();

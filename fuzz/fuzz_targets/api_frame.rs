@@ -3,7 +3,9 @@
 //! not) and into a `ClientSession`, and as one frame into the response and
 //! request decoders. Never a panic, never a receive buffer above its
 //! bound, and a failed session always has a decodable close frame;
-//! anything a decoder accepts re-encodes to the same bytes.
+//! anything a decoder accepts re-encodes to the same bytes (but for the
+//! one older form it accepts: a Read or Tail without its stale byte,
+//! re-encoded with a 0 there).
 #![no_main]
 
 use std::sync::Arc;
@@ -92,6 +94,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((id, req)) = decode_request(rest, FRAME_BYTES_MAX) {
         let mut again = Vec::new();
         encode_request(id, &req, FRAME_BYTES_MAX, &mut again).unwrap();
-        assert_eq!(again, rest, "decode then encode changed the bytes");
+        let older_form = matches!(
+            req,
+            Request::Read { stale: false, .. } | Request::Tail { stale: false, .. }
+        ) && again.len() == rest.len() + 1
+            && again[4..again.len() - 1] == rest[4..]
+            && again.last() == Some(&0);
+        assert!(
+            again == rest || older_form,
+            "decode then encode changed the bytes"
+        );
     }
 });

@@ -5,7 +5,10 @@
 //! either decodes or yields a typed [`DecodeError`]; it never panics,
 //! never allocates in proportion to a length it has not checked against
 //! the bytes actually present, and accepts nothing it would not itself
-//! have written (decode then encode gives back the same bytes).
+//! have written (decode then encode gives back the same bytes), with one
+//! exception kept for older clients: a Read or Tail without its trailing
+//! `stale` byte, the form of version 1 before that byte was added, decodes
+//! as not stale (and re-encodes with the byte, 0).
 //!
 //! ```text
 //! frame = len u32 | version u8 | opcode u8 | id u64 | payload     (integers little-endian)
@@ -30,7 +33,8 @@
 //!  0x05 Tail      group u32 | from u64 | wait_ms u32 | stale u8  (answered with Entries)
 //!            stale  0: linearizable, served by the leader after a read-index
 //!                   round (a follower answers NotLeader); 1: served by this
-//!                   node from what it has applied (may lag); nothing else
+//!                   node from what it has applied (may lag); nothing else;
+//!                   absent (a client from before the byte): 0
 //!  0x06 Leaders   (empty)                    0x86 LeaderMap     list(group u32 | leader u64 | addr string)
 //!  0x07 Status    (empty)                    0x87 StatusJson    json string
 //!  0x08 Command   group u32 | client_id u64  0x88 Outcome       outcome bytes
@@ -783,13 +787,13 @@ impl Request {
                 from: r.u64()?,
                 max_entries: r.u32()?,
                 max_bytes: r.u32()?,
-                stale: r.flag("stale is neither 0 nor 1")?,
+                stale: r.stale_flag()?,
             },
             OP_TAIL => Request::Tail {
                 group: r.u32()?,
                 from: r.u64()?,
                 wait_ms: r.u32()?,
-                stale: r.flag("stale is neither 0 nor 1")?,
+                stale: r.stale_flag()?,
             },
             OP_LEADERS => Request::Leaders,
             OP_STATUS => Request::Status,
@@ -1029,6 +1033,19 @@ impl<'a> Reader<'a> {
             1 => Ok(true),
             _ => Err(DecodeError::Invalid(what)),
         }
+    }
+
+    /// The `stale` flag ending a Read or Tail: 0 or 1, or nothing at all,
+    /// which is a client of version 1 from before the flag (not stale, as
+    /// its reads were meant: the README promised NotLeader from a
+    /// follower), so that such a client keeps working instead of getting
+    /// `Truncated` for every read. Bumping [`VERSION`] would have refused
+    /// it outright, since every frame, answers too, carries the version.
+    fn stale_flag(&mut self) -> Result<bool, DecodeError> {
+        if self.0.is_empty() {
+            return Ok(false);
+        }
+        self.flag("stale is neither 0 nor 1")
     }
 
     fn u16(&mut self) -> Result<u16, DecodeError> {

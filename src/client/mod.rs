@@ -425,37 +425,14 @@ impl Client {
         from: u64,
         max_entries: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        let req = Request::Read {
-            group,
-            from,
-            max_entries,
-            max_bytes: 16 << 20,
-            stale: false,
-        };
-        match self.with_leader(group, &req)? {
-            Response::Entries { entries } => Ok(entries),
-            other => Err(ClientError::Unavailable(format!(
-                "unexpected answer {other:?}"
-            ))),
-        }
+        self.entries_from_leader(group, &log_read(group, from, max_entries, false))
     }
 
     /// Committed entries of `group` from `from` on, waiting up to `wait_ms`
     /// on the leader for the first one to commit (a long poll; empty if
     /// none did).
     pub fn tail(&mut self, group: u32, from: u64, wait_ms: u32) -> Result<Vec<Entry>, ClientError> {
-        let req = Request::Tail {
-            group,
-            from,
-            wait_ms,
-            stale: false,
-        };
-        match self.with_leader(group, &req)? {
-            Response::Entries { entries } => Ok(entries),
-            other => Err(ClientError::Unavailable(format!(
-                "unexpected answer {other:?}"
-            ))),
-        }
+        self.entries_from_leader(group, &log_tail(group, from, wait_ms, false))
     }
 
     /// Committed entries of `group` from `from` as the first node that
@@ -467,13 +444,63 @@ impl Client {
         from: u64,
         max_entries: u32,
     ) -> Result<Vec<Entry>, ClientError> {
+        self.entries_from_any_node(&log_read(group, from, max_entries, true))
+    }
+
+    /// Committed entries of `group` from `from` on as the first node that
+    /// answers has applied them, leader or not, waiting up to `wait_ms`
+    /// there for the first one (a stale long poll): it answers only once
+    /// that node has applied an entry, so it may lag behind the leader,
+    /// and a node cut off from the leader answers empty until it heals.
+    /// Entries come in log order from `from`, none skipped: what a node
+    /// has applied is committed.
+    pub fn tail_stale(
+        &mut self,
+        group: u32,
+        from: u64,
+        wait_ms: u32,
+    ) -> Result<Vec<Entry>, ClientError> {
+        self.entries_from_any_node(&log_tail(group, from, wait_ms, true))
+    }
+
+    /// Committed entries of `group` from `from` as node `addrs[i]` has
+    /// applied them, leader or not: a stale read of that node's copy (it
+    /// may miss entries committed but not yet applied there).
+    pub fn read_from(
+        &mut self,
+        i: usize,
+        group: u32,
+        from: u64,
+        max_entries: u32,
+    ) -> Result<Vec<Entry>, ClientError> {
+        self.entries_from(i, &log_read(group, from, max_entries, true))
+    }
+
+    /// The entries `group`'s leader answers the read or tail `req` with.
+    fn entries_from_leader(
+        &mut self,
+        group: u32,
+        req: &Request,
+    ) -> Result<Vec<Entry>, ClientError> {
+        match self.with_leader(group, req)? {
+            Response::Entries { entries } => Ok(entries),
+            other => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends the stale read or tail `req` to each address in turn, from
+    /// the first, until one answers with entries or a refusal that is not
+    /// `Unavailable` or `Timeout`, or `deadline` passes.
+    fn entries_from_any_node(&mut self, req: &Request) -> Result<Vec<Entry>, ClientError> {
         let started = Instant::now();
         let mut last = String::from("no node tried");
         let mut attempt = 0usize;
         while started.elapsed() < self.deadline {
             let i = attempt % self.addrs.len();
             attempt += 1;
-            match self.read_from(i, group, from, max_entries) {
+            match self.entries_from(i, req) {
                 Err(ClientError::Unavailable(why)) => last = why,
                 Err(ClientError::Refused(code, why))
                     if matches!(code, ErrorCode::Unavailable | ErrorCode::Timeout) =>
@@ -489,24 +516,9 @@ impl Client {
         Err(ClientError::Unavailable(last))
     }
 
-    /// Committed entries of `group` from `from` as node `addrs[i]` has
-    /// applied them, leader or not: a stale read of that node's copy (it
-    /// may miss entries committed but not yet applied there).
-    pub fn read_from(
-        &mut self,
-        i: usize,
-        group: u32,
-        from: u64,
-        max_entries: u32,
-    ) -> Result<Vec<Entry>, ClientError> {
-        let req = Request::Read {
-            group,
-            from,
-            max_entries,
-            max_bytes: 16 << 20,
-            stale: true,
-        };
-        match self.call(i, &req) {
+    /// The entries node `addrs[i]` answers the read or tail `req` with.
+    fn entries_from(&mut self, i: usize, req: &Request) -> Result<Vec<Entry>, ClientError> {
+        match self.call(i, req) {
             Ok(Response::Entries { entries }) => Ok(entries),
             Ok(Response::Error { code, message, .. }) => Err(ClientError::Refused(code, message)),
             Ok(other) => Err(ClientError::Unavailable(format!(
@@ -536,6 +548,31 @@ impl Client {
             ))),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Most data bytes a read asks for: 16 MiB, the default bound of a whole
+/// frame (`api::FRAME_BYTES_MAX`).
+const READ_BYTES_MAX: u32 = 16 << 20;
+
+/// A Read of `group`'s log from `from`, at most `max_entries`.
+fn log_read(group: u32, from: u64, max_entries: u32, stale: bool) -> Request {
+    Request::Read {
+        group,
+        from,
+        max_entries,
+        max_bytes: READ_BYTES_MAX,
+        stale,
+    }
+}
+
+/// A Tail of `group`'s log from `from`, waiting up to `wait_ms`.
+fn log_tail(group: u32, from: u64, wait_ms: u32, stale: bool) -> Request {
+    Request::Tail {
+        group,
+        from,
+        wait_ms,
+        stale,
     }
 }
 

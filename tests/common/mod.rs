@@ -1,8 +1,11 @@
 //! Helpers shared by the integration tests: waiting on observable state
-//! with a deadline (never a sleep), and small loop-mounted filesystems.
+//! with a deadline (never a sleep), a three-daemon cluster and its admin
+//! `/status`, and small loop-mounted filesystems.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use quire::node::processes::LocalProcesses;
 use quire::node::{GroupSpec, NodeHandle, NodeSpec};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -45,6 +48,59 @@ pub fn http(
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     Some((code, body.to_string()))
+}
+
+/// A node's admin `/status` as JSON, or `None` if it does not answer 200
+/// within `limit`.
+pub fn admin_status(addr: SocketAddr, limit: Duration) -> Option<serde_json::Value> {
+    let (code, body) = http(addr, "GET", "/status", "", limit)?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+/// The node ids in group 0's `kind` list (`voters` or `learners`) of the
+/// `/status` of the node whose admin endpoint is `addr`.
+pub fn group0_members(addr: SocketAddr, kind: &str, limit: Duration) -> Vec<u64> {
+    let v = admin_status(addr, limit).expect("the node's /status");
+    v["groups"][0][kind]
+        .as_array()
+        .unwrap_or_else(|| panic!("no groups[0].{kind} in {v}"))
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect()
+}
+
+/// The id of group 0's leader once every node of `c` names the same one
+/// in its `/status` (waiting up to `limit`).
+pub fn agreed_leader(c: &LocalProcesses, limit: Duration) -> u64 {
+    wait_for("an agreed leader", limit, || {
+        let mut leader = None;
+        for n in c.nodes.values() {
+            let l = admin_status(n.admin, limit)?["groups"][0]["leader"].as_u64()?;
+            if leader.is_some_and(|x| x != l) {
+                return None;
+            }
+            leader = Some(l);
+        }
+        leader
+    })
+    .0
+}
+
+/// Three `quired` daemons of one group under `dir` (`quire up`'s layout),
+/// started once `tune` has seen each node's config file.
+pub fn three_daemons_tuned(dir: &Path, tune: impl Fn(&Path)) -> LocalProcesses {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
+    let mut c = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
+    for n in c.nodes.values() {
+        tune(&n.config);
+    }
+    c.start_all().expect("daemons start");
+    c
+}
+
+/// Three `quired` daemons of one group under `dir`, started.
+pub fn three_daemons(dir: &Path) -> LocalProcesses {
+    three_daemons_tuned(dir, |_| {})
 }
 
 /// Runs a command; true if it ran and succeeded.
@@ -114,6 +170,29 @@ impl LoopFs {
             run("fsfreeze", &["-u", self.mnt.to_str().unwrap()]);
             self.frozen = false;
         }
+    }
+}
+
+/// Creates `path` as one preallocated file taking every free block of the
+/// filesystem holding it (as root the reserved ones too): a ballast that
+/// leaves the filesystem full until it is removed.
+pub fn fill_up(path: &Path) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::create(path).expect("create the ballast");
+    // SAFETY: statvfs on a NUL-terminated path into a zeroed struct.
+    let free = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        let dir = std::ffi::CString::new(path.parent().unwrap().to_str().unwrap()).unwrap();
+        assert_eq!(libc::statvfs(dir.as_ptr(), &mut st), 0, "statvfs");
+        st.f_bfree as u64 * st.f_frsize as u64
+    };
+    let mut len = free;
+    while len > 0 {
+        // SAFETY: fallocate on an open file descriptor we own.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+            return;
+        }
+        len = len.saturating_sub(256 << 10);
     }
 }
 

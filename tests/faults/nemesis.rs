@@ -261,7 +261,7 @@ pub fn disk_full(
     let what = format!("disk full on the {role}");
     let ballast = fs.join("ballast");
     let started = Instant::now();
-    fill(&ballast);
+    super::common::fill_up(&ballast);
     let id = super::cluster::fresh_client_id();
     let mut filler = c.client(id, Duration::from_secs(2));
     let mut seq = 0;
@@ -300,26 +300,4 @@ pub fn disk_full(
         &format!("{what}: space back to healthy"),
         c.wait_healthy(&what),
     );
-}
-
-/// Takes every free block of the filesystem holding `path` (as root the
-/// reserved ones too) with one preallocated file.
-fn fill(path: &Path) {
-    use std::os::unix::io::AsRawFd;
-    let f = std::fs::File::create(path).expect("create the ballast");
-    // SAFETY: statvfs on a NUL-terminated path into a zeroed struct.
-    let free = unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        let dir = std::ffi::CString::new(path.parent().unwrap().to_str().unwrap()).unwrap();
-        assert_eq!(libc::statvfs(dir.as_ptr(), &mut st), 0, "statvfs");
-        st.f_bfree as u64 * st.f_frsize as u64
-    };
-    let mut len = free;
-    while len > 0 {
-        // SAFETY: fallocate on an open file descriptor we own.
-        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
-            return;
-        }
-        len = len.saturating_sub(256 << 10);
-    }
 }

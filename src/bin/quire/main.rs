@@ -6,14 +6,14 @@
 //!   node, prints the status, and runs until Ctrl-C (then stops cleanly);
 //! - `quire status --addr A,B,C --token-file F [--json]`: every node's groups and
 //!   link table;
-//! - `quire append|read|tail --addr .. --token-file F --group G ...`: the
-//!   raw group log;
+//! - `quire append|read|tail --addr .. --token-file F --group G ...
+//!   [--json]`: the raw group log (`read` and `tail` also `--stale`);
 //! - `quire ledger create|append|close|open|read|tail|delete|list` and
 //!   `quire queue create|produce|consume|ack|list|dead|delete`: ledgers
 //!   and queues (state.rs), with `--json`;
 //! - `quire member --admin A --admin-token-file F --group G
-//!   remove|learner|voter --node N [--force]`: one membership change on the
-//!   group's leader, with the admin token (`voter` promotes only a learner
+//!   remove|learner|voter --node N [--force] [--json]`: one membership
+//!   change on the group's leader, with the admin token (`voter` promotes only a learner
 //!   that has caught up, unless `--force`);
 //! - `quire completions bash|zsh|fish`: a completion script on stdout;
 //!   `quire man DIR`: man pages (`quire.1`, `quire-SUB.1`), both
@@ -113,6 +113,9 @@ enum Cmd {
         /// The records, or `-` for stdin's lines.
         #[arg(required = true)]
         records: Vec<String>,
+        /// Print JSON, one object per record: `{"index", "data"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Read committed records of a group's log, linearizably: from the
     /// group's leader, after it confirmed it still leads (every append
@@ -134,8 +137,12 @@ enum Cmd {
         /// applied on that node (a record just appended, for instance).
         #[arg(long)]
         stale: bool,
+        /// Print JSON, one object per record: `{"index", "term", "data"}`.
+        #[arg(long)]
+        json: bool,
     },
-    /// Follow a group's log from an index, printing records as they commit.
+    /// Follow a group's log from an index, printing records as they commit
+    /// (long polls on the group's leader).
     Tail {
         #[command(flatten)]
         target: Target,
@@ -145,6 +152,17 @@ enum Cmd {
         /// First index (the log starts at 1).
         #[arg(long, default_value_t = 1, value_parser = input::log_index)]
         from: u64,
+        /// Follow the first node that answers, leader or not, as it applies
+        /// records: no round trip to the leader, but it lags behind it, and
+        /// misses for now records committed but not yet applied on that
+        /// node (a record just appended); a node cut off from the leader
+        /// prints nothing new until it heals. It never skips a record or
+        /// prints one twice.
+        #[arg(long)]
+        stale: bool,
+        /// Print JSON, one object per record: `{"index", "term", "data"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Check and tune the host (see tuning/README.md).
     Tune {
@@ -178,6 +196,11 @@ enum Cmd {
         /// writes DIR/admin.token), sent as Authorization: Bearer.
         #[arg(long)]
         admin_token_file: PathBuf,
+        /// Print the applied change as one JSON object: `{"group",
+        /// "change", "node", "answer"}` (the leader's answer); a refusal is
+        /// an error as without it.
+        #[arg(long)]
+        json: bool,
     },
     /// Ledgers: a single writer, dense entry ids, LAC, close, fencing.
     Ledger {
@@ -404,11 +427,25 @@ fn main() -> ExitCode {
             node,
             force,
             admin_token_file,
-        } => member(admin, group, &change, node, force, &admin_token_file),
+            json,
+        } => member(admin, group, &change, node, force, &admin_token_file).map(|answer| {
+            if json {
+                let v = serde_json::json!({
+                    "group": group,
+                    "change": change,
+                    "node": node,
+                    "answer": answer,
+                });
+                println!("{v}");
+            } else {
+                println!("{answer}");
+            }
+        }),
         Cmd::Append {
             target,
             group,
             records,
+            json,
         } => client(&target).and_then(|mut c| {
             let mut records = input::Records::from_args(records);
             // Up to 1024 records in flight on the leader's connection, 64
@@ -418,7 +455,12 @@ fn main() -> ExitCode {
                     .append_all(group, &batch, 16, 64)
                     .map_err(|e| e.to_string())?;
                 for (index, r) in indexes.iter().zip(&batch) {
-                    println!("appended at index {index}: {}", String::from_utf8_lossy(r));
+                    let data = String::from_utf8_lossy(r);
+                    if json {
+                        println!("{}", serde_json::json!({"index": index, "data": data}));
+                    } else {
+                        println!("appended at index {index}: {data}");
+                    }
                 }
             }
             Ok(())
@@ -429,6 +471,7 @@ fn main() -> ExitCode {
             from,
             max,
             stale,
+            json,
         } => client(&target).and_then(|mut c| {
             let entries = if stale {
                 c.read_stale(group, from, max)
@@ -436,12 +479,7 @@ fn main() -> ExitCode {
                 c.read(group, from, max)
             };
             for e in entries.map_err(|e| e.to_string())? {
-                println!(
-                    "{}\t{}\t{}",
-                    e.index,
-                    e.term,
-                    String::from_utf8_lossy(&e.data)
-                );
+                print_entry(&e, json);
             }
             Ok(())
         }),
@@ -449,19 +487,23 @@ fn main() -> ExitCode {
             target,
             group,
             from,
+            stale,
+            json,
         } => client(&target).and_then(|mut c| {
             let mut next = from;
             loop {
-                // A long poll on the leader: it answers as soon as an entry
-                // at or after `next` commits (or after 1.5 s, empty; the client waits 2 s for an answer).
-                let entries = c.tail(group, next, 1_500).map_err(|e| e.to_string())?;
+                // A long poll on the leader (or, stale, on the first node
+                // that answers): it answers as soon as an entry at or after
+                // `next` is applied there (or after 1.5 s, empty; the client
+                // waits 2 s for an answer).
+                let entries = if stale {
+                    c.tail_stale(group, next, 1_500)
+                } else {
+                    c.tail(group, next, 1_500)
+                };
+                let entries = entries.map_err(|e| e.to_string())?;
                 for e in entries {
-                    println!(
-                        "{}\t{}\t{}",
-                        e.index,
-                        e.term,
-                        String::from_utf8_lossy(&e.data)
-                    );
+                    print_entry(&e, json);
                     next = e.index + 1;
                 }
             }
@@ -506,7 +548,20 @@ fn man_pages(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-/// `quire member`: one POST to the admin endpoint, with the admin token.
+/// One record of a group's log as `quire read` and `quire tail` print it:
+/// `INDEX<TAB>TERM<TAB>DATA`, or with `json` one JSON object.
+fn print_entry(e: &quire::client::Entry, json: bool) {
+    let data = String::from_utf8_lossy(&e.data);
+    if json {
+        let v = serde_json::json!({"index": e.index, "term": e.term, "data": data});
+        println!("{v}");
+    } else {
+        println!("{}\t{}\t{}", e.index, e.term, data);
+    }
+}
+
+/// `quire member`: one POST to the admin endpoint, with the admin token;
+/// the leader's answer once the change applied, or why not.
 fn member(
     admin: SocketAddr,
     group: u32,
@@ -514,7 +569,7 @@ fn member(
     node: u64,
     force: bool,
     token_file: &std::path::Path,
-) -> Result<(), String> {
+) -> Result<String, String> {
     use std::io::{Read, Write};
     let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
     let token = String::from_utf8(token.trim_ascii_end().to_vec())
@@ -534,8 +589,7 @@ fn member(
     let code = text.split_whitespace().nth(1).unwrap_or("?");
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
     if code == "200" {
-        println!("{body}");
-        Ok(())
+        Ok(body.to_string())
     } else {
         Err(format!("{admin}: {code}: {body}"))
     }
