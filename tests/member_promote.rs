@@ -140,7 +140,7 @@ fn only_a_caught_up_learner_is_promoted_unless_forced() {
     })
     .0;
     assert!(
-        promoted.contains(&format!("AddVoter({victim}) applied")),
+        promoted.contains(&format!("add voter {victim} applied")),
         "{promoted}"
     );
     assert!(
@@ -154,7 +154,7 @@ fn only_a_caught_up_learner_is_promoted_unless_forced() {
     assert!(err.contains("entries behind the leader"), "{err}");
     let out = ok(&member(admin, &token, "voter", bystander, &["--force"]));
     assert!(
-        out.contains(&format!("AddVoter({bystander}) applied")),
+        out.contains(&format!("add voter {bystander} applied")),
         "{out}"
     );
     let voters = common::group0_members(admin, "voters", SLOW);

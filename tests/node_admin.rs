@@ -97,7 +97,7 @@ fn membership_changes_through_the_admin_endpoint() {
     let admin = admin_with_token(dir.path(), &node);
     let (code, body) = post(admin.addr(), "/membership?group=0&change=learner&node=9");
     assert_eq!(code, 200, "{body}");
-    assert!(body.contains("AddLearner(9) applied at index"), "{body}");
+    assert!(body.contains("add learner 9 applied at index"), "{body}");
     let (_, status) = get(admin.addr(), "/status");
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(v["groups"][0]["learners"], serde_json::json!([9]));

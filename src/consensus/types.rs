@@ -90,6 +90,16 @@ pub enum MembershipChange {
     Remove(NodeId),
 }
 
+impl std::fmt::Display for MembershipChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MembershipChange::AddVoter(n) => write!(f, "add voter {n}"),
+            MembershipChange::AddLearner(n) => write!(f, "add learner {n}"),
+            MembershipChange::Remove(n) => write!(f, "remove node {n}"),
+        }
+    }
+}
+
 /// What a log entry carries.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Payload {

@@ -531,7 +531,7 @@ fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
     // `force=1`: promote a learner however far behind, or a non-member.
     let force = matches!(arg("force").as_deref(), Some("1" | "true"));
     match node.change_membership_with(group, change, force, std::time::Duration::from_secs(10)) {
-        Ok(index) => (200, format!("{change:?} applied at index {index}\n")),
+        Ok(index) => (200, format!("{change} applied at index {index}\n")),
         Err(e @ E::Invalid(_)) => (400, format!("{e}\n")),
         Err(e @ (E::NotLeader(_) | E::Busy(_) | E::Lagging(_))) => (409, format!("{e}\n")),
         Err(e) => (503, format!("{e}\n")),
