@@ -28,6 +28,7 @@
 
 mod checker;
 mod client;
+pub mod device;
 mod disk;
 mod faults;
 pub mod ledger_check;

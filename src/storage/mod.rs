@@ -5,12 +5,14 @@
 //! `wal` drives them through an [`crate::io::IoBackend`] (io_uring, or the
 //! portable pwrite + fdatasync fallback).
 
+pub mod dir;
 pub mod format;
 pub mod recovery;
 pub mod superblock;
 pub mod wal;
 
+pub use dir::{LogDir, LogFile, OsDir};
 pub use wal::{
-    read_located, write_snapshot_file, DiskState, OpenReport, Ticket, Wal, WalConfig, WalError,
-    WalMetrics,
+    read_located, write_snapshot_file, write_snapshot_in, DiskState, OpenReport, Ticket, Wal,
+    WalConfig, WalError, WalMetrics,
 };

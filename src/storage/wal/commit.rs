@@ -7,11 +7,11 @@ use crate::io::{AlignedBuf, IoCompletion, IoOp, IoRequest};
 use crate::storage::format::{BatchBuilder, Placement};
 use crate::storage::recovery::BatchLocation;
 use std::io::{self};
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(super) struct InFlight {
-    pub(super) submitted: Instant,
+    /// When it was submitted (µs on the directory's clock).
+    pub(super) submitted_us: u64,
     pub(super) last: Option<(Index, Term)>,
     pub(super) records: u64,
     pub(super) bytes: u64,
@@ -30,7 +30,7 @@ pub(super) struct Sealed {
 /// header and padding), counted when deciding where a batch is cut.
 pub(super) const ENTRY_DISK_OVERHEAD_BYTES: usize = 64;
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     /// Queues entries from a `Ready`: everything at or after
     /// `truncate_from` is replaced first. Returns the ticket to wait for.
     pub fn append(
@@ -295,7 +295,7 @@ impl Wal {
                 recycled: self.active_recycled,
             };
             let data = s.batch.finish(seq, self.commit, place);
-            let fd = self.segments[&self.active].as_raw_fd();
+            let fd = self.segments[&self.active].fd();
             let l = BatchLocation {
                 segment: self.active,
                 offset: self.append_offset,
@@ -329,7 +329,8 @@ impl Wal {
             self.push_superblock_ops(&mut ops);
         } else {
             // Nothing to write: the ticket is durable once earlier ones are.
-            self.in_flight.insert(s.ticket, InFlight::done_now(last));
+            self.in_flight
+                .insert(s.ticket, InFlight::done_now(last, self.dir.now_us()));
             self.advance_durable();
             return Ok(Ok(()));
         }
@@ -345,7 +346,7 @@ impl Wal {
         self.in_flight.insert(
             s.ticket,
             InFlight {
-                submitted: Instant::now(),
+                submitted_us: self.dir.now_us(),
                 last,
                 records,
                 bytes,
@@ -368,7 +369,7 @@ impl Wal {
             commit: self.commit,
             ..self.hard_state
         };
-        let fd = self.sb_file.as_raw_fd();
+        let fd = self.sb_file.fd();
         ops.push(IoOp::Write {
             fd,
             offset: self.sb.slot_offset(),
@@ -379,7 +380,7 @@ impl Wal {
     }
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     pub(super) fn reap(&mut self, wait: bool) -> Result<(), WalError> {
         let mut done: Vec<IoCompletion> = Vec::new();
         self.backend
@@ -390,7 +391,7 @@ impl Wal {
                 continue; // a read, handled by its caller
             };
             f.done = true;
-            f.latency = c.submitted.elapsed();
+            f.latency = Duration::from_micros(self.dir.now_us().saturating_sub(f.submitted_us));
             if let Err(e) = c.result {
                 f.result = Some(e);
             }
@@ -445,10 +446,12 @@ impl Wal {
     /// A flush outstanding for longer than `disk_stall_ms` marks the disk
     /// degraded (counted once per flush) until no stalled flush remains.
     pub(super) fn check_stall(&mut self) {
+        let now_us = self.dir.now_us();
         let limit = Duration::from_millis(self.cfg.disk_stall_ms);
         let mut newly = 0;
         for f in self.in_flight.values_mut() {
-            if !f.done && !f.stalled && f.submitted.elapsed() >= limit {
+            let waited = Duration::from_micros(now_us.saturating_sub(f.submitted_us));
+            if !f.done && !f.stalled && waited >= limit {
                 f.stalled = true;
                 newly += 1;
             }
@@ -462,7 +465,7 @@ impl Wal {
     }
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     pub(super) fn write_superblock_now(&mut self) -> Result<(), WalError> {
         let mut ops = Vec::new();
         self.sb_dirty = true;
@@ -472,9 +475,9 @@ impl Wal {
 }
 
 impl InFlight {
-    pub(super) fn done_now(last: Option<(Index, Term)>) -> Self {
+    pub(super) fn done_now(last: Option<(Index, Term)>, now_us: u64) -> Self {
         InFlight {
-            submitted: Instant::now(),
+            submitted_us: now_us,
             last,
             records: 0,
             bytes: 0,

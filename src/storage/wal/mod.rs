@@ -34,39 +34,37 @@ mod test_support;
 
 pub use config::{entry_bytes_max, DiskState, OpenReport, WalConfig, WalError, WalMetrics};
 pub use reads::read_located;
-pub use snapshots::write_snapshot_file;
+pub use snapshots::{write_snapshot_file, write_snapshot_in};
 
 use crate::consensus::{Entry, HardState, Index, Term};
 use crate::io::{AlignedBuf, IoBackend};
+use crate::storage::dir::{LogDir, LogFile, OsDir};
 use crate::storage::recovery::BatchLocation;
 use crate::storage::superblock::Superblock;
 use commit::{InFlight, Sealed};
 use config::io_err;
 use config::is_enospc;
-use open::open_data_file;
-use segments::{segment_path, sync_dir};
+use segments::{open_in, segment_name};
 use snapshots::PendingAdoption;
-use snapshots::{read_snapshot, snapshot_path};
+use snapshots::{read_snapshot, snapshot_name};
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
-use std::path::PathBuf;
-use std::time::Instant;
 use worker::{preallocate, Job, JobId, Worker};
 
 /// Identifies a flush; see the module doc.
 pub type Ticket = u64;
 
-/// The write-ahead log of one group.
-pub struct Wal {
-    dir: PathBuf,
+/// The write-ahead log of one group, in a directory `D` (a real one, or a
+/// simulated device's).
+pub struct Wal<D: LogDir = OsDir> {
+    dir: D,
     cfg: WalConfig,
     backend: Box<dyn IoBackend>,
     direct: bool,
-    _lock: File,
-    sb_file: File,
+    _lock: D::File,
+    sb_file: D::File,
     sb: Superblock,
     sb_dirty: bool,
-    segments: BTreeMap<u64, File>,
+    segments: BTreeMap<u64, D::File>,
     active: u64,
     append_offset: u64,
     /// The segment being preallocated in the background, if any.
@@ -80,7 +78,7 @@ pub struct Wal {
     /// be durable), not before the loop goes on.
     dir_sync: Option<JobId>,
     /// The thread that zero-fills spares, syncs the directory and unlinks.
-    worker: Worker,
+    worker: Worker<D>,
     /// A snapshot the superblock records in a flush not yet durable: the
     /// segments it frees and the old snapshot file go once it is.
     adopting: Option<PendingAdoption>,
@@ -109,11 +107,12 @@ pub struct Wal {
     /// Batch buffers back from the kernel, reused for the next batches.
     buf_pool: Vec<AlignedBuf>,
     state: DiskState,
-    last_space_retry: Option<Instant>,
+    /// When preparing a segment last failed for want of space (µs).
+    last_space_retry: Option<u64>,
     metrics: WalMetrics,
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     /// Highest ticket durable.
     pub fn durable_ticket(&self) -> Ticket {
         self.durable_ticket

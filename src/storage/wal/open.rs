@@ -3,21 +3,26 @@
 
 use super::*;
 use crate::consensus::{HardState, RestoredState};
-use crate::io::open_backend;
+use crate::storage::dir::{LogDir, LogFile, OsDir};
 use crate::storage::format::BLOCK_BYTES;
 use crate::storage::recovery::{scan, SegmentImage};
 use crate::storage::superblock::Superblock;
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::{self, File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-impl Wal {
+impl Wal<OsDir> {
     /// Opens (or creates) the log in `dir`, recovering what it holds.
     pub fn open(dir: &Path, cfg: WalConfig) -> Result<(Wal, OpenReport), WalError> {
-        let started = Instant::now();
+        Wal::open_in(OsDir::new(dir), cfg)
+    }
+}
+
+impl<D: LogDir> Wal<D> {
+    /// Opens (or creates) the log in `dir` (any [`LogDir`]: the simulator
+    /// opens it on a simulated device), recovering what it holds.
+    pub fn open_in(dir: D, cfg: WalConfig) -> Result<(Wal<D>, OpenReport), WalError> {
+        let started_us = dir.now_us();
         if cfg.segment_bytes < (cfg.flush_bytes_max as u64) * 2
             || cfg.segment_bytes % BLOCK_BYTES as u64 != 0
         {
@@ -26,33 +31,31 @@ impl Wal {
                 cfg.segment_bytes, cfg.flush_bytes_max
             )));
         }
-        crate::io::private::create_dir_all(dir)
-            .map_err(io_err(format!("creating {}", dir.display())))?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(crate::io::private::FILE_MODE)
-            .open(dir.join("lock"))
-            .map_err(io_err("opening the lock file"))?;
-        // SAFETY: plain syscall on a descriptor we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(WalError::Invalid(format!(
-                "{} is in use by another process",
-                dir.display()
-            )));
-        }
-        let (backend, backend_why) =
-            open_backend(cfg.backend, 64).map_err(io_err("setting up the I/O backend"))?;
+        dir.create()
+            .map_err(io_err(format!("creating {}", dir.describe())))?;
+        let lock = match dir.lock("lock") {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(WalError::Invalid(format!(
+                    "{} is in use by another process",
+                    dir.describe()
+                )))
+            }
+            Err(e) => return Err(WalError::Io("opening the lock file".into(), e)),
+        };
+        let (backend, backend_why) = dir
+            .backend(cfg.backend, 64)
+            .map_err(io_err("setting up the I/O backend"))?;
 
         // Superblock: two 4 KiB copies; the newer valid one wins.
-        let sb_path = dir.join("superblock");
-        let fresh = !sb_path.exists();
-        let (sb_file, direct, direct_why) = open_data_file(&sb_path, cfg.direct_io)?;
+        let fresh = !dir.exists("superblock");
+        let (sb_file, direct, direct_why) = open_in(&dir, "superblock", cfg.direct_io)?;
         let sb = if fresh {
             None
         } else {
-            let bytes = fs::read(&sb_path).map_err(io_err("reading the superblock"))?;
+            let bytes = dir
+                .read("superblock")
+                .map_err(io_err("reading the superblock"))?;
             let half = bytes.len().min(BLOCK_BYTES);
             let found = Superblock::pick(&bytes[..half], bytes.get(BLOCK_BYTES..).unwrap_or(&[]));
             Some(
@@ -67,11 +70,11 @@ impl Wal {
         });
 
         let (snapshot, snapshot_slot) = if sb.snapshot_index > 0 {
-            let (s, slot) = read_snapshot(dir, sb.snapshot_index)?.ok_or_else(|| {
+            let (s, slot) = read_snapshot(&dir, sb.snapshot_index)?.ok_or_else(|| {
                 WalError::Corrupt(format!(
                     "no undamaged snapshot at {} in {} (snapshot.0, snapshot.1)",
                     sb.snapshot_index,
-                    dir.display()
+                    dir.describe()
                 ))
             })?;
             (Some(s), slot)
@@ -81,18 +84,15 @@ impl Wal {
 
         // Segments, in order; leftovers of an interrupted preallocation go.
         let mut ids = Vec::new();
-        for entry in fs::read_dir(dir).map_err(io_err("listing the log directory"))? {
-            let entry = entry.map_err(io_err("listing the log directory"))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        for name in dir.list().map_err(io_err("listing the log directory"))? {
             // A snapshot file from before slots that the superblock does
             // not name (`snapshot.0`/`.1` are reused, never removed).
             let stray_snapshot = name.starts_with("snapshot-")
-                && (snapshot_slot.is_some()
-                    || entry.path() != snapshot_path(dir, sb.snapshot_index));
+                && (snapshot_slot.is_some() || name != snapshot_name(sb.snapshot_index));
             if name.ends_with(".seg.tmp") || stray_snapshot {
                 // Leftovers: a snapshot written but not adopted, or one the
                 // superblock stopped naming before its removal ran.
-                let _ = fs::remove_file(entry.path());
+                let _ = dir.remove(&name);
             } else if let Some(hex) = name.strip_suffix(".seg") {
                 if let Ok(id) = u64::from_str_radix(hex, 16) {
                     ids.push(id);
@@ -106,7 +106,7 @@ impl Wal {
         let mut read_error = None;
         let images = ids
             .iter()
-            .map_while(|&id| match fs::read(segment_path(dir, id)) {
+            .map_while(|&id| match dir.read(&segment_name(id)) {
                 Ok(bytes) => {
                     bytes_scanned += bytes.len() as u64;
                     Some(SegmentImage { id, bytes })
@@ -123,7 +123,7 @@ impl Wal {
         }
 
         if let Some(t) = &found.torn_tail {
-            zero_range(dir, &ids, t.zero_from, t.zero_until)?;
+            zero_range(&dir, &ids, t.zero_from, t.zero_until)?;
         }
         // Files after the one being written are preallocated spares.
         let (mut active, append_offset) = found
@@ -131,14 +131,14 @@ impl Wal {
             .unwrap_or((ids.first().copied().unwrap_or(1), 0));
         let fresh_segment = ids.is_empty();
         if ids.is_empty() {
-            preallocate(dir, 1, cfg.segment_bytes)
+            preallocate(&dir, 1, cfg.segment_bytes)
                 .map_err(io_err("preallocating the first segment"))?;
             ids.push(1);
             active = 1;
         }
         let mut segments = BTreeMap::new();
         for &id in ids.iter().filter(|&&id| id <= active) {
-            let (f, _, _) = open_data_file(&segment_path(dir, id), direct)?;
+            let (f, _, _) = open_in(&dir, &segment_name(id), direct)?;
             segments.insert(id, f);
         }
         let last = found
@@ -164,8 +164,10 @@ impl Wal {
             bytes_scanned,
             elapsed: Duration::ZERO,
         };
+        let worker =
+            Worker::start(dir.clone()).map_err(io_err("starting the log's background thread"))?;
         let mut wal = Wal {
-            dir: dir.to_path_buf(),
+            dir,
             backend,
             direct,
             _lock: lock,
@@ -187,7 +189,7 @@ impl Wal {
                 .filter(|&id| id > active && !found.zeroed_segments.contains(&id))
                 .collect(),
             dir_sync: None,
-            worker: Worker::start(dir).map_err(io_err("starting the log's background thread"))?,
+            worker,
             adopting: None,
             snapshot_slot,
             active_recycled: !fresh_segment
@@ -224,69 +226,28 @@ impl Wal {
             wal.write_superblock_now()?;
         }
         let mut report = report;
-        report.elapsed = started.elapsed();
+        report.elapsed = Duration::from_micros(wal.dir.now_us().saturating_sub(started_us));
         Ok((wal, report))
     }
 }
 
-/// Opens a data file read-write, with O_DIRECT if wanted and accepted.
-/// Returns the file, whether O_DIRECT is on, and why.
-pub(super) fn open_data_file(
-    path: &Path,
-    want_direct: bool,
-) -> Result<(File, bool, String), WalError> {
-    let base = || {
-        let mut o = OpenOptions::new();
-        o.read(true).write(true).create(true).truncate(false);
-        o.mode(crate::io::private::FILE_MODE);
-        o
-    };
-    if want_direct {
-        match base().custom_flags(libc::O_DIRECT).open(path) {
-            Ok(f) => return Ok((f, true, "O_DIRECT writes".into())),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let f = base()
-                    .open(path)
-                    .map_err(io_err(format!("opening {}", path.display())))?;
-                return Ok((
-                    f,
-                    false,
-                    "buffered writes + fdatasync (the filesystem refuses O_DIRECT)".into(),
-                ));
-            }
-            Err(e) => return Err(WalError::Io(format!("opening {}", path.display()), e)),
-        }
-    }
-    let f = base()
-        .open(path)
-        .map_err(io_err(format!("opening {}", path.display())))?;
-    Ok((
-        f,
-        false,
-        "buffered writes + fdatasync (O_DIRECT off by configuration)".into(),
-    ))
-}
-
 /// Zeroes `from..until` across segments, then syncs: what a torn tail
 /// left behind must not be read as data by a later scan.
-pub(super) fn zero_range(
-    dir: &Path,
+pub(super) fn zero_range<D: LogDir>(
+    dir: &D,
     ids: &[u64],
     from: (u64, u64),
     until: (u64, u64),
 ) -> Result<(), WalError> {
     for &id in ids.iter().filter(|&&id| id >= from.0 && id <= until.0) {
-        let path = segment_path(dir, id);
-        let f = OpenOptions::new()
-            .write(true)
-            .open(&path)
+        let (f, _, _) = dir
+            .open(&segment_name(id), false)
             .map_err(io_err("opening a segment to zero"))?;
-        let len = f.metadata().map_err(io_err("sizing a segment"))?.len();
+        let len = f.size_bytes().map_err(io_err("sizing a segment"))?;
         let start = if id == from.0 { from.1 } else { 0 };
         let end = if id == until.0 { until.1.min(len) } else { len };
         if end > start {
-            use std::os::unix::fs::FileExt;
-            f.write_all_at(&vec![0u8; (end - start) as usize], start)
+            f.write_at(&vec![0u8; (end - start) as usize], start)
                 .map_err(io_err("zeroing a torn tail"))?;
             f.sync_data().map_err(io_err("syncing a zeroed tail"))?;
         }
@@ -354,10 +315,10 @@ mod tests {
         let last = *wal.index.last().unwrap();
         drop(wal);
         // Tear the last batch: flip a byte inside it.
-        let path = segment_path(dir.path(), last.segment);
-        let mut bytes = fs::read(&path).unwrap();
+        let path = dir.path().join(segment_name(last.segment));
+        let mut bytes = std::fs::read(&path).unwrap();
         bytes[(last.offset + 100) as usize] ^= 0xff;
-        fs::write(&path, &bytes).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
         let (wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
         let torn = report.torn_tail.as_ref().expect("a torn tail");
         assert_eq!((torn.segment, torn.offset), (last.segment, last.offset));

@@ -7,10 +7,9 @@ use crate::io::{AlignedBuf, IoOp, IoRequest};
 use crate::storage::format::{align_up, decode_batch};
 use crate::storage::recovery::BatchLocation;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     /// Keeps the index in log order: a batch replaces everything from its
     /// first index on.
     pub(super) fn note_batch_location(&mut self, l: BatchLocation) {
@@ -28,7 +27,7 @@ impl Wal {
     }
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     /// The batch holding entry `index`, if the log has it.
     pub(super) fn batch_at(&self, index: Index) -> Option<BatchLocation> {
         let pos = self.index.partition_point(|b| b.first_index <= index);
@@ -56,7 +55,11 @@ impl Wal {
         let mut i = lo;
         while i <= hi {
             let loc = self.batch_at_or_err(i)?;
-            out.push((segment_path(&self.dir, loc.segment), loc));
+            let name = segment_name(loc.segment);
+            let path = self.dir.path_of(&name).ok_or_else(|| {
+                WalError::Invalid(format!("{} has no paths to read from", self.dir.describe()))
+            })?;
+            out.push((path, loc));
             i = loc.first_index + loc.count;
         }
         Ok(out)
@@ -118,7 +121,7 @@ impl Wal {
         if let Some((_, e)) = self.cache.iter().find(|(l, _)| *l == loc) {
             return Ok(e.clone());
         }
-        let fd = self.segments[&loc.segment].as_raw_fd();
+        let fd = self.segments[&loc.segment].fd();
         let len = align_up(loc.disk_bytes as usize);
         let bufs = self.run_now(vec![IoOp::Read {
             fd,

@@ -4,20 +4,32 @@
 use super::*;
 use crate::consensus::Index;
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-pub(super) fn segment_path(dir: &Path, id: u64) -> PathBuf {
-    dir.join(format!("{id:016x}.seg"))
+/// The file name of segment `id`.
+pub(super) fn segment_name(id: u64) -> String {
+    format!("{id:016x}.seg")
 }
 
-pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+/// Opens data file `name` of `dir`, naming it in the error.
+pub(super) fn open_in<D: LogDir>(
+    dir: &D,
+    name: &str,
+    direct: bool,
+) -> Result<(D::File, bool, String), WalError> {
+    dir.open(name, direct)
+        .map_err(io_err(format!("opening {}/{name}", dir.describe())))
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
+    /// Opens a data file of the log (O_DIRECT if `direct` and accepted).
+    pub(super) fn open_file(
+        &self,
+        name: &str,
+        direct: bool,
+    ) -> Result<(D::File, bool, String), WalError> {
+        open_in(&self.dir, name, direct)
+    }
+
     /// Moves writing to the next segment; false if there is no space for
     /// one (the disk is full).
     pub(super) fn roll_segment(&mut self) -> Result<bool, WalError> {
@@ -30,11 +42,11 @@ impl Wal {
         let ready = self.ready_spares.pop_first();
         let next = ready.unwrap_or_else(|| self.highest_segment_id() + 1);
         if ready.is_none() {
-            let now = Instant::now();
+            let now = self.dir.now_us();
             if self.state == DiskState::Full
-                && self.last_space_retry.is_some_and(|t| {
-                    now.duration_since(t) < Duration::from_millis(self.cfg.space_retry_ms)
-                })
+                && self
+                    .last_space_retry
+                    .is_some_and(|t| now.saturating_sub(t) < self.cfg.space_retry_ms * 1000)
             {
                 return Ok(false);
             }
@@ -56,7 +68,7 @@ impl Wal {
             "segment {next} would be written after segment {}",
             self.active
         );
-        let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
+        let (f, _, _) = self.open_file(&segment_name(next), self.direct)?;
         self.segments.insert(next, f);
         self.active = next;
         self.active_recycled = self.recycled_spares.remove(&next);
@@ -121,7 +133,8 @@ impl Wal {
                 let highest = self.highest_segment_id();
                 let id = if id < highest {
                     let to = highest + 1;
-                    fs::rename(segment_path(&self.dir, id), segment_path(&self.dir, to))
+                    self.dir
+                        .rename(&segment_name(id), &segment_name(to))
                         .map_err(io_err("renumbering a spare segment"))?;
                     self.start_dir_sync()?;
                     to
@@ -180,7 +193,7 @@ impl Wal {
     }
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     pub(super) fn trim_segments(&mut self, upto: Index) -> Result<(), WalError> {
         let mut last_in_segment: BTreeMap<u64, Index> = BTreeMap::new();
         for b in &self.index {
@@ -195,18 +208,21 @@ impl Wal {
             .collect();
         for id in &doomed {
             self.segments.remove(id);
-            let path = segment_path(&self.dir, *id);
+            let name = segment_name(*id);
             if self.ready_spares.len() < self.cfg.segments_recycled_max as usize {
                 // Reused under a new, higher number: its old batches name
                 // the old number, so recovery reads them as free space.
                 let new_id = self.highest_segment_id() + 1;
-                fs::rename(&path, segment_path(&self.dir, new_id))
+                self.dir
+                    .rename(&name, &segment_name(new_id))
                     .map_err(io_err("recycling a segment"))?;
                 self.ready_spares.insert(new_id);
                 self.recycled_spares.insert(new_id);
                 self.metrics.segments_recycled += 1;
             } else {
-                fs::remove_file(&path).map_err(io_err("removing a segment"))?;
+                self.dir
+                    .remove(&name)
+                    .map_err(io_err("removing a segment"))?;
             }
         }
         if !doomed.is_empty() {
@@ -245,7 +261,7 @@ mod tests {
         // No spare ready; one being prepared, held until released.
         wal.collect_spare(true).unwrap();
         for id in std::mem::take(&mut wal.ready_spares) {
-            fs::remove_file(segment_path(dir.path(), id)).unwrap();
+            std::fs::remove_file(dir.path().join(segment_name(id))).unwrap();
         }
         wal.recycled_spares.clear();
         let slow = wal.highest_segment_id() + 1;
@@ -257,7 +273,7 @@ mod tests {
         assert!(wal.ready_spares.first().is_some_and(|&id| id > slow));
         let mut written = vec![wal.active, append_until_roll(&mut wal)];
         assert!(written[1] > slow, "the roll took a recycled spare first");
-        preallocate(dir.path(), slow, wal.cfg.segment_bytes).unwrap();
+        preallocate(&wal.dir, slow, wal.cfg.segment_bytes).unwrap();
         wal.worker.complete(held, Ok(()));
         wal.collect_spare(true).unwrap();
         for _ in 0..3 {

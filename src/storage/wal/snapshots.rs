@@ -3,23 +3,22 @@
 
 use super::*;
 use crate::consensus::{Entry, Index, Snapshot, Term};
+use crate::storage::dir::{LogDir, LogFile, OsDir};
 use crate::storage::superblock::{decode_snapshot, decode_snapshot_prefix, snapshot_header};
-use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-pub(super) fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
-    dir.join(format!("snapshot-{index:020}.bin"))
+/// The file name of a snapshot from before slots (read, never written).
+pub(super) fn snapshot_name(index: Index) -> String {
+    format!("snapshot-{index:020}.bin")
 }
 
 /// Bytes of a snapshot file written back at a time.
 pub(super) const SNAPSHOT_WRITEBACK_BYTES: usize = 1 << 20;
 
-/// The snapshot slot file `slot` (0 or 1) of a log directory.
-pub(super) fn slot_path(dir: &Path, slot: u8) -> PathBuf {
-    dir.join(format!("snapshot.{slot}"))
+/// The file name of snapshot slot `slot` (0 or 1).
+pub(super) fn slot_name(slot: u8) -> String {
+    format!("snapshot.{slot}")
 }
 
 /// Writes a snapshot into a slot file (`Wal::free_snapshot_slot`) and
@@ -35,30 +34,33 @@ pub(super) fn slot_path(dir: &Path, slot: u8) -> PathBuf {
 /// `fdatasync` on the same disk. A crash mid-write damages only the slot
 /// the superblock does not name.
 pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(WalError::Invalid(format!(
+            "{} is not a file in a log directory",
+            path.display()
+        )));
+    };
+    write_snapshot_in(&OsDir::new(dir), &name.to_string_lossy(), snap)
+}
+
+/// [`write_snapshot_file`] into slot file `name` of any [`LogDir`].
+pub fn write_snapshot_in<D: LogDir>(dir: &D, name: &str, snap: &Snapshot) -> Result<(), WalError> {
     let write = || -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
         let header = snapshot_header(snap);
         let total = (header.len() + snap.data.len() + 4) as u64;
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(crate::io::private::FILE_MODE)
-            .open(path)?;
-        let size = f.metadata()?.len();
+        let (f, _, _) = dir.open(name, false)?;
+        let size = f.size_bytes()?;
         if size < total {
             let grown = (total * 2).max(1 << 20).next_multiple_of(1 << 20);
             let zeros = vec![0u8; 1 << 20];
             let mut at = size;
             while at < grown {
                 let n = (grown - at).min(zeros.len() as u64) as usize;
-                f.write_all_at(&zeros[..n], at)?;
+                f.write_at(&zeros[..n], at)?;
                 at += n as u64;
             }
             f.sync_all()?;
-            if let Some(dir) = path.parent() {
-                sync_dir(dir)?;
-            }
+            dir.sync()?;
         }
         // The data is streamed, not copied into one buffer with its header.
         let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &snap.data);
@@ -72,17 +74,8 @@ pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError>
             .chain(snap.data.chunks(SNAPSHOT_WRITEBACK_BYTES))
             .chain(std::iter::once(&crc[..]));
         for piece in pieces {
-            f.write_all_at(piece, at)?;
-            let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                | libc::SYNC_FILE_RANGE_WRITE
-                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-            // SAFETY: a range of a file descriptor we own; no memory is passed.
-            let r = unsafe {
-                libc::sync_file_range(f.as_raw_fd(), at as i64, piece.len() as i64, flags)
-            };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            f.write_at(piece, at)?;
+            f.write_back(at, piece.len() as u64)?;
             at += piece.len() as u64;
         }
         f.sync_data()
@@ -98,27 +91,29 @@ pub fn write_snapshot_file(path: &Path, snap: &Snapshot) -> Result<(), WalError>
 
 /// Reads the snapshot at `index` from its slot (or, from before slots, its
 /// own file); `Ok(None)` if neither holds it.
-pub(super) fn read_snapshot(
-    dir: &Path,
+pub(super) fn read_snapshot<D: LogDir>(
+    dir: &D,
     index: Index,
 ) -> Result<Option<(Snapshot, Option<u8>)>, WalError> {
+    let read = |name: &str| match dir.read(name) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(WalError::Io(
+            format!("reading {}/{name}", dir.describe()),
+            e,
+        )),
+    };
     for slot in 0..2u8 {
-        let p = slot_path(dir, slot);
-        let bytes = match fs::read(&p) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(WalError::Io(format!("reading {}", p.display()), e)),
+        let Some(bytes) = read(&slot_name(slot))? else {
+            continue;
         };
         if let Some(s) = decode_snapshot_prefix(&bytes).filter(|s| s.index == index) {
             return Ok(Some((s, Some(slot))));
         }
     }
-    let p = snapshot_path(dir, index);
-    match fs::read(&p) {
-        Ok(bytes) => Ok(decode_snapshot(&bytes).map(|s| (s, None))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(WalError::Io(format!("reading {}", p.display()), e)),
-    }
+    Ok(read(&snapshot_name(index))?
+        .and_then(|bytes| decode_snapshot(&bytes))
+        .map(|s| (s, None)))
 }
 
 /// See `Wal::adopt_snapshot`.
@@ -128,10 +123,10 @@ pub(super) struct PendingAdoption {
     /// Segments wholly at or below this index go then.
     pub(super) upto: Index,
     /// The superblock's snapshot file from before slots (it goes then).
-    pub(super) old_file: Option<PathBuf>,
+    pub(super) old_file: Option<String>,
 }
 
-impl Wal {
+impl<D: LogDir> Wal<D> {
     /// The core compacted its log into `snap`: store it, record it in the
     /// superblock, and delete whole segments it covers. Synchronous:
     /// snapshots hold metadata only and are rare.
@@ -161,10 +156,10 @@ impl Wal {
         // Every old segment goes; a fresh one starts the new log.
         if let Some((id, job)) = self.spare.take() {
             let _ = self.worker.wait(job);
-            let _ = fs::remove_file(segment_path(&self.dir, id));
+            let _ = self.dir.remove(&segment_name(id));
         }
         for id in std::mem::take(&mut self.ready_spares) {
-            let _ = fs::remove_file(segment_path(&self.dir, id));
+            let _ = self.dir.remove(&segment_name(id));
         }
         self.recycled_spares.clear();
         let old: Vec<u64> = self.segments.keys().copied().collect();
@@ -177,7 +172,7 @@ impl Wal {
                 WalError::Io("preallocating a segment".into(), e)
             }
         })?;
-        let (f, _, _) = open_data_file(&segment_path(&self.dir, next), self.direct)?;
+        let (f, _, _) = self.open_file(&segment_name(next), self.direct)?;
         self.segments.insert(next, f);
         self.active = next;
         self.active_recycled = false;
@@ -204,16 +199,20 @@ impl Wal {
         self.store_snapshot(snap)?;
         for id in old {
             self.segments.remove(&id);
-            fs::remove_file(segment_path(&self.dir, id)).map_err(io_err("removing a segment"))?;
+            self.dir
+                .remove(&segment_name(id))
+                .map_err(io_err("removing a segment"))?;
         }
-        sync_dir(&self.dir).map_err(io_err("syncing the log directory"))?;
+        self.dir
+            .sync()
+            .map_err(io_err("syncing the log directory"))?;
         self.last = (snap.index, snap.term);
         self.durable = self.last;
         Ok(())
     }
 
     pub(super) fn store_snapshot(&mut self, snap: &Snapshot) -> Result<(), WalError> {
-        write_snapshot_file(&self.free_snapshot_slot(), snap)?;
+        write_snapshot_in(&self.dir, &self.free_slot_name(), snap)?;
         self.record_snapshot(snap.index, snap.term)
     }
 
@@ -221,15 +220,15 @@ impl Wal {
     /// superblock does not name. One writer at a time: the caller writes
     /// it, then adopts what it wrote, before another snapshot (or an
     /// install) is written.
-    pub fn free_snapshot_slot(&self) -> PathBuf {
-        slot_path(&self.dir, self.snapshot_slot.map_or(0, |s| 1 - s))
+    pub fn free_slot_name(&self) -> String {
+        slot_name(self.snapshot_slot.map_or(0, |s| 1 - s))
     }
 
     /// Points the log at the free slot's snapshot; a file from before
     /// slots that the superblock named goes once it no longer does.
-    pub(super) fn take_free_slot(&mut self) -> Option<PathBuf> {
+    pub(super) fn take_free_slot(&mut self) -> Option<String> {
         let legacy = (self.snapshot_slot.is_none() && self.snapshot_index > 0)
-            .then(|| snapshot_path(&self.dir, self.snapshot_index));
+            .then(|| snapshot_name(self.snapshot_index));
         self.snapshot_slot = Some(self.snapshot_slot.map_or(0, |s| 1 - s));
         legacy
     }
@@ -312,6 +311,14 @@ impl Wal {
             self.worker.submit(Job::Unlink(old));
         }
         Ok(())
+    }
+}
+
+impl Wal<OsDir> {
+    /// The path of [`Wal::free_slot_name`], for a writer on another
+    /// thread ([`write_snapshot_file`]).
+    pub fn free_snapshot_slot(&self) -> PathBuf {
+        self.dir.root().join(self.free_slot_name())
     }
 }
 

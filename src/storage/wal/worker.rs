@@ -8,13 +8,15 @@
 //! Dropping the worker abandons a zero-fill in progress (its temporary
 //! file goes) and waits for the thread, so nothing writes into the log's
 //! directory after the `Wal` is gone.
+//!
+//! A directory whose [`LogDir::jobs_inline`] says so (the simulator's)
+//! gets no thread: each job runs when submitted, in order, so a run
+//! replays from its seed.
 
-use super::segments::{segment_path, sync_dir};
+use super::segments::segment_name;
+use crate::storage::dir::{LogDir, LogFile};
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::io;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -37,14 +39,16 @@ pub(super) enum Job {
     /// fsync the log directory (after a rename).
     SyncDir,
     /// Remove a file nothing depends on any more; reports no result.
-    Unlink(PathBuf),
+    Unlink(String),
     /// Blocks the worker until the sender is dropped or sends (tests).
     #[cfg(test)]
     Gate(mpsc::Receiver<()>),
 }
 
 /// The log's handle on its background thread.
-pub(super) struct Worker {
+pub(super) struct Worker<D: LogDir> {
+    /// Set when jobs run inline, on the caller's thread.
+    inline: Option<D>,
     jobs: Option<mpsc::Sender<(JobId, Job)>>,
     done: mpsc::Receiver<Completion>,
     finished: BTreeMap<JobId, Completion>,
@@ -61,16 +65,26 @@ pub(super) struct Completion {
     result: io::Result<()>,
 }
 
-impl Worker {
-    /// Starts the thread for the log in `dir`.
-    pub(super) fn start(dir: &Path) -> io::Result<Worker> {
+impl<D: LogDir> Worker<D> {
+    /// Starts the thread for the log in `dir` (none if its jobs run inline).
+    pub(super) fn start(dir: D) -> io::Result<Worker<D>> {
         let (jobs, inbox) = mpsc::channel();
         let (outbox, done) = mpsc::channel();
-        let dir = dir.to_path_buf();
+        if dir.jobs_inline() {
+            return Ok(Worker {
+                inline: Some(dir),
+                jobs: None,
+                done,
+                finished: BTreeMap::new(),
+                next_id: 1,
+                thread: None,
+            });
+        }
         let thread = std::thread::Builder::new()
             .name("quire-wal".into())
             .spawn(move || run(&dir, &inbox, &outbox))?;
         Ok(Worker {
+            inline: None,
             jobs: Some(jobs),
             done,
             finished: BTreeMap::new(),
@@ -83,6 +97,21 @@ impl Worker {
     pub(super) fn submit(&mut self, job: Job) -> JobId {
         let id = self.next_id;
         self.next_id += 1;
+        if let Some(dir) = &self.inline {
+            let result = match job {
+                Job::Preallocate { id: segment, bytes } => preallocate(dir, segment, bytes),
+                Job::SyncDir => dir.sync(),
+                Job::Unlink(name) => {
+                    let _ = dir.remove(&name);
+                    return id;
+                }
+                #[cfg(test)]
+                Job::Gate(_) => Ok(()),
+            };
+            let order = id;
+            self.finished.insert(id, Completion { id, order, result });
+            return id;
+        }
         let sent = self
             .jobs
             .as_ref()
@@ -151,7 +180,7 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
+impl<D: LogDir> Drop for Worker<D> {
     fn drop(&mut self) {
         self.jobs = None; // the thread sees the queue close and ends
         if let Some(t) = self.thread.take() {
@@ -161,22 +190,27 @@ impl Drop for Worker {
 }
 
 /// A zero-fill in progress.
-struct Fill {
+struct Fill<F> {
     id: JobId,
     segment: u64,
-    tmp: PathBuf,
-    file: File,
-    left: u64,
+    tmp: String,
+    file: F,
+    written: u64,
+    bytes: u64,
 }
 
-fn run(dir: &Path, inbox: &mpsc::Receiver<(JobId, Job)>, outbox: &mpsc::Sender<Completion>) {
+fn run<D: LogDir>(
+    dir: &D,
+    inbox: &mpsc::Receiver<(JobId, Job)>,
+    outbox: &mpsc::Sender<Completion>,
+) {
     let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
     let mut order = 0;
     let mut report = |id: JobId, result: io::Result<()>| {
         order += 1;
         let _ = outbox.send(Completion { id, order, result });
     };
-    let mut fill: Option<Fill> = None;
+    let mut fill: Option<Fill<D::File>> = None;
     let mut waiting: VecDeque<(JobId, u64, u64)> = VecDeque::new();
     loop {
         // Short jobs first; block only when there is nothing to fill.
@@ -195,9 +229,9 @@ fn run(dir: &Path, inbox: &mpsc::Receiver<(JobId, Job)>, outbox: &mpsc::Sender<C
         if let Some((id, job)) = next {
             match job {
                 Job::Preallocate { id: segment, bytes } => waiting.push_back((id, segment, bytes)),
-                Job::SyncDir => report(id, sync_dir(dir)),
-                Job::Unlink(path) => {
-                    let _ = fs::remove_file(path);
+                Job::SyncDir => report(id, dir.sync()),
+                Job::Unlink(name) => {
+                    let _ = dir.remove(&name);
                 }
                 #[cfg(test)]
                 Job::Gate(gate) => {
@@ -226,20 +260,20 @@ fn run(dir: &Path, inbox: &mpsc::Receiver<(JobId, Job)>, outbox: &mpsc::Sender<C
             }
             Err(e) => {
                 let f = fill.take().expect("checked above");
-                let _ = fs::remove_file(&f.tmp);
+                let _ = dir.remove(&f.tmp);
                 report(f.id, Err(e));
             }
         }
     }
     // The log is gone: a zero-fill in progress is abandoned.
     if let Some(f) = fill {
-        let _ = fs::remove_file(&f.tmp);
+        let _ = dir.remove(&f.tmp);
     }
 }
 
 /// Zero-fills segment `id` now, on the calling thread (when no spare is
 /// ready and one is needed at once), as a background `Preallocate` does.
-pub(super) fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
+pub(super) fn preallocate<D: LogDir>(dir: &D, id: u64, bytes: u64) -> io::Result<()> {
     let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
     let mut f = start_fill(dir, 0, id, bytes)?;
     loop {
@@ -247,56 +281,59 @@ pub(super) fn preallocate(dir: &Path, id: u64, bytes: u64) -> io::Result<()> {
             Ok(false) => {}
             Ok(true) => return Ok(()),
             Err(e) => {
-                let _ = fs::remove_file(&f.tmp);
+                let _ = dir.remove(&f.tmp);
                 return Err(e);
             }
         }
     }
 }
 
-fn start_fill(dir: &Path, id: JobId, segment: u64, bytes: u64) -> io::Result<Fill> {
-    let tmp = dir.join(format!("{segment:016x}.seg.tmp"));
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(crate::io::private::FILE_MODE)
-        .open(&tmp)?;
+fn start_fill<D: LogDir>(
+    dir: &D,
+    id: JobId,
+    segment: u64,
+    bytes: u64,
+) -> io::Result<Fill<D::File>> {
+    let tmp = format!("{}.tmp", segment_name(segment));
+    let file = dir.create_new(&tmp)?;
     Ok(Fill {
         id,
         segment,
         tmp,
         file,
-        left: bytes,
+        written: 0,
+        bytes,
     })
 }
 
 /// Writes the next chunk; true once the segment is in place and durable.
-fn step_fill(dir: &Path, f: &mut Fill, zeros: &[u8]) -> io::Result<bool> {
-    if f.left > 0 {
-        let n = f.left.min(zeros.len() as u64) as usize;
-        f.file.write_all(&zeros[..n])?;
-        f.left -= n as u64;
+fn step_fill<D: LogDir>(dir: &D, f: &mut Fill<D::File>, zeros: &[u8]) -> io::Result<bool> {
+    if f.written < f.bytes {
+        let n = (f.bytes - f.written).min(zeros.len() as u64) as usize;
+        f.file.write_at(&zeros[..n], f.written)?;
+        f.written += n as u64;
         return Ok(false);
     }
     f.file.sync_all()?;
-    fs::rename(&f.tmp, segment_path(dir, f.segment))?;
-    sync_dir(dir)?;
+    dir.rename(&f.tmp, &segment_name(f.segment))?;
+    dir.sync()?;
     Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::dir::OsDir;
+    use std::fs;
 
     #[test]
     fn a_zero_fill_leaves_a_zeroed_segment_under_its_name() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = Worker::start(dir.path()).unwrap();
+        let mut w = Worker::start(OsDir::new(dir.path())).unwrap();
         let bytes = 3 * ZERO_FILL_CHUNK_BYTES as u64 + 4096;
         let id = w.submit(Job::Preallocate { id: 7, bytes });
         w.wait(id).unwrap();
-        let data = fs::read(segment_path(dir.path(), 7)).unwrap();
+        let data = fs::read(dir.path().join(segment_name(7))).unwrap();
         assert_eq!(data.len() as u64, bytes);
         assert!(data.iter().all(|&b| b == 0));
         assert!(!dir.path().join("0000000000000007.seg.tmp").exists());
@@ -306,7 +343,7 @@ mod tests {
     #[test]
     fn a_directory_sync_overtakes_a_zero_fill() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = Worker::start(dir.path()).unwrap();
+        let mut w = Worker::start(OsDir::new(dir.path())).unwrap();
         let (open, gate) = mpsc::channel();
         let held = w.submit(Job::Gate(gate));
         let bytes = 8 * ZERO_FILL_CHUNK_BYTES as u64;
@@ -323,7 +360,7 @@ mod tests {
     #[test]
     fn dropping_the_worker_abandons_a_zero_fill_and_leaves_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = Worker::start(dir.path()).unwrap();
+        let mut w = Worker::start(OsDir::new(dir.path())).unwrap();
         let (_open, gate) = mpsc::channel::<()>();
         w.submit(Job::Gate(gate));
         w.submit(Job::Preallocate {
