@@ -139,7 +139,7 @@ fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
     let (code, body) = post(&remove, &token);
     assert_eq!(code, 200, "{body}");
     assert!(
-        body.contains(&format!("Remove({victim}) applied")),
+        body.contains(&format!("remove node {victim} applied")),
         "{body}"
     );
     assert!(!voters(admin).contains(&victim), "removed");
