@@ -9,6 +9,7 @@ use quire::api::wire::{decode_response, encode_request, FRAME_BYTES_MAX, VERSION
 use quire::api::{ErrorCode, Request, Response};
 use quire::client::Client;
 use quire::node::client_server::ClientServer;
+use quire::node::NodeHandle;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -54,17 +55,22 @@ fn hello() -> Vec<u8> {
     out
 }
 
+/// A client server on a free loopback port in front of `node`.
+fn serve(node: &Arc<NodeHandle>) -> ClientServer {
+    ClientServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::clone(node),
+        TOKEN,
+        BTreeMap::new(),
+    )
+    .unwrap()
+}
+
 #[test]
 fn malformed_frames_close_their_connection_and_the_node_serves_on() {
     let dir = tempfile::tempdir().unwrap();
     let node = common::single_node(dir.path());
-    let server = ClientServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::clone(&node),
-        TOKEN,
-        BTreeMap::new(),
-    )
-    .unwrap();
+    let server = serve(&node);
     let mut good = Client::new(vec![server.addr()], TOKEN, 1);
     let first = good.append(0, b"before").expect("served");
 
@@ -150,13 +156,7 @@ fn a_forgotten_sequence_number_is_refused_at_once_not_retried() {
     use quire::state::dedup::WINDOW;
     let dir = tempfile::tempdir().unwrap();
     let node = common::single_node(dir.path());
-    let server = ClientServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::clone(&node),
-        TOKEN,
-        BTreeMap::new(),
-    )
-    .unwrap();
+    let server = serve(&node);
     // Seqs 1..=WINDOW + 1 of client 77: the group now remembers 2..
     let mut first = Client::new(vec![server.addr()], TOKEN, 77);
     let records = vec![b"r".to_vec(); WINDOW + 1];

@@ -57,6 +57,15 @@ fn copies(c: &mut Client, nodes: usize, n: usize) -> Vec<Vec<(u64, Vec<u8>)>> {
         .collect()
 }
 
+/// Runs `quired --config CFG` to completion (a config it refuses).
+fn quired_with_config(cfg: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_quired"))
+        .arg("--config")
+        .arg(cfg)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn appends_survive_a_restart_of_every_node_identical_everywhere() {
     let dir = tempfile::tempdir().unwrap();
@@ -152,11 +161,7 @@ fn a_bad_config_exits_2_naming_the_key() {
         "[node]\ncluster_key_file = \"k\"\nauth_token_file = \"t\"\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_quired"))
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = quired_with_config(&cfg);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -174,11 +179,7 @@ fn a_bad_config_exits_2_naming_the_key() {
          [timers]\nheartbeat_interval_ms = 40\nelection_timeout_ms = 40\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_quired"))
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = quired_with_config(&cfg);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
