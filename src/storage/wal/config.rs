@@ -32,6 +32,10 @@ pub struct WalConfig {
     /// Trimmed segments kept as spares for reuse (renamed, not rewritten)
     /// instead of being deleted; beyond this many spares they are deleted.
     pub segments_recycled_max: u32,
+    /// A planted bug for the simulator's checkers, never set by a config
+    /// file: recovery truncates the log at damage in its middle, as if it
+    /// were a torn tail, instead of reporting it for repair.
+    pub planted_truncate_on_corruption: bool,
 }
 
 impl Default for WalConfig {
@@ -47,6 +51,7 @@ impl Default for WalConfig {
             space_retry_ms: 100,
             segments_ahead: 1,
             segments_recycled_max: 4,
+            planted_truncate_on_corruption: false,
         }
     }
 }
