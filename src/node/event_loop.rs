@@ -9,12 +9,13 @@
 //! events and the peers' heartbeats, which drive the failover policy of
 //! their replicas. Nothing else crosses cores, and no lock is taken.
 
+use super::command::{CoreCommand, ProposeError};
 use super::config::{NodeSpec, SpecError};
 use super::errors::StartError;
-use super::handle::{CoreCommand, GroupView, LinkView, NodeStatus, PeerView};
 use super::log::{log_error, log_info, log_warn};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
+use super::status::{GroupView, LinkView, NodeStatus, PeerView, StallView, TransportView, WalView};
 use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Raft, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
@@ -380,7 +381,7 @@ impl EventLoop {
             };
             let Some(&i) = self.by_group.get(&group) else {
                 // The handle sends a group's commands to the core owning it.
-                cmd.fail(super::ProposeError::Internal(format!(
+                cmd.fail(ProposeError::Internal(format!(
                     "group {group} is not on the core it was sent to"
                 )));
                 continue;
@@ -809,7 +810,7 @@ impl EventLoop {
                 waiting_reads: r.waiting_reads(),
                 wal: {
                     let m = r.wal.metrics();
-                    super::handle::WalView {
+                    WalView {
                         flushes: m.flushes,
                         flush_p50_us: m.flush_latency_us.value_at_quantile(0.5),
                         flush_p99_us: m.flush_latency_us.value_at_quantile(0.99),
@@ -876,7 +877,7 @@ impl EventLoop {
             clients: Default::default(),
             mac_failures: self.udp.endpoint().stats().mac_failures,
             malformed_dropped: self.udp.endpoint().stats().malformed_dropped,
-            stalls: super::handle::StallView {
+            stalls: StallView {
                 count: self.clock.stalls(),
                 stalled_ms: self.clock.stalled_ms(),
                 longest_ms: self.clock.longest_ms(),
@@ -894,7 +895,7 @@ impl EventLoop {
                         .filter_map(|r| endpoint.channel_stats(p.id, r.group))
                         .map(|c| c.rexmit_frames)
                         .sum();
-                    Some(super::TransportView {
+                    Some(TransportView {
                         peer: p.id,
                         datagrams_sent: t.datagrams_sent,
                         datagrams_received: t.datagrams_received,

@@ -33,6 +33,7 @@ pub mod client_admission;
 mod client_gate;
 pub mod client_server;
 pub mod client_stats;
+mod command;
 mod config;
 pub mod config_file;
 pub mod daemon;
@@ -45,16 +46,18 @@ pub mod port_check;
 pub mod processes;
 mod replica;
 mod stall;
+mod status;
 mod waker;
 
+pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 pub use config::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use errors::{ListenError, StartError};
-pub use handle::{
-    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, QueryReply, ReadReply,
-    Reply, StallView, StateReply, TransportView, WalView,
-};
+pub use handle::NodeHandle;
 pub use local::LocalCluster;
-pub use replica::{SnapshotStats, LEARNER_CAUGHT_UP_ENTRIES_MAX};
+pub use replica::LEARNER_CAUGHT_UP_ENTRIES_MAX;
+pub use status::{
+    GroupView, LinkView, NodeStatus, PeerView, SnapshotStats, StallView, TransportView, WalView,
+};
 
 /// A seed from the OS for what must differ at every start (session
 /// epochs, election jitter); falls back to the clock and the pid.

@@ -4,8 +4,9 @@
 //! reports everything queued before them durable, report durability back
 //! with `persisted`, apply what is committed.
 
-use super::handle::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
+use super::command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 use super::log::{log_error, log_warn};
+use super::status::SnapshotStats;
 use crate::consensus::{Entry, Index, Message, Payload, Raft, Role, Term};
 use crate::state::dedup::{
     decode_client_entry, encode_client_entry, fingerprint, Applied, DedupTable,
@@ -124,31 +125,6 @@ struct SnapshotJob {
     index: Index,
     started: Instant,
     done: Receiver<Result<SnapshotWritten, WalError>>,
-}
-
-/// What the snapshots of a group cost, for status and metrics.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SnapshotStats {
-    /// Snapshots taken (written and adopted) since start.
-    pub taken: u64,
-    /// Index of the last one.
-    pub last_index: Index,
-    /// Bytes of the last one's state-machine data.
-    pub last_bytes: u64,
-    /// Time from capture to adoption of the last one, in µs (encoding
-    /// and writing run off the loop; only the capture runs on it).
-    pub last_us: u64,
-    /// Time the loop spent capturing the last one's view, in µs.
-    pub last_capture_us: u64,
-    /// Snapshots that failed to be written (the log is kept whole).
-    pub failed: u64,
-    /// The lowest log index the state at the snapshot refers to (a ledger
-    /// entry's or an unacked message's bytes); 0 for none. The log keeps
-    /// every segment from there on.
-    pub retained_from: Index,
-    /// Log entries the state refers to that this node could not read
-    /// (found missing at start, or a failed read since); 0 when healthy.
-    pub unreadable_entries: u64,
 }
 
 /// One group on this node.
