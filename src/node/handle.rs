@@ -4,8 +4,9 @@
 use super::command::{CoreCommand, ProposeError, QueryReply, ReadReply, Reply, StateReply};
 use super::config::NodeSpec;
 use super::errors::StartError;
-use super::event_loop::{CoreMailbox, CoreMsg, EventLoop, Wiring};
+use super::event_loop::EventLoop;
 use super::log::log_warn;
+use super::mesh::{CoreMailbox, CoreMsg, Wiring};
 use super::status::NodeStatus;
 use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Term};
