@@ -19,7 +19,7 @@ use super::log::{log_error, log_info, log_warn};
 use super::mesh::{CoreMailbox, CoreMsg, Wiring};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
-use super::status::{GroupView, NodeStatus, StallView, TransportView, WalView};
+use super::status::{NodeStatus, StallView, TransportView};
 use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Raft, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
@@ -546,19 +546,7 @@ impl EventLoop {
     }
 
     fn group_statuses(&self) -> Vec<GroupStatus> {
-        self.replicas
-            .iter()
-            .map(|r| GroupStatus {
-                group: r.group,
-                role: r.raft.role(),
-                term: r.raft.term(),
-                leader: r.raft.leader().unwrap_or(0),
-                commit: r.raft.commit_index(),
-                persisted: r.raft.persisted_index(),
-                last_fsync_ms: r.last_fsync_ms,
-                writes_pending: r.writes_pending(),
-            })
-            .collect()
+        self.replicas.iter().map(|r| r.group_status()).collect()
     }
 
     /// Control: the node's heartbeat on every channel. Worker: its groups
@@ -612,55 +600,7 @@ impl EventLoop {
     /// This loop's part of the node's status (links and peers: control).
     fn status(&self) -> NodeStatus {
         let now = self.peek_ms();
-        let groups = self
-            .replicas
-            .iter()
-            .map(|r| GroupView {
-                group: r.group,
-                role: r.raft.role(),
-                term: r.raft.term(),
-                leader: r.raft.leader(),
-                commit: r.raft.commit_index(),
-                applied: r.applied,
-                persisted: r.raft.persisted_index(),
-                applied_hash: r.applied_hash,
-                voters: r.raft.membership().voters.iter().copied().collect(),
-                learners: r.raft.membership().learners.iter().copied().collect(),
-                disk: r.disk_state(),
-                backend: r.wal.backend_name(),
-                snapshot: r.snapshot_stats,
-                waiting_reads: r.waiting_reads(),
-                wal: {
-                    let m = r.wal.metrics();
-                    WalView {
-                        flushes: m.flushes,
-                        flush_p50_us: m.flush_latency_us.value_at_quantile(0.5),
-                        flush_p99_us: m.flush_latency_us.value_at_quantile(0.99),
-                        records_per_flush_p50: m.records_per_flush.value_at_quantile(0.5),
-                        bytes: m.bytes,
-                        segments_recycled: m.segments_recycled,
-                        segments_zero_filled: m.segments_zero_filled,
-                        stalls: m.stalls,
-                        io_errors: m.io_errors,
-                        disk_full_refusals: m.disk_full_refusals,
-                    }
-                },
-                follower_lag: if r.raft.role() == Role::Leader {
-                    r.raft
-                        .membership()
-                        .members()
-                        .filter(|&p| p != self.spec.id)
-                        .filter_map(|p| {
-                            let m = r.raft.progress(p)?.match_index;
-                            Some((p, r.raft.last_index().saturating_sub(m)))
-                        })
-                        .collect()
-                } else {
-                    Vec::new()
-                },
-                stats: r.raft.stats(),
-            })
-            .collect();
+        let groups = self.replicas.iter().map(|r| r.view(self.spec.id)).collect();
         let (links, peers) = match &self.control {
             Some(c) => c.views(&self.spec.peers, now),
             None => (Vec::new(), Vec::new()),
