@@ -99,7 +99,7 @@ impl EventLoop {
             spec.transport.clone(),
             spec.key.clone(),
             id,
-            super::os_seed(),
+            super::host::os_seed(),
         )
         .map_err(SpecError::Transport)?;
         let (udp, report) = UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
@@ -118,10 +118,15 @@ impl EventLoop {
             wal.notify_completions(waker.fd()).map_err(log_failed)?;
             log_info!("node {id} group {}: {report}", g.group);
             let snapshot = report.restored.snapshot.clone();
-            let raft = Raft::restore(spec.raft_config(), super::os_seed(), now, report.restored)
-                .map_err(SpecError::Raft)?;
+            let raft = Raft::restore(
+                spec.raft_config(),
+                super::host::os_seed(),
+                now,
+                report.restored,
+            )
+            .map_err(SpecError::Raft)?;
             let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
-            r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
+            r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::host::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
                     return Err(StartError::SnapshotUndecodable {
@@ -137,7 +142,7 @@ impl EventLoop {
         }
         let (control, to_control) = match wiring {
             Wiring::Control(workers) => {
-                let control = Control::open(&spec, now, workers, super::os_seed())?;
+                let control = Control::open(&spec, now, workers, super::host::os_seed())?;
                 (Some(control), None)
             }
             Wiring::Worker(to_control) => (None, Some(to_control)),
