@@ -3,32 +3,32 @@
 //!
 //! A node runs one loop per core that owns groups. The *control* loop (the
 //! core of the node's first group) also owns the serial ports, the failure
-//! detector and the node's heartbeat; the others (*workers*) hand it what
-//! it needs over channels (peers heard on their sockets, heartbeats that
-//! arrived there, their groups' status) and it hands them the detector's
-//! events and the peers' heartbeats, which drive the failover policy of
-//! their replicas. Nothing else crosses cores, and no lock is taken.
+//! detector and the node's heartbeat (`control`); the others (*workers*)
+//! hand it what it needs over channels (`mesh`: peers heard on their
+//! sockets, heartbeats that arrived there, their groups' status) and it
+//! hands them the detector's events and the peers' heartbeats, which drive
+//! the failover policy of their replicas. Nothing else crosses cores, and
+//! no lock is taken. The loop owns the turn, the sockets and the envelope
+//! of transport messages; each group's glue is its `replica`.
 
+use super::command::{CoreCommand, ProposeError};
 use super::config::{NodeSpec, SpecError};
+use super::control::Control;
 use super::errors::StartError;
-use super::handle::{CoreCommand, GroupView, LinkView, NodeStatus, PeerView};
 use super::log::{log_error, log_info, log_warn};
+use super::mesh::{CoreMailbox, CoreMsg, Wiring};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
+use super::status::{NodeStatus, StallView, TransportView};
 use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Raft, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
-use crate::heartbeat::message::GROUPS_MAX;
-use crate::heartbeat::{
-    encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
-    ReplayGuard,
-};
+use crate::heartbeat::{Channel, GroupStatus, Heartbeat};
 use crate::net::{PeerMap, UdpDriver};
-use crate::serial::SerialPort;
 use crate::storage::Wal;
 use crate::transport::raft_codec::{decode_message, encode_message};
 use crate::transport::{Endpoint, Event, GroupId};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -45,61 +45,8 @@ const TURN_MAX: Duration = Duration::from_millis(10);
 /// A worker reports a peer heard at most this often.
 const HEARD_FORWARD_MS: u64 = 10;
 
-/// What the loops of one node tell each other.
-pub(crate) enum CoreMsg {
-    /// Worker to control: a peer was heard on one of the worker's sockets.
-    HeardUdp { peer: NodeId },
-    /// Worker to control: a heartbeat arrived on one of its sockets.
-    Heartbeat(Box<Heartbeat>),
-    /// Worker to control: the worker's groups, for the node's heartbeat.
-    Groups(Vec<GroupStatus>),
-    /// Control to worker: something the detector found.
-    Detector(LinkEvent),
-    /// Control to worker: a fresh peer heartbeat, and whether IP to that
-    /// peer is alive.
-    PeerHeartbeat(Box<Heartbeat>, bool),
-}
-
-/// The mailbox of another core's loop (not a peer node): a sender of
-/// `CoreMsg`, with that loop's wake-up.
-#[derive(Clone)]
-pub(crate) struct CoreMailbox {
-    pub(crate) tx: Sender<CoreMsg>,
-    pub(crate) waker: Waker,
-}
-
-impl CoreMailbox {
-    fn send(&self, msg: CoreMsg) {
-        if self.tx.send(msg).is_ok() {
-            self.waker.wake();
-        }
-    }
-}
-
-/// How a loop is wired to the node's other loops.
-pub(crate) enum Wiring {
-    /// The control loop, with a sender to every worker.
-    Control(Vec<CoreMailbox>),
-    /// A worker, with a sender to the control loop.
-    Worker(CoreMailbox),
-}
-
-/// The parts only the control loop has.
-struct Control {
-    serial: Vec<(NodeId, SerialPort)>,
-    detector: Detector,
-    epoch: u64,
-    seq: u64,
-    udp_guards: BTreeMap<NodeId, ReplayGuard>,
-    serial_guards: BTreeMap<NodeId, ReplayGuard>,
-    workers: Vec<CoreMailbox>,
-    /// The latest status of the workers' groups.
-    remote_groups: BTreeMap<GroupId, GroupStatus>,
-    /// Where the next heartbeat's groups start, for nodes with more groups
-    /// than a heartbeat holds.
-    rotation: usize,
-}
-
+/// One core's loop: its replicas, its sockets and (control) the control
+/// plane, run by `run` on the loop's own thread.
 pub(crate) struct EventLoop {
     spec: NodeSpec,
     started: Instant,
@@ -152,7 +99,7 @@ impl EventLoop {
             spec.transport.clone(),
             spec.key.clone(),
             id,
-            super::os_seed(),
+            super::host::os_seed(),
         )
         .map_err(SpecError::Transport)?;
         let (udp, report) = UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
@@ -171,10 +118,15 @@ impl EventLoop {
             wal.notify_completions(waker.fd()).map_err(log_failed)?;
             log_info!("node {id} group {}: {report}", g.group);
             let snapshot = report.restored.snapshot.clone();
-            let raft = Raft::restore(spec.raft_config(), super::os_seed(), now, report.restored)
-                .map_err(SpecError::Raft)?;
+            let raft = Raft::restore(
+                spec.raft_config(),
+                super::host::os_seed(),
+                now,
+                report.restored,
+            )
+            .map_err(SpecError::Raft)?;
             let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
-            r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::os_seed());
+            r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::host::os_seed());
             if let Some(s) = snapshot {
                 if !r.restore_state(s.index, &s.data) {
                     return Err(StartError::SnapshotUndecodable {
@@ -190,29 +142,7 @@ impl EventLoop {
         }
         let (control, to_control) = match wiring {
             Wiring::Control(workers) => {
-                let mut detector =
-                    Detector::new(spec.detector, now).map_err(SpecError::Detector)?;
-                let mut serial = Vec::new();
-                for p in &spec.peers {
-                    detector.add_peer(now, p.id, p.serial_device.is_some());
-                    if let Some(dev) = &p.serial_device {
-                        let port = SerialPort::new(spec.serial_config(dev), spec.key.clone())
-                            // Only its config can be refused: it opens later.
-                            .map_err(SpecError::Serial)?;
-                        serial.push((p.id, port));
-                    }
-                }
-                let control = Control {
-                    serial,
-                    detector,
-                    epoch: super::os_seed() | 1,
-                    seq: 0,
-                    udp_guards: BTreeMap::new(),
-                    serial_guards: BTreeMap::new(),
-                    workers,
-                    remote_groups: BTreeMap::new(),
-                    rotation: 0,
-                };
+                let control = Control::open(&spec, now, workers, super::host::os_seed())?;
                 (Some(control), None)
             }
             Wiring::Worker(to_control) => (None, Some(to_control)),
@@ -301,8 +231,7 @@ impl EventLoop {
             self.wake_fds.clear();
             self.wake_fds.push(self.waker.fd());
             if let Some(c) = &self.control {
-                self.wake_fds
-                    .extend(c.serial.iter().filter_map(|(_, p)| p.raw_fd()));
+                self.wake_fds.extend(c.wake_fds());
             }
             self.udp.set_wake_fds(&self.wake_fds);
             if let Err(e) = self.udp.run_once(wait) {
@@ -337,7 +266,7 @@ impl EventLoop {
                 self.next_heartbeat_ms = now + self.spec.detector.keepalive_ms;
             }
             if let Some(c) = self.control.as_mut() {
-                c.detector.tick(now);
+                c.tick(now);
             }
             self.detector_events(now);
             self.drive_all(now);
@@ -352,11 +281,7 @@ impl EventLoop {
                 t = t.min(d);
             }
         }
-        if let Some(d) = self
-            .control
-            .as_ref()
-            .and_then(|c| c.detector.poll_timeout())
-        {
+        if let Some(d) = self.control.as_ref().and_then(|c| c.poll_timeout()) {
             t = t.min(d);
         }
         t
@@ -380,7 +305,7 @@ impl EventLoop {
             };
             let Some(&i) = self.by_group.get(&group) else {
                 // The handle sends a group's commands to the core owning it.
-                cmd.fail(super::ProposeError::Internal(format!(
+                cmd.fail(ProposeError::Internal(format!(
                     "group {group} is not on the core it was sent to"
                 )));
                 continue;
@@ -452,7 +377,7 @@ impl EventLoop {
     /// A peer was heard over UDP on this loop's sockets.
     fn heard_udp(&mut self, now: u64, peer: NodeId) {
         if let Some(c) = self.control.as_mut() {
-            c.detector.heard(now, peer, Channel::Udp);
+            c.heard_udp(now, peer);
         } else if let Some(tx) = &self.to_control {
             let last = self.heard_forwarded.entry(peer).or_insert(0);
             if now >= *last + HEARD_FORWARD_MS {
@@ -501,8 +426,7 @@ impl EventLoop {
             }
             return;
         };
-        let guard = c.udp_guards.entry(hb.node).or_default();
-        if guard.check(&hb) != Freshness::Stale {
+        if c.fresh_udp(&hb) {
             self.heartbeat_heard(now, &hb, Channel::Udp);
         }
     }
@@ -513,15 +437,13 @@ impl EventLoop {
             match msg {
                 CoreMsg::HeardUdp { peer } => {
                     if let Some(c) = self.control.as_mut() {
-                        c.detector.heard(now, peer, Channel::Udp);
+                        c.heard_udp(now, peer);
                     }
                 }
                 CoreMsg::Heartbeat(hb) => self.udp_heartbeat(now, *hb),
                 CoreMsg::Groups(groups) => {
                     if let Some(c) = self.control.as_mut() {
-                        for g in groups {
-                            c.remote_groups.insert(g.group, g);
-                        }
+                        c.remote_groups(groups);
                     }
                 }
                 CoreMsg::Detector(ev) => {
@@ -540,26 +462,12 @@ impl EventLoop {
         }
     }
 
+    /// Control: the serial lines, and the heartbeats heard on them.
     fn serve_serial(&mut self, now: u64) {
         let Some(c) = self.control.as_mut() else {
             return;
         };
-        let mut heard = Vec::new();
-        for (peer, port) in &mut c.serial {
-            port.poll_open(now);
-            port.receive(now);
-            while let Some(frame) = port.next_frame() {
-                // Frame errors are counted by the port's decoder.
-                if let Ok(hb) = frame {
-                    let guard = c.serial_guards.entry(*peer).or_default();
-                    if hb.node == *peer && guard.check(&hb) != Freshness::Stale {
-                        heard.push(hb);
-                    }
-                }
-            }
-            port.flush(now);
-        }
-        for hb in heard {
+        for hb in c.serve_serial(now) {
             self.heartbeat_heard(now, &hb, Channel::Serial);
         }
     }
@@ -569,19 +477,7 @@ impl EventLoop {
         let Some(c) = self.control.as_mut() else {
             return;
         };
-        let peer = hb.node;
-        c.detector.heard(now, peer, channel);
-        for g in hb.groups() {
-            c.detector
-                .disk_progress(now, peer, g.group, g.last_fsync_ms, g.writes_pending);
-        }
-        let ip_alive = c
-            .detector
-            .link(peer, Channel::Udp)
-            .is_some_and(|l| l.state.is_alive());
-        for w in &c.workers {
-            w.send(CoreMsg::PeerHeartbeat(Box::new(*hb), ip_alive));
-        }
+        let ip_alive = c.heard(now, hb, channel);
         for g in hb.groups() {
             if let Some(&i) = self.by_group.get(&g.group) {
                 on_group_status(&mut self.replicas[i].raft, now, hb, g, ip_alive);
@@ -590,50 +486,12 @@ impl EventLoop {
         self.detector_events(now);
     }
 
+    /// Control: notes each of the detector's events and hands it to the
+    /// failover policy of this loop's replicas (the workers get it from
+    /// `Control::next_event`).
     fn detector_events(&mut self, now: u64) {
-        loop {
-            let Some(ev) = self.control.as_mut().and_then(|c| c.detector.poll_event()) else {
-                return;
-            };
-            let line = match ev {
-                LinkEvent::Link {
-                    peer,
-                    channel,
-                    old,
-                    new,
-                    at_ms,
-                } => format!(
-                    "at {at_ms} ms: link to node {peer} over {}: {} -> {}",
-                    channel.name(),
-                    old.name(),
-                    new.name()
-                ),
-                LinkEvent::Peer {
-                    peer,
-                    old,
-                    new,
-                    at_ms,
-                } => format!(
-                    "at {at_ms} ms: node {peer}: {} -> {}",
-                    old.name(),
-                    new.name()
-                ),
-                LinkEvent::DiskStall {
-                    peer,
-                    group,
-                    stalled,
-                    at_ms,
-                } => format!(
-                    "at {at_ms} ms: node {peer} group {group}: disk {}",
-                    if stalled { "stalled" } else { "progressing" }
-                ),
-            };
+        while let Some((ev, line)) = self.control.as_mut().and_then(|c| c.next_event()) {
             self.note(line);
-            if let Some(c) = &self.control {
-                for w in &c.workers {
-                    w.send(CoreMsg::Detector(ev));
-                }
-            }
             for r in &mut self.replicas {
                 on_event(&mut r.raft, now, r.group, &ev);
             }
@@ -693,19 +551,7 @@ impl EventLoop {
     }
 
     fn group_statuses(&self) -> Vec<GroupStatus> {
-        self.replicas
-            .iter()
-            .map(|r| GroupStatus {
-                group: r.group,
-                role: r.raft.role(),
-                term: r.raft.term(),
-                leader: r.raft.leader().unwrap_or(0),
-                commit: r.raft.commit_index(),
-                persisted: r.raft.persisted_index(),
-                last_fsync_ms: r.last_fsync_ms,
-                writes_pending: r.writes_pending(),
-            })
-            .collect()
+        self.replicas.iter().map(|r| r.group_status()).collect()
     }
 
     /// Control: the node's heartbeat on every channel. Worker: its groups
@@ -718,37 +564,7 @@ impl EventLoop {
             }
             return;
         };
-        c.seq += 1;
-        let mut hb = Heartbeat::new(self.spec.id, c.epoch, c.seq);
-        let mut all: BTreeMap<GroupId, GroupStatus> = c.remote_groups.clone();
-        all.extend(mine.into_iter().map(|g| (g.group, g)));
-        // A heartbeat holds GROUPS_MAX groups (its serial airtime must fit
-        // the keepalive); with more, successive heartbeats take turns, so
-        // each group is reported every ceil(groups / GROUPS_MAX) keepalives.
-        let all: Vec<GroupStatus> = all.into_values().collect();
-        let take = all.len().min(GROUPS_MAX);
-        let start = if all.len() > GROUPS_MAX {
-            c.rotation % all.len()
-        } else {
-            0
-        };
-        c.rotation = c.rotation.wrapping_add(take);
-        let mut chosen: Vec<GroupStatus> =
-            (0..take).map(|i| all[(start + i) % all.len()]).collect();
-        chosen.sort_by_key(|g| g.group); // the format wants increasing ids
-        for g in chosen {
-            hb.push_group(g)
-                .expect("at most GROUPS_MAX, in increasing order");
-        }
-        for view in c.detector.views() {
-            let _ = hb.push_peer(view);
-        }
-        let mut frame = Vec::new();
-        if encode_frame(&self.spec.key, &hb, &mut frame).is_ok() {
-            for (_, port) in &mut c.serial {
-                port.send_frame(now, &frame);
-            }
-        }
+        let hb = c.heartbeat(self.spec.id, &self.spec.key, now, mine);
         self.buf.clear();
         self.buf.push(ENVELOPE_HEARTBEAT);
         if hb.encode(&mut self.buf).is_err() {
@@ -789,94 +605,24 @@ impl EventLoop {
     /// This loop's part of the node's status (links and peers: control).
     fn status(&self) -> NodeStatus {
         let now = self.peek_ms();
-        let groups = self
-            .replicas
-            .iter()
-            .map(|r| GroupView {
-                group: r.group,
-                role: r.raft.role(),
-                term: r.raft.term(),
-                leader: r.raft.leader(),
-                commit: r.raft.commit_index(),
-                applied: r.applied,
-                persisted: r.raft.persisted_index(),
-                applied_hash: r.applied_hash,
-                voters: r.raft.membership().voters.iter().copied().collect(),
-                learners: r.raft.membership().learners.iter().copied().collect(),
-                disk: r.disk_state(),
-                backend: r.wal.backend_name(),
-                snapshot: r.snapshot_stats,
-                waiting_reads: r.waiting_reads(),
-                wal: {
-                    let m = r.wal.metrics();
-                    super::handle::WalView {
-                        flushes: m.flushes,
-                        flush_p50_us: m.flush_latency_us.value_at_quantile(0.5),
-                        flush_p99_us: m.flush_latency_us.value_at_quantile(0.99),
-                        records_per_flush_p50: m.records_per_flush.value_at_quantile(0.5),
-                        bytes: m.bytes,
-                        segments_recycled: m.segments_recycled,
-                        segments_zero_filled: m.segments_zero_filled,
-                        stalls: m.stalls,
-                        io_errors: m.io_errors,
-                        disk_full_refusals: m.disk_full_refusals,
-                    }
-                },
-                follower_lag: if r.raft.role() == Role::Leader {
-                    r.raft
-                        .membership()
-                        .members()
-                        .filter(|&p| p != self.spec.id)
-                        .filter_map(|p| {
-                            let m = r.raft.progress(p)?.match_index;
-                            Some((p, r.raft.last_index().saturating_sub(m)))
-                        })
-                        .collect()
-                } else {
-                    Vec::new()
-                },
-                stats: r.raft.stats(),
-            })
-            .collect();
-        let mut links = Vec::new();
-        let mut peers = Vec::new();
-        if let Some(c) = &self.control {
-            for p in &self.spec.peers {
-                for ch in [Channel::Udp, Channel::Serial] {
-                    if let Some(l) = c.detector.link(p.id, ch) {
-                        links.push(LinkView {
-                            peer: p.id,
-                            channel: ch.name(),
-                            state: l.state.name(),
-                            last_heard_ago_ms: l.last_heard_ms.map(|t| now.saturating_sub(t)),
-                        });
-                    }
-                }
-                if let Some(s) = c.detector.status(p.id) {
-                    peers.push(PeerView {
-                        peer: p.id,
-                        status: s.name(),
-                        disk_stalled: c.detector.disk_stalled(p.id),
-                    });
-                }
-            }
-        }
+        let groups = self.replicas.iter().map(|r| r.view(self.spec.id)).collect();
+        let (links, peers) = match &self.control {
+            Some(c) => c.views(&self.spec.peers, now),
+            None => (Vec::new(), Vec::new()),
+        };
         NodeStatus {
             id: self.spec.id,
             uptime_ms: now,
             groups,
             links,
             peers,
-            alarm: self
-                .control
-                .as_ref()
-                .is_some_and(|c| c.detector.any_link_dead()),
+            alarm: self.control.as_ref().is_some_and(|c| c.any_link_dead()),
             transitions: self.transitions.iter().cloned().collect(),
             sends_refused: self.sends_refused,
             clients: Default::default(),
             mac_failures: self.udp.endpoint().stats().mac_failures,
             malformed_dropped: self.udp.endpoint().stats().malformed_dropped,
-            stalls: super::handle::StallView {
+            stalls: StallView {
                 count: self.clock.stalls(),
                 stalled_ms: self.clock.stalled_ms(),
                 longest_ms: self.clock.longest_ms(),
@@ -894,7 +640,7 @@ impl EventLoop {
                         .filter_map(|r| endpoint.channel_stats(p.id, r.group))
                         .map(|c| c.rexmit_frames)
                         .sum();
-                    Some(super::TransportView {
+                    Some(TransportView {
                         peer: p.id,
                         datagrams_sent: t.datagrams_sent,
                         datagrams_received: t.datagrams_received,

@@ -26,6 +26,25 @@
 //! contract: writes, messages, WAL completions reported as durability,
 //! held messages released, applies, reads, snapshots) and flushes the
 //! transport. `docs/internals/node.md` has the turn step by step.
+//!
+//! # Layers
+//!
+//! The files import one another in one direction only: a file may use a
+//! file of a lower layer, never one of its own layer or above, so no
+//! import cycle can form (`tests/node_layers.rs` checks this list against
+//! the code, and refuses a file missing from it):
+//!
+//! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`: leaves
+//! 2. `status`, `errors`, `admin_auth`, `client_gate`, `processes`: status views, start errors, the client server's admission
+//! 3. `command`, `mesh`, `config_file`: commands and replies, the inter-core mesh, the daemon's config file
+//! 4. `replica`, `control`: one group's glue; the control plane (serial ports, detector, heartbeat)
+//! 5. `event_loop`: one core's loop, driving its replicas and (control loop) the control plane
+//! 6. `handle`: `NodeHandle`, which starts the loops and talks to them
+//! 7. `local`, `admin`: clusters in one process; the admin endpoint
+//! 8. `client_server`: the client-facing TCP server
+//! 9. `daemon`: `quired`
+//!
+//! This file only declares the files and re-exports the public API.
 
 pub mod admin;
 mod admin_auth;
@@ -33,41 +52,31 @@ pub mod client_admission;
 mod client_gate;
 pub mod client_server;
 pub mod client_stats;
+mod command;
 mod config;
 pub mod config_file;
+mod control;
 pub mod daemon;
 mod errors;
 mod event_loop;
 mod handle;
+mod host;
 mod local;
 pub(crate) mod log;
+mod mesh;
 pub mod port_check;
 pub mod processes;
 mod replica;
 mod stall;
+mod status;
 mod waker;
 
+pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 pub use config::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use errors::{ListenError, StartError};
-pub use handle::{
-    GroupView, LinkView, NodeHandle, NodeStatus, PeerView, ProposeError, QueryReply, ReadReply,
-    Reply, StallView, StateReply, TransportView, WalView,
-};
+pub use handle::NodeHandle;
 pub use local::LocalCluster;
-pub use replica::{SnapshotStats, LEARNER_CAUGHT_UP_ENTRIES_MAX};
-
-/// A seed from the OS for what must differ at every start (session
-/// epochs, election jitter); falls back to the clock and the pid.
-pub(crate) fn os_seed() -> u64 {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
-        Ok(()) => u64::from_le_bytes(b),
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            t ^ (std::process::id() as u64).rotate_left(32)
-        }
-    }
-}
+pub use replica::LEARNER_CAUGHT_UP_ENTRIES_MAX;
+pub use status::{
+    GroupView, LinkView, NodeStatus, PeerView, SnapshotStats, StallView, TransportView, WalView,
+};

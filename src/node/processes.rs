@@ -87,7 +87,7 @@ fn toml_path(p: &Path) -> Result<String, String> {
 fn random_hex(bytes: usize) -> String {
     let mut s = String::new();
     for _ in 0..bytes.div_ceil(8) {
-        let _ = write!(s, "{:016x}", super::os_seed());
+        let _ = write!(s, "{:016x}", super::host::os_seed());
     }
     s.truncate(bytes * 2);
     s

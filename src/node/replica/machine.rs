@@ -1,0 +1,442 @@
+//! The replicated state-machine policy of a replica: what a proposal puts
+//! in the log (client appends with their client id and seq, ledger and
+//! queue commands stamped with the leader's clock, membership changes,
+//! with the admission checks before them), and what applying a committed
+//! entry does, identically on every replica: the dedup table answers a
+//! retry with the first outcome and keeps it from applying twice, the
+//! applied hash folds in each applied append, commands change the ledgers
+//! and queues, and each waiter is answered. Also the restore of that state
+//! from a snapshot's data, and the log entries it refers to (read back
+//! from the segments below Raft's log). Runs on the loop, reads no clock.
+
+use super::super::command::{ProposeError, Reply, StateReply};
+use super::super::log::{log_error, log_warn};
+use super::{refused_by_raft, Replica};
+use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
+use crate::state::dedup::{
+    decode_client_entry, encode_client_entry, fingerprint, Applied, DedupTable,
+};
+use crate::state::query::{decode_command_entry, encode_command_entry};
+use crate::state::{Command, Error as StateError, Outcome, StateMachine};
+use crate::storage::{Wal, WalError};
+use crate::transport::GroupId;
+use std::collections::BTreeSet;
+
+/// A learner is caught up, and may be promoted to voter without `force`,
+/// when its match index (on the leader) is at most this many entries
+/// below the leader's last index. Small: a few batches in flight at the
+/// moment of promotion, which a voter that starts counting in quorums
+/// fetches within one round trip, so no commit waits on it for long.
+pub const LEARNER_CAUGHT_UP_ENTRIES_MAX: u64 = 64;
+
+/// The fingerprint of a command for the dedup table: of its bytes as the
+/// client sent them, so the clock the leader stamps on some commands
+/// (which a retry through another leader stamps anew) does not count.
+fn command_fingerprint(command: &Command, bytes: &[u8]) -> u64 {
+    let mut unstamped = match command {
+        Command::CreateLedger { .. } | Command::Consume { .. } => command.clone(),
+        _ => return fingerprint(bytes),
+    };
+    if let Command::CreateLedger { now_ms, .. } | Command::Consume { now_ms, .. } = &mut unstamped {
+        *now_ms = 0;
+    }
+    fingerprint(&unstamped.encode())
+}
+
+/// A client waiting for its entry to be applied.
+pub(super) struct Waiter {
+    term: Term,
+    pub(super) reply: WaiterReply,
+}
+
+/// What a waiter wants to hear: the index its entry was applied at, or
+/// the state machine's outcome.
+pub(super) enum WaiterReply {
+    Index(Reply),
+    State(StateReply),
+}
+
+impl WaiterReply {
+    pub(super) fn fail(self, why: ProposeError) {
+        match self {
+            WaiterReply::Index(r) => r(Err(why)),
+            WaiterReply::State(r) => r(Err(why)),
+        }
+    }
+}
+
+/// What applying an entry answers its waiter: the index (an append, a
+/// membership change) or the state machine's outcome (a command); the
+/// kind matches the waiter's `WaiterReply`.
+enum WaiterAnswer {
+    Index(Result<Index, ProposeError>),
+    State(Result<Outcome, ProposeError>),
+}
+
+impl Replica {
+    /// Proposes a client append with its client id and sequence number:
+    /// applied once however often it is retried; the reply is the index
+    /// it was applied at (the original one for a retry).
+    pub(crate) fn propose_client(&mut self, client_id: u64, seq: u64, data: &[u8], reply: Reply) {
+        self.propose(encode_client_entry(client_id, seq, data), reply);
+    }
+
+    /// Proposes client data; the reply comes once it is applied.
+    pub(crate) fn propose(&mut self, data: Vec<u8>, reply: Reply) {
+        self.propose_entry(data, WaiterReply::Index(reply));
+    }
+
+    /// Proposes a ledger or queue command as client `client_id`'s request
+    /// `seq` (0: not deduplicated); the reply is its outcome once applied.
+    /// The leader's wall clock (`now_ms`) is stamped on the commands that
+    /// carry one: every replica then applies the same time.
+    pub(crate) fn propose_command(
+        &mut self,
+        client_id: u64,
+        seq: u64,
+        mut command: Command,
+        now_ms: u64,
+        reply: StateReply,
+    ) {
+        match &mut command {
+            Command::CreateLedger { now_ms: t, .. } | Command::Consume { now_ms: t, .. } => {
+                *t = now_ms
+            }
+            _ => {}
+        }
+        let entry = encode_command_entry(client_id, seq, &command.encode());
+        self.propose_entry(entry, WaiterReply::State(reply));
+    }
+
+    fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
+        if let Some(why) = &self.stopped {
+            reply.fail(ProposeError::LogStopped(why.clone()));
+            return;
+        }
+        if data.len() > self.entry_bytes_max {
+            reply.fail(ProposeError::TooLarge {
+                bytes: data.len(),
+                max: self.entry_bytes_max,
+            });
+            return;
+        }
+        if let Err(WalError::DiskFull) = self.wal.admit() {
+            reply.fail(ProposeError::DiskFull);
+            return;
+        }
+        match self.raft.propose(data) {
+            Ok((index, term)) => {
+                self.waiters.insert(index, Waiter { term, reply });
+            }
+            Err(e) => reply.fail(refused_by_raft(e)),
+        }
+    }
+
+    /// Proposes a membership change; the reply comes once it is applied.
+    /// A promotion (`AddVoter`) without `force` is refused unless the node
+    /// is a learner that has caught up (`promotion_refused`).
+    pub(crate) fn propose_membership(
+        &mut self,
+        change: crate::consensus::MembershipChange,
+        force: bool,
+        reply: Reply,
+    ) {
+        if let Some(why) = &self.stopped {
+            reply(Err(ProposeError::LogStopped(why.clone())));
+            return;
+        }
+        if let crate::consensus::MembershipChange::AddVoter(id) = change {
+            if let Some(e) = self.promotion_refused(id, force) {
+                reply(Err(e));
+                return;
+            }
+        }
+        match self.raft.propose_membership(change) {
+            Ok((index, term)) => {
+                let reply = WaiterReply::Index(reply);
+                self.waiters.insert(index, Waiter { term, reply });
+            }
+            Err(e) => reply(Err(refused_by_raft(e))),
+        }
+    }
+
+    /// Why promoting `id` to voter is refused, if it is (thesis §4.2.1: a
+    /// server that votes before it has the log makes the group wait for
+    /// it, or lose availability, while it catches up). Only the leader
+    /// knows a learner's match index, so only the leader checks; on a
+    /// follower the proposal answers `NotLeader`. A node that is already a voter is refused even with
+    /// `force` (the change would not apply); one that is not a member at
+    /// all is refused unless `force` (then it joins as a voter at once);
+    /// a learner more than `LEARNER_CAUGHT_UP_ENTRIES_MAX` entries behind
+    /// the leader's last index is refused unless `force`.
+    fn promotion_refused(&self, id: crate::consensus::NodeId, force: bool) -> Option<ProposeError> {
+        if self.raft.role() != Role::Leader {
+            return None;
+        }
+        let m = self.raft.membership();
+        if m.voters.contains(&id) {
+            return Some(ProposeError::Invalid(format!(
+                "node {id} is already a voter: nothing to promote"
+            )));
+        }
+        if force {
+            return None;
+        }
+        if !m.learners.contains(&id) {
+            return Some(ProposeError::Invalid(format!(
+                "node {id} is not a learner (not a member of the group): add it as a learner first, wait for it to catch up, then promote it (or --force)"
+            )));
+        }
+        let last = self.raft.last_index();
+        let matched = self.raft.progress(id).map_or(0, |p| p.match_index);
+        let behind = last.saturating_sub(matched);
+        (behind > LEARNER_CAUGHT_UP_ENTRIES_MAX).then(|| {
+            ProposeError::Lagging(format!(
+                "node {id} is a learner {behind} entries behind the leader (at most {LEARNER_CAUGHT_UP_ENTRIES_MAX}): wait, or --force"
+            ))
+        })
+    }
+
+    pub(super) fn apply(&mut self, e: &Entry) {
+        // In log order, each once: a gap or a repeat would leave this
+        // replica's state different from every other's at the same index.
+        assert_eq!(
+            e.index,
+            self.applied + 1,
+            "group {}: applying {} after {}",
+            self.group,
+            e.index,
+            self.applied
+        );
+        self.applied = e.index;
+        let mut outcome = WaiterAnswer::Index(Ok(e.index));
+        if let Payload::Normal(payload) = &e.payload {
+            if let Some((client, seq, bytes)) = decode_command_entry(payload) {
+                outcome = WaiterAnswer::State(self.apply_command(e.index, client, seq, bytes));
+            }
+        }
+        if let (Payload::Normal(payload), WaiterAnswer::Index(outcome)) = (&e.payload, &mut outcome)
+        {
+            let data = match decode_client_entry(payload) {
+                Some((client, seq, data)) => {
+                    match self.dedup.apply(client, seq, e.index, fingerprint(data)) {
+                        Applied::New => Some(data),
+                        Applied::Duplicate(at) => {
+                            *outcome = Ok(at);
+                            self.not_applied.insert(e.index);
+                            None
+                        }
+                        Applied::Conflict(applied_at) => {
+                            *outcome = Err(ProposeError::Conflict { applied_at });
+                            self.not_applied.insert(e.index);
+                            None
+                        }
+                        Applied::Forgotten => {
+                            self.not_applied.insert(e.index);
+                            *outcome = Err(ProposeError::SeqForgotten {
+                                client_id: client,
+                                seq,
+                            });
+                            None
+                        }
+                    }
+                }
+                None => Some(&payload[..]),
+            };
+            if let Some(d) = data {
+                self.applied_hash = fnv(self.applied_hash, d);
+            }
+        }
+        // Everything at or below the applied index is decided: a waiter
+        // whose entry was replaced by another term's learns it failed.
+        while let Some(entry) = self.waiters.first_entry() {
+            if *entry.key() > e.index {
+                break;
+            }
+            let (index, w) = entry.remove_entry();
+            if index != e.index || w.term != e.term {
+                w.reply.fail(ProposeError::Lost);
+                continue;
+            }
+            match (w.reply, &outcome) {
+                (WaiterReply::Index(r), WaiterAnswer::Index(o)) => r(o.clone()),
+                (WaiterReply::State(r), WaiterAnswer::State(o)) => {
+                    let mut o = o.clone();
+                    if let Ok(out) = &mut o {
+                        if let Err(i) = out.fill(&mut payload_at(&self.raft, &mut self.wal)) {
+                            self.snapshot_stats.unreadable_entries += 1;
+                            o = Err(stored_missing(self.group, i));
+                        }
+                    }
+                    r(o)
+                }
+                (r, _) => r.fail(ProposeError::Internal(
+                    "the entry applied is not the kind proposed".into(),
+                )),
+            }
+        }
+    }
+
+    /// Applies a ledger or queue command entry. A retry (same client and
+    /// seq) is not applied again: it is answered as the first one was, as
+    /// far as the state still tells (see `retry_outcome`).
+    fn apply_command(
+        &mut self,
+        index: Index,
+        client: u64,
+        seq: u64,
+        bytes: &[u8],
+    ) -> Result<Outcome, ProposeError> {
+        let Some(command) = Command::decode(bytes) else {
+            // The leader encoded it, so only a bug or a corrupt entry that
+            // passed its checksum gets here: every replica refuses alike.
+            return Err(ProposeError::Refused(StateError::Invalid));
+        };
+        if client != 0 {
+            match self
+                .dedup
+                .apply(client, seq, index, command_fingerprint(&command, bytes))
+            {
+                Applied::New => {}
+                Applied::Duplicate(at) => return Ok(self.retry_outcome(&command, at)),
+                Applied::Conflict(applied_at) => return Err(ProposeError::Conflict { applied_at }),
+                Applied::Forgotten => {
+                    return Err(ProposeError::SeqForgotten {
+                        client_id: client,
+                        seq,
+                    })
+                }
+            }
+        }
+        self.machine
+            .apply(index, &command)
+            .map_err(ProposeError::Refused)
+    }
+
+    /// The outcome of a retried command first applied at `at`, rebuilt
+    /// from the state (no outcome is stored): an add answers the entry id
+    /// it got, a create the ledger's id; a consume answers no messages (the
+    /// first handed some out; they return after their visibility timeout).
+    fn retry_outcome(&self, command: &Command, at: Index) -> Outcome {
+        let ledgers = self.machine.ledgers();
+        match command {
+            Command::AddEntry { ledger, .. } => match ledgers.entry_added_at(*ledger, at) {
+                Some(id) => Outcome::EntryAdded(id),
+                None => Outcome::Done,
+            },
+            Command::CreateLedger { .. } => match ledgers.created_at(at) {
+                Some(id) => Outcome::LedgerCreated(id),
+                None => Outcome::Done,
+            },
+            Command::CloseLedger { ledger, .. } | Command::OpenRecover { ledger } => {
+                Outcome::Sealed(
+                    ledgers
+                        .info(*ledger)
+                        .ok()
+                        .and_then(|l| l.length.checked_sub(1)),
+                )
+            }
+            Command::SetLac { ledger, .. } => {
+                Outcome::Lac(ledgers.lac(*ledger).ok().flatten().unwrap_or(0))
+            }
+            Command::Consume { .. } => Outcome::Consumed(Vec::new()),
+            Command::Ack { .. } => Outcome::Acked(0),
+            Command::Produce { .. }
+            | Command::DeleteLedger { .. }
+            | Command::CreateQueue { .. }
+            | Command::DeleteQueue { .. } => Outcome::Done,
+        }
+    }
+
+    /// Restores the state machine from a snapshot's data: the applied
+    /// hash (u64), the dedup table, then the ledgers and queues (as the
+    /// snapshot thread in `snapshot` writes them). False if the data does
+    /// not decode.
+    pub(crate) fn restore_state(&mut self, index: Index, data: &[u8]) -> bool {
+        let Some(hash) = data.get(..8) else {
+            return false;
+        };
+        let Some((table, used)) = DedupTable::decode(&data[8..]) else {
+            return false;
+        };
+        let Ok(machine) = StateMachine::restore(&data[8 + used..]) else {
+            return false;
+        };
+        if machine.applied_index() > index {
+            return false;
+        }
+        self.applied = index;
+        self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
+        self.dedup = table;
+        self.not_applied = self.not_applied.split_off(&(index + 1));
+        self.set_keep_from(machine.oldest_stored());
+        self.machine = machine;
+        true
+    }
+
+    /// At start: counts the log entries below Raft's log that the state
+    /// refers to and the log cannot read (a damaged segment below the
+    /// snapshot). This replica cannot serve their bytes while it leads;
+    /// nothing repairs them from a peer yet, so it says so, loudly.
+    pub(crate) fn check_stored_entries(&mut self) {
+        let in_memory_from = self.raft.first_index();
+        let mut missing = BTreeSet::new();
+        let wal = &self.wal;
+        self.machine.each_stored(&mut |i| {
+            if i < in_memory_from && !wal.holds(i) {
+                missing.insert(i);
+            }
+        });
+        self.snapshot_stats.unreadable_entries = missing.len() as u64;
+        if let Some(first) = missing.first() {
+            log_warn!(
+                "group {}: {} log entries the ledgers and queues refer to are unreadable here (the first: {first}); \
+                 this replica cannot serve their bytes while it leads: replace its log (HARDWARE.md, \"Replacing a disk\")",
+                self.group,
+                missing.len()
+            );
+        }
+    }
+}
+
+/// The error for state that refers to a log entry this node cannot read
+/// back: never expected (the log keeps what the state refers to).
+pub(super) fn stored_missing(group: GroupId, index: Index) -> ProposeError {
+    let why = format!(
+        "group {group}: the state refers to log entry {index}, which this node cannot read"
+    );
+    log_error!("{why}");
+    ProposeError::Unreadable(why)
+}
+
+/// The payload of the log entry at an index: from Raft's log in memory,
+/// else read back from the segments (entries below the snapshot that the
+/// state refers to).
+pub(super) fn payload_at<'a>(
+    raft: &'a Raft,
+    wal: &'a mut Wal,
+) -> impl FnMut(Index) -> Option<Vec<u8>> + 'a {
+    move |i| match raft.entry(i) {
+        // Only the payload is copied, not the entry.
+        Some(e) => match &e.payload {
+            Payload::Normal(p) => Some(p.clone()),
+            _ => None,
+        },
+        None => match wal.read(i, i).ok()?.pop()?.payload {
+            Payload::Normal(p) => Some(p),
+            _ => None,
+        },
+    }
+}
+
+/// FNV-1a over `data`, continuing from `h`.
+fn fnv(mut h: u64, data: &[u8]) -> u64 {
+    if h == 0 {
+        h = 0xcbf2_9ce4_8422_2325;
+    }
+    for &b in data {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}

@@ -1,0 +1,281 @@
+//! Reads on a replica: linearizable reads of the state machine (queries)
+//! and of the raw log go through a read-index round (Raft thesis §6.4),
+//! then wait for the applied index to reach the commit index the round
+//! saw; stale reads serve what is applied here. What finds nothing yet
+//! waits on the loop, with no thread and nothing polled: raw-log tails
+//! until an entry is applied, ledger long polls until the LAC moves, each
+//! until its deadline.
+
+use super::super::command::{ProposeError, QueryReply, ReadReply};
+use super::machine::{payload_at, stored_missing};
+use super::{refused_by_raft, Replica};
+use crate::consensus::{Index, Payload, Role, Term};
+use crate::state::dedup::decode_client_entry;
+use crate::state::query::decode_command_entry;
+use crate::state::{Answer, Query};
+
+/// A read waiting for its read-index round (thesis §6.4), then for the
+/// applied index to reach the commit index the round saw: a state-machine
+/// query, or a read (or tail) of the raw log.
+pub(super) enum LinearRead {
+    Query {
+        query: Query,
+        wait_ms: u32,
+        reply: QueryReply,
+    },
+    Log {
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        reply: ReadReply,
+    },
+}
+
+impl LinearRead {
+    pub(super) fn fail(self, why: ProposeError) {
+        match self {
+            LinearRead::Query { reply, .. } => reply(Err(why)),
+            LinearRead::Log { reply, .. } => reply(Err(why)),
+        }
+    }
+}
+
+impl Replica {
+    /// Answers `query` linearizably: a read-index round confirms this node
+    /// still leads, then the query waits until the state has applied
+    /// everything committed when it arrived (Raft thesis §6.4). A ledger
+    /// read with `wait_ms` that finds nothing past the LAC then waits up
+    /// to `wait_ms` for an entry to be confirmed (a long poll): the
+    /// entries it gets are committed, so answering from the applied state
+    /// as it moves on stays linearizable.
+    pub(crate) fn query(&mut self, query: Query, wait_ms: u32, reply: QueryReply) {
+        self.read_linear(LinearRead::Query {
+            query,
+            wait_ms,
+            reply,
+        });
+    }
+
+    /// Reads the raw log linearizably (the default for `Read` and `Tail`):
+    /// the same read-index round as `query`, then `read_or_wait` once the
+    /// applied index reaches the commit index the round saw, so the answer
+    /// holds every entry committed before the read arrived. A follower
+    /// answers `NotLeader`; `read_or_wait` alone is the stale read.
+    /// A tail that then waits is answered with entries as they are applied:
+    /// they are committed, so that stays linearizable.
+    pub(crate) fn read_log(
+        &mut self,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        reply: ReadReply,
+    ) {
+        self.read_linear(LinearRead::Log {
+            from,
+            max_entries,
+            max_bytes,
+            wait_ms,
+            reply,
+        });
+    }
+
+    /// Starts the read-index round of `read`, or refuses it here.
+    fn read_linear(&mut self, read: LinearRead) {
+        if let Some(why) = &self.stopped {
+            read.fail(ProposeError::LogStopped(why.clone()));
+            return;
+        }
+        let id = self.next_read_id;
+        self.next_read_id += 1;
+        match self.raft.read_index(id) {
+            Ok(()) => {
+                self.reads_pending.insert(id, read);
+            }
+            Err(e) => read.fail(refused_by_raft(e)),
+        }
+    }
+
+    /// Serves the confirmed queries the applied state has caught up with,
+    /// and the waiting ledger reads it now has entries for (or whose wait
+    /// ended); fails the unconfirmed and the waiting ones once this node
+    /// no longer leads.
+    pub(super) fn serve_reads(&mut self, now_ms: u64) {
+        while self
+            .reads_confirmed
+            .front()
+            .is_some_and(|(at, _)| *at <= self.applied)
+        {
+            let (_, read) = self.reads_confirmed.pop_front().expect("front exists");
+            let (q, wait_ms, reply) = match read {
+                LinearRead::Query {
+                    query,
+                    wait_ms,
+                    reply,
+                } => (query, wait_ms, reply),
+                LinearRead::Log {
+                    from,
+                    max_entries,
+                    max_bytes,
+                    wait_ms,
+                    reply,
+                } => {
+                    self.read_or_wait(from, max_entries, max_bytes, wait_ms, now_ms, reply);
+                    continue;
+                }
+            };
+            let answer = self.machine.query(&q).map_err(ProposeError::Refused);
+            if wait_ms > 0 && matches!(&answer, Ok(Answer::Entries(es)) if es.is_empty()) {
+                let deadline = now_ms.saturating_add(u64::from(wait_ms));
+                self.tails.push((deadline, q, reply));
+                continue;
+            }
+            reply(self.filled(answer));
+        }
+        let mut i = 0;
+        while i < self.tails.len() {
+            let (deadline, q, _) = &self.tails[i];
+            let answer = self.machine.query(q).map_err(ProposeError::Refused);
+            let empty = matches!(&answer, Ok(Answer::Entries(es)) if es.is_empty());
+            if empty && now_ms < *deadline {
+                i += 1;
+                continue;
+            }
+            let (_, _, reply) = self.tails.swap_remove(i);
+            reply(self.filled(answer));
+        }
+        if self.raft.role() != Role::Leader
+            && !(self.reads_pending.is_empty() && self.tails.is_empty())
+        {
+            let leader = self.raft.leader();
+            for (_, read) in std::mem::take(&mut self.reads_pending) {
+                read.fail(ProposeError::NotLeader(leader));
+            }
+            for (_, _, reply) in std::mem::take(&mut self.tails) {
+                reply(Err(ProposeError::NotLeader(leader)));
+            }
+        }
+    }
+
+    /// An answer with the bytes of its entries or messages read from the
+    /// log.
+    fn filled(&mut self, answer: Result<Answer, ProposeError>) -> Result<Answer, ProposeError> {
+        answer.and_then(
+            |mut a| match a.fill(&mut payload_at(&self.raft, &mut self.wal)) {
+                Ok(()) => Ok(a),
+                Err(i) => {
+                    self.snapshot_stats.unreadable_entries += 1;
+                    Err(stored_missing(self.group, i))
+                }
+            },
+        )
+    }
+
+    /// Reads waiting for an entry: ledger reads and raw-log tails.
+    pub(crate) fn waiting_reads(&self) -> usize {
+        self.tails.len() + self.log_tails.len()
+    }
+
+    /// The earliest deadline of a waiting read (node ms), so the loop
+    /// wakes for it.
+    pub(crate) fn next_tail_deadline(&self) -> Option<u64> {
+        let ledger = self.tails.iter().map(|(d, _, _)| *d);
+        ledger.chain(self.log_tails.iter().map(|t| t.0)).min()
+    }
+
+    /// `read`, except that finding nothing from `from` on, it waits up
+    /// to `wait_ms` (node ms from `now_ms`) for an entry to be applied
+    /// here, and is answered then (or empty at the end): a tail of the raw
+    /// log, with no thread waiting and nothing polled.
+    pub(crate) fn read_or_wait(
+        &mut self,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+        wait_ms: u32,
+        now_ms: u64,
+        reply: ReadReply,
+    ) {
+        match self.read(from, max_entries, max_bytes) {
+            Ok(v) if v.is_empty() && wait_ms > 0 => {
+                let deadline = now_ms.saturating_add(u64::from(wait_ms));
+                self.log_tails
+                    .push((deadline, from, max_entries, max_bytes, reply));
+            }
+            r => reply(r),
+        }
+    }
+
+    /// Answers the waiting raw-log tails that have entries now, or whose
+    /// wait ended.
+    pub(super) fn serve_log_tails(&mut self, now_ms: u64) {
+        let mut i = 0;
+        while i < self.log_tails.len() {
+            let (deadline, from, max_entries, max_bytes, _) = self.log_tails[i];
+            let r = self.read(from, max_entries, max_bytes);
+            if matches!(&r, Ok(v) if v.is_empty()) && now_ms < deadline {
+                i += 1;
+                continue;
+            }
+            let (_, _, _, _, reply) = self.log_tails.swap_remove(i);
+            reply(r);
+        }
+    }
+
+    /// Committed entries from `from` on, at most `max_entries` and about
+    /// `max_bytes` (at least one), as (index, term, data): the data of
+    /// client appends without their header; no-ops, membership changes
+    /// and ledger or queue commands are skipped. Only what is committed is served.
+    pub(crate) fn read(
+        &mut self,
+        from: Index,
+        max_entries: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
+        if let Some(why) = &self.stopped {
+            return Err(ProposeError::LogStopped(why.clone()));
+        }
+        // Up to what is applied, not committed: only apply knows which
+        // entries are retries to skip.
+        let commit = self.raft.commit_index().min(self.applied);
+        let first = self.raft.first_index().max(1);
+        if from < first {
+            return Err(ProposeError::Compacted { first });
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut at = from;
+        while at <= commit && out.len() < max_entries && (out.is_empty() || bytes < max_bytes) {
+            let hi = commit.min(at + max_entries as u64 - 1);
+            let entries = self
+                .wal
+                .read(at, hi)
+                .map_err(|e| ProposeError::Unreadable(format!("reading the log: {e}")))?;
+            if entries.is_empty() {
+                break;
+            }
+            for e in entries {
+                at = e.index + 1;
+                if self.not_applied.contains(&e.index) {
+                    continue;
+                }
+                if let Payload::Normal(p) = e.payload {
+                    if decode_command_entry(&p).is_some() {
+                        continue; // a ledger or queue command, not an append
+                    }
+                    let data = match decode_client_entry(&p) {
+                        Some((_, _, d)) => d.to_vec(),
+                        None => p,
+                    };
+                    bytes += data.len();
+                    out.push((e.index, e.term, data));
+                    if out.len() >= max_entries || bytes >= max_bytes {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,274 @@
+//! The snapshot pipeline of a replica: a snapshot is due when the log
+//! grew (Raft asks) or at the interval; the loop captures the state (an
+//! O(1) copy of the persistent maps, a deep copy of the dedup table), a
+//! helper thread encodes it and writes it to the WAL's free slot, and the
+//! loop adopts it (Raft compacts, the WAL names it in the superblock)
+//! only once the log is durable up to its index: its state may refer to
+//! those entries. For a follower behind the trimmed log, the snapshot's
+//! image (the snapshot with the entries its state refers to) is read from
+//! the segments and encoded on a helper thread too.
+
+use super::super::log::log_warn;
+use super::Replica;
+use crate::consensus::Index;
+use crate::storage::WalError;
+use crossbeam_channel::{bounded, Receiver, TryRecvError};
+use std::time::Instant;
+
+/// A snapshot written by the helper thread: the snapshot, its bytes, and
+/// the lowest log index its state refers to.
+pub(super) type SnapshotWritten = (crate::consensus::Snapshot, usize, Option<Index>);
+
+/// A snapshot image being read from the segments and encoded on a
+/// helper thread, for a follower behind the trimmed log.
+pub(super) struct ImageJob {
+    index: Index,
+    done: Receiver<Result<Vec<u8>, WalError>>,
+}
+
+/// A snapshot being encoded and written on a helper thread.
+pub(super) struct SnapshotJob {
+    index: Index,
+    started: Instant,
+    pub(super) done: Receiver<Result<SnapshotWritten, WalError>>,
+}
+
+impl Replica {
+    /// Takes a snapshot at least every `interval_ms`, the first one at a
+    /// random point (from `seed`) between half and one and a half
+    /// intervals from `now_ms`: replicas started together do not all
+    /// snapshot at once, and a commit needs only a majority of them.
+    pub(crate) fn set_snapshot_interval(&mut self, interval_ms: u64, now_ms: u64, seed: u64) {
+        self.snapshot_interval_ms = interval_ms;
+        let phase = seed % interval_ms.max(1);
+        self.next_snapshot_ms = now_ms.saturating_add(interval_ms / 2).saturating_add(phase);
+    }
+
+    /// Starts a snapshot when one is due (log growth or the interval) and
+    /// adopts one that finished. The loop only captures the state: the
+    /// ledgers and queues are persistent maps, so their copy is O(1) and
+    /// shares everything with the live state (copy-on-write); the dedup
+    /// table is not, and its copy is deep, in time and memory
+    /// proportional to its size (`capture_us` measures both copies).
+    /// Encoding and the fsynced file write run on a helper thread, so
+    /// appends do not wait for them.
+    pub(super) fn snapshot(&mut self, now_ms: u64) {
+        if let Some(job) = &self.snapshot_job {
+            match job.done.try_recv() {
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.snapshot_job = None;
+                    self.snapshot_stats.failed += 1;
+                }
+                Ok(Err(e)) => {
+                    log_warn!(
+                        "group {}: snapshot at {} not written: {e}",
+                        self.group,
+                        job.index
+                    );
+                    self.snapshot_job = None;
+                    self.snapshot_stats.failed += 1;
+                }
+                Ok(Ok(written)) => {
+                    let job = self.snapshot_job.take().expect("checked above");
+                    self.snapshot_written = Some((written, job.started));
+                }
+            }
+        }
+        // Adopted once the log is durable up to the snapshot: its state may
+        // refer to those entries, and Raft forgets them from memory then.
+        let durable = self.wal.durable().0;
+        if let Some(((snap, _, _), _)) = &self.snapshot_written {
+            if durable >= snap.index {
+                let ((snap, bytes, keep_from), started) =
+                    self.snapshot_written.take().expect("checked above");
+                let (index, term) = (snap.index, snap.term);
+                // Refused if the leader installed a newer one meanwhile.
+                if let Ok(replaced) = self.raft.compact_prepared(snap) {
+                    self.not_applied = self.not_applied.split_off(&(index + 1));
+                    if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
+                        // Freed off the loop: returning tens of MB to
+                        // the OS (munmap) takes milliseconds.
+                        let _ = std::thread::Builder::new()
+                            .name("quire-free".into())
+                            .spawn(move || drop(old));
+                    }
+                    self.set_keep_from(keep_from);
+                    if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
+                        self.stop(format!("{e}"));
+                        return;
+                    }
+                    let s = &mut self.snapshot_stats;
+                    s.taken += 1;
+                    s.last_index = index;
+                    s.last_bytes = bytes as u64;
+                    s.last_us = started.elapsed().as_micros() as u64;
+                }
+                // Else the leader installed a newer one meanwhile: the
+                // slot this one was written to is simply written over.
+            }
+        }
+        if self.snapshot_written.is_some() {
+            return;
+        }
+        let snapshot_index = self.raft.snapshot().map_or(0, |s| s.index);
+        let interval = now_ms >= self.next_snapshot_ms;
+        if !(self.snapshot_due || interval) || self.applied <= snapshot_index {
+            return;
+        }
+        let Ok((term, membership)) = self.raft.snapshot_meta(self.applied) else {
+            return;
+        };
+        let started = Instant::now();
+        let (index, hash) = (self.applied, self.applied_hash);
+        let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
+        let capture_us = started.elapsed().as_micros() as u64;
+        let slot = self.wal.free_snapshot_slot();
+        let (tx, done) = bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name(format!("quire-snap-g{}", self.group))
+            .spawn(move || {
+                lower_priority();
+                let mut data = hash.to_le_bytes().to_vec();
+                dedup.encode(&mut data);
+                data.extend_from_slice(&machine.snapshot());
+                let bytes = data.len();
+                let keep_from = machine.oldest_stored();
+                let snap = crate::consensus::Snapshot {
+                    index,
+                    term,
+                    membership,
+                    data,
+                };
+                let r = crate::storage::write_snapshot_file(&slot, &snap)
+                    .map(|()| (snap, bytes, keep_from));
+                let _ = tx.send(r);
+            });
+        if spawned.is_err() {
+            self.snapshot_stats.failed += 1;
+            return;
+        }
+        self.snapshot_due = false;
+        self.next_snapshot_ms = now_ms.saturating_add(self.snapshot_interval_ms);
+        self.snapshot_stats.last_capture_us = capture_us;
+        self.snapshot_job = Some(SnapshotJob {
+            index,
+            started,
+            done,
+        });
+    }
+
+    pub(super) fn set_keep_from(&mut self, keep_from: Option<Index>) {
+        // Index 0 holds no entry, so 0 can stand for "none".
+        self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
+    }
+
+    /// The lowest log index the state at Raft's snapshot refers to.
+    fn keep_from(&self) -> Option<Index> {
+        Some(self.snapshot_stats.retained_from).filter(|&i| i > 0)
+    }
+
+    /// Answers Raft's request for the image of the snapshot at `index`
+    /// (a follower is behind the trimmed log): the entries from
+    /// `keep_from()` to `index` are read from the segments and
+    /// encoded with the snapshot on a helper thread, so a large backlog
+    /// does not stall the loop; `poll_image` hands the image to Raft.
+    pub(super) fn build_snapshot_image(&mut self, index: Index) {
+        if self.image_job.as_ref().is_some_and(|j| j.index == index) {
+            return;
+        }
+        let Some(meta) = self.raft.snapshot().filter(|s| s.index == index) else {
+            return; // a newer snapshot since; asked again for that one
+        };
+        let meta = meta.data.clone();
+        let located = match self.keep_from() {
+            None => Ok(None),
+            Some(from) => self.wal.locate(from, index).map(|l| Some((from, l))),
+        };
+        let located = match located {
+            Ok(l) => l,
+            Err(e) => {
+                log_warn!(
+                    "group {}: locating the entries for a snapshot at {index}: {e}",
+                    self.group
+                );
+                return;
+            }
+        };
+        let (tx, done) = bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name(format!("quire-image-g{}", self.group))
+            .spawn(move || {
+                lower_priority();
+                let entries = match &located {
+                    None => Ok(Vec::new()),
+                    Some((from, l)) => {
+                        crate::storage::read_located(l, *from, index).and_then(|es| {
+                            if es.len() as u64 == index + 1 - from {
+                                Ok(es)
+                            } else {
+                                Err(WalError::Invalid(format!(
+                                    "{} of the entries {from}..={index} read",
+                                    es.len()
+                                )))
+                            }
+                        })
+                    }
+                };
+                let _ = tx.send(entries.map(|es| crate::consensus::encode_image(&meta, &es)));
+            });
+        if spawned.is_ok() {
+            self.image_job = Some(ImageJob { index, done });
+        }
+    }
+
+    /// Hands a finished snapshot image to Raft (which drops it if its
+    /// snapshot changed meanwhile, and asks again).
+    pub(super) fn poll_image(&mut self) {
+        let Some(job) = &self.image_job else {
+            return;
+        };
+        let index = job.index;
+        match job.done.try_recv() {
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => self.image_job = None,
+            Ok(r) => {
+                self.image_job = None;
+                match r {
+                    Ok(image) => self.raft.set_snapshot_image(index, image),
+                    Err(e) => log_warn!(
+                        "group {}: reading the entries for a snapshot at {index}: {e}",
+                        self.group
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Makes the calling (snapshot) thread yield the CPU and the disk to the
+/// event loops: the idle scheduling class (on Linux a thread's own) and
+/// the lowest best-effort I/O priority. Best effort: a refusal
+/// leaves the thread as it was.
+fn lower_priority() {
+    // SAFETY: setpriority and ioprio_set on the calling thread (who = 0)
+    // take plain integers.
+    unsafe {
+        // SCHED_IDLE: runs only on a core nothing else wants, and any
+        // waking loop thread preempts it at once (nice 19 as a fallback).
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+        }
+        const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+        const IOPRIO_CLASS_BE: libc::c_long = 2;
+        const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
+        let lowest_best_effort = IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT | 7;
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            lowest_best_effort,
+        );
+    }
+}

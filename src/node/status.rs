@@ -1,0 +1,229 @@
+//! What a node reports about itself (`quire status`, the admin
+//! endpoint's `/status`, tests): the views of its groups, their logs and
+//! snapshots, its links, peers, transport and own stalls. Plain data, a
+//! leaf of `node`: the loops (`event_loop`) and replicas fill it in, the
+//! handle merges the loops' parts; it imports nothing from the other files
+//! but the client server's counters view.
+
+use crate::consensus::{Index, NodeId, Role, Term};
+use crate::transport::GroupId;
+
+/// One group as this node sees it.
+#[derive(Clone, Debug)]
+pub struct GroupView {
+    /// The group.
+    pub group: GroupId,
+    /// This node's role in it.
+    pub role: Role,
+    /// Current term.
+    pub term: Term,
+    /// The leader it knows.
+    pub leader: Option<NodeId>,
+    /// Commit index.
+    pub commit: Index,
+    /// Applied index.
+    pub applied: Index,
+    /// Durable index.
+    pub persisted: Index,
+    /// Hash of the applied data (equal on every node at equal `applied`).
+    pub applied_hash: u64,
+    /// The voters of the membership in force here.
+    pub voters: Vec<NodeId>,
+    /// The learners (non-voting members catching up).
+    pub learners: Vec<NodeId>,
+    /// healthy, degraded, full or failed (with why).
+    pub disk: String,
+    /// The log's I/O backend: io_uring or portable.
+    pub backend: &'static str,
+    /// On the leader: each follower's replication lag in entries (the
+    /// leader's last index minus the follower's durable match index).
+    pub follower_lag: Vec<(NodeId, u64)>,
+    /// The log's counters.
+    pub wal: WalView,
+    /// What its snapshots cost.
+    pub snapshot: SnapshotStats,
+    /// Ledger reads waiting on this leader for an entry to be confirmed
+    /// (long polls).
+    pub waiting_reads: usize,
+    /// The Raft counters.
+    pub stats: crate::consensus::RaftStats,
+}
+
+/// A group log's counters (from `storage::WalMetrics`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WalView {
+    /// Flushes (write + fdatasync) completed.
+    pub flushes: u64,
+    /// Flush latency, µs: median and 99th percentile.
+    pub flush_p50_us: u64,
+    /// 99th percentile.
+    pub flush_p99_us: u64,
+    /// Records per flush, median.
+    pub records_per_flush_p50: u64,
+    /// Bytes written, padding included.
+    pub bytes: u64,
+    /// Trimmed segments kept for reuse.
+    pub segments_recycled: u64,
+    /// Segments zero-filled.
+    pub segments_zero_filled: u64,
+    /// Flushes slower than `disk_stall_ms`.
+    pub stalls: u64,
+    /// Write or sync errors.
+    pub io_errors: u64,
+    /// Appends refused for a full disk.
+    pub disk_full_refusals: u64,
+}
+
+/// One link (peer × channel) as this node's detector sees it.
+#[derive(Clone, Debug)]
+pub struct LinkView {
+    /// The peer.
+    pub peer: NodeId,
+    /// `udp` or `serial`.
+    pub channel: &'static str,
+    /// init, up, late or dead.
+    pub state: &'static str,
+    /// Ms since the peer was last heard on it, if ever.
+    pub last_heard_ago_ms: Option<u64>,
+}
+
+/// A peer's classification.
+#[derive(Clone, Debug)]
+pub struct PeerView {
+    /// The peer.
+    pub peer: NodeId,
+    /// unknown, up, ip-partitioned, serial-down or down.
+    pub status: &'static str,
+    /// Its disk looks stalled (a group with writes pending, no fsync).
+    pub disk_stalled: bool,
+}
+
+/// A node's state, for `quire status` and tests.
+#[derive(Clone, Debug)]
+pub struct NodeStatus {
+    /// The node.
+    pub id: NodeId,
+    /// Ms since the loop started.
+    pub uptime_ms: u64,
+    /// Its groups.
+    pub groups: Vec<GroupView>,
+    /// Every link.
+    pub links: Vec<LinkView>,
+    /// Every peer.
+    pub peers: Vec<PeerView>,
+    /// The alarm line: some link is dead.
+    pub alarm: bool,
+    /// Every detector transition so far, one line each, oldest first
+    /// (bounded; the newest are kept).
+    pub transitions: Vec<String>,
+    /// Raft messages the transport refused for a full window (Raft resends).
+    pub sends_refused: u64,
+    /// Datagrams dropped for a bad MAC (forged, or another cluster's key).
+    pub mac_failures: u64,
+    /// Datagrams dropped as malformed.
+    pub malformed_dropped: u64,
+    /// The replication transport per peer.
+    pub transport: Vec<TransportView>,
+    /// The client server's connection counters (zero without one).
+    pub clients: super::client_stats::ClientView,
+    /// The node's own stalls (its loops paused or starved), which are not
+    /// counted against its peers or timers.
+    pub stalls: StallView,
+}
+
+/// A node's own stalls, summed over its loops.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StallView {
+    /// Loop turns that came back later than asked by more than
+    /// `stall_grace_ms`.
+    pub count: u64,
+    /// Ms not counted, summed over the loops.
+    pub stalled_ms: u64,
+    /// The longest single stall of any loop, in ms.
+    pub longest_ms: u64,
+}
+
+impl StallView {
+    /// Adds another loop's stalls to these.
+    pub(crate) fn merge(&mut self, other: StallView) {
+        self.count += other.count;
+        self.stalled_ms += other.stalled_ms;
+        self.longest_ms = self.longest_ms.max(other.longest_ms);
+    }
+}
+
+impl NodeStatus {
+    /// What an operator must look at now, one line each: a dead link, a
+    /// group without a leader, a disk that failed or is full. Empty when
+    /// all is well; `quire status` prints each as an ALARM line.
+    pub fn alarms(&self) -> Vec<String> {
+        let mut alarms = Vec::new();
+        if self.alarm {
+            alarms.push("a link is down".to_string());
+        }
+        for g in &self.groups {
+            if g.leader.is_none() {
+                alarms.push(format!("group {} has no leader", g.group));
+            }
+            if g.disk.starts_with("failed") || g.disk == "full" {
+                alarms.push(format!("group {} disk {}", g.group, g.disk));
+            }
+        }
+        alarms
+    }
+}
+
+/// The replication transport to one peer, summed over the node's cores.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransportView {
+    /// The peer.
+    pub peer: NodeId,
+    /// Datagrams sent to it.
+    pub datagrams_sent: u64,
+    /// Authenticated datagrams received from it.
+    pub datagrams_received: u64,
+    /// NACK rounds sent to it (gaps it left).
+    pub nack_rounds: u64,
+    /// DATA frames retransmitted to it (it asked for them), over every
+    /// group's channel.
+    pub retransmits: u64,
+    /// Smoothed round-trip time, µs (0 before the first sample).
+    pub rtt_us: u64,
+}
+
+impl NodeStatus {
+    /// The view of `group`, if this node has it.
+    pub fn group(&self, group: GroupId) -> Option<&GroupView> {
+        self.groups.iter().find(|g| g.group == group)
+    }
+
+    /// The classification of `peer`.
+    pub fn peer(&self, peer: NodeId) -> Option<&PeerView> {
+        self.peers.iter().find(|p| p.peer == peer)
+    }
+}
+
+/// What the snapshots of a group cost, for status and metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SnapshotStats {
+    /// Snapshots taken (written and adopted) since start.
+    pub taken: u64,
+    /// Index of the last one.
+    pub last_index: Index,
+    /// Bytes of the last one's state-machine data.
+    pub last_bytes: u64,
+    /// Time from capture to adoption of the last one, in µs (encoding
+    /// and writing run off the loop; only the capture runs on it).
+    pub last_us: u64,
+    /// Time the loop spent capturing the last one's view, in µs.
+    pub last_capture_us: u64,
+    /// Snapshots that failed to be written (the log is kept whole).
+    pub failed: u64,
+    /// The lowest log index the state at the snapshot refers to (a ledger
+    /// entry's or an unacked message's bytes); 0 for none. The log keeps
+    /// every segment from there on.
+    pub retained_from: Index,
+    /// Log entries the state refers to that this node could not read
+    /// (found missing at start, or a failed read since); 0 when healthy.
+    pub unreadable_entries: u64,
+}
