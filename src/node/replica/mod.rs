@@ -24,6 +24,8 @@
 mod machine;
 mod reads;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 
 pub use machine::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 
