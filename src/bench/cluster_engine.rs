@@ -9,9 +9,7 @@
 //! The replication block comes from the nodes' admin `/metrics`, read
 //! before and after the run.
 
-use super::engine::{
-    Completion, Engine, EngineReport, FsyncBlock, Op, OpKind, ReplicationCounters,
-};
+use super::engine::{ClusterCounters, Completion, Engine, EngineReport, FsyncBlock, Op, OpKind};
 use super::options::{JobOptions, Workload};
 use crate::client::{Client, ClientError};
 use crate::node::processes::LocalProcesses;
@@ -423,7 +421,7 @@ impl Engine for ClusterEngine {
                 get(&after, i, &format!("quire_raft_is_leader{{group=\"{g}\"}}")) == Some(1.0)
             })
             .map(|i| i as u64 + 1);
-        report.replication = Some(ReplicationCounters {
+        report.replication = Some(ClusterCounters {
             nack_rounds: diff("quire_transport_nack_rounds"),
             // `n/a` from nodes that predate the metric, not a false 0.
             retransmits: exported(&after, "quire_transport_retransmits")

@@ -101,7 +101,7 @@ pub struct TransportBlock {
 
 /// A cluster's replication counters over a run (summed over nodes).
 #[derive(Clone, Debug, Default)]
-pub struct ReplicationCounters {
+pub struct ClusterCounters {
     /// NACK rounds sent between nodes.
     pub nack_rounds: u64,
     /// Retransmitted frames, where the nodes report them.
@@ -128,7 +128,7 @@ pub struct EngineReport {
     /// udp engine only.
     pub transport: Option<TransportBlock>,
     /// cluster engine only.
-    pub replication: Option<ReplicationCounters>,
+    pub replication: Option<ClusterCounters>,
     /// Facts worth a line (backend, O_DIRECT...).
     pub notes: Vec<String>,
     /// Block devices the engine's files live on (for the disk stats).
