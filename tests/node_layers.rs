@@ -6,7 +6,7 @@
 //! when it is written, and refuses a file the list does not place.
 //!
 //! What counts as a use: in code (not comments, not a file's trailing
-//! `#[cfg(test)] mod tests`, which may use anything), a path from the file
+//! `#[cfg(test)]` module, which may use anything), a path from the file
 //! up to `node` (`super::x` in `node/a.rs` and `node/a/mod.rs`,
 //! `super::super::x` in `node/a/b.rs`) or `crate::node::x`, plain or as a
 //! `{…}` group, where `x` is a file of `node` or an item `node/mod.rs`
@@ -147,7 +147,7 @@ fn reexports(mod_rs: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// `text` without comments and without the trailing test module.
+/// `text` without comments and without the trailing `#[cfg(test)]` module.
 fn code_of(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
@@ -155,7 +155,7 @@ fn code_of(text: &str) -> String {
         if line == "#[cfg(test)]"
             && lines
                 .peek()
-                .is_some_and(|next| next.starts_with("mod ") && next.ends_with('{'))
+                .is_some_and(|next| next.contains("mod ") && next.ends_with('{'))
         {
             break;
         }

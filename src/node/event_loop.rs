@@ -15,13 +15,14 @@ use super::command::{CoreCommand, ProposeError};
 use super::config::{NodeSpec, SpecError};
 use super::control::Control;
 use super::errors::StartError;
+use super::host::OsHost;
 use super::log::{log_error, log_info, log_warn};
 use super::mesh::{CoreMailbox, CoreMsg, Wiring};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::status::{NodeStatus, StallView, TransportView};
 use super::waker::Waker;
-use crate::consensus::{Message, NodeId, Raft, Role};
+use crate::consensus::{Message, NodeId, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
 use crate::heartbeat::{Channel, GroupStatus, Heartbeat};
 use crate::net::{PeerMap, UdpDriver};
@@ -117,26 +118,7 @@ impl EventLoop {
             let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone()).map_err(log_failed)?;
             wal.notify_completions(waker.fd()).map_err(log_failed)?;
             log_info!("node {id} group {}: {report}", g.group);
-            let snapshot = report.restored.snapshot.clone();
-            let raft = Raft::restore(
-                spec.raft_config(),
-                super::host::os_seed(),
-                now,
-                report.restored,
-            )
-            .map_err(SpecError::Raft)?;
-            let mut r = Replica::new(g.group, raft, wal, now, spec.transport.message_bytes_max);
-            r.set_snapshot_interval(spec.snapshot_interval_ms, now, super::host::os_seed());
-            if let Some(s) = snapshot {
-                if !r.restore_state(s.index, &s.data) {
-                    return Err(StartError::SnapshotUndecodable {
-                        group: g.group,
-                        dir: g.dir.clone(),
-                        index: s.index,
-                    });
-                }
-                r.check_stored_entries();
-            }
+            let r = Replica::open(&spec, g, wal, report.restored, now, OsHost::new())?;
             by_group.insert(g.group, replicas.len());
             replicas.push(r);
         }

@@ -1,5 +1,120 @@
-//! What a node takes from its process besides its logs and sockets:
-//! randomness from the OS, for what must differ at every start.
+//! What a node takes from its process besides its logs and sockets: a
+//! clock, helper threads and randomness. A replica reaches them only
+//! through [`Host`], so that a driver other than the daemon (the
+//! simulator, a unit test) supplies its own: a virtual clock, jobs run
+//! when it says, seeds from its RNG. [`OsHost`] is the process's: the
+//! monotonic clock, one named thread per job at the lowest priority when
+//! asked, `/dev/urandom`.
+//!
+//! Never here: the log (the WAL is the replica's, and its own seam is
+//! under it) and the wall clock stamped on ledger and queue commands (the
+//! caller passes it, as it passes the loop's clock).
+
+use crossbeam_channel::{bounded, Receiver, TryRecvError};
+use std::time::Instant;
+
+/// What a replica needs from its process besides its log.
+pub(crate) trait Host: 'static {
+    /// Monotonic µs from an arbitrary origin, for what the replica
+    /// measures (a snapshot's capture and adoption times); never for a
+    /// decision, which runs on the loop's clock passed in as `now_ms`.
+    fn now_us(&self) -> u64;
+
+    /// A fresh seed for what must differ at every start (election jitter,
+    /// the phase of the snapshot interval).
+    fn seed(&self) -> u64;
+
+    /// Runs `job` off the loop: `name` names it (a thread's name), and a
+    /// `low_priority` job must leave the CPU and the disk to the loops.
+    /// Its result is taken from the handle (`Offloaded`); dropping the
+    /// handle does not stop the job. An error: it could not be started.
+    fn offload<T: Send + 'static>(
+        &self,
+        name: String,
+        low_priority: bool,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<Box<dyn Offloaded<T>>>;
+}
+
+/// A job handed to [`Host::offload`].
+pub(crate) trait Offloaded<T> {
+    /// Its result if it finished, without waiting.
+    fn try_take(&mut self) -> JobState<T>;
+
+    /// Waits for its result; `None` if it ended without one.
+    fn wait(self: Box<Self>) -> Option<T>;
+}
+
+/// Where an offloaded job is.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum JobState<T> {
+    /// Not finished yet.
+    Running,
+    /// Finished, with its result (taken: asked again, it is `Lost`).
+    Done(T),
+    /// Ended without a result (its thread panicked).
+    Lost,
+}
+
+/// The process as a replica's host: `Instant`, threads, `/dev/urandom`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OsHost {
+    origin: Instant,
+}
+
+impl OsHost {
+    /// A host whose clock starts now.
+    pub(crate) fn new() -> Self {
+        OsHost {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Host for OsHost {
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    fn seed(&self) -> u64 {
+        os_seed()
+    }
+
+    fn offload<T: Send + 'static>(
+        &self,
+        name: String,
+        low_priority: bool,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<Box<dyn Offloaded<T>>> {
+        let (tx, done) = bounded(1);
+        std::thread::Builder::new().name(name).spawn(move || {
+            // Here, not in the job: a simulator runs the job on its own
+            // thread, whose priority it must keep.
+            if low_priority {
+                lower_priority();
+            }
+            let _ = tx.send(job());
+        })?;
+        Ok(Box::new(Thread(done)))
+    }
+}
+
+/// A job on a thread of its own: its result comes over a channel.
+struct Thread<T>(Receiver<T>);
+
+impl<T> Offloaded<T> for Thread<T> {
+    fn try_take(&mut self) -> JobState<T> {
+        match self.0.try_recv() {
+            Ok(v) => JobState::Done(v),
+            Err(TryRecvError::Empty) => JobState::Running,
+            Err(TryRecvError::Disconnected) => JobState::Lost,
+        }
+    }
+
+    fn wait(self: Box<Self>) -> Option<T> {
+        self.0.recv().ok()
+    }
+}
 
 /// A seed from the OS for what must differ at every start (session
 /// epochs, election jitter); falls back to the clock and the pid.
@@ -14,5 +129,180 @@ pub(crate) fn os_seed() -> u64 {
                 .map_or(0, |d| d.as_nanos() as u64);
             t ^ (std::process::id() as u64).rotate_left(32)
         }
+    }
+}
+
+/// Makes the calling (helper) thread yield the CPU and the disk to the
+/// event loops: the idle scheduling class (on Linux a thread's own) and
+/// the lowest best-effort I/O priority. Best effort: a refusal
+/// leaves the thread as it was.
+fn lower_priority() {
+    // SAFETY: setpriority and ioprio_set on the calling thread (who = 0)
+    // take plain integers.
+    unsafe {
+        // SCHED_IDLE: runs only on a core nothing else wants, and any
+        // waking loop thread preempts it at once (nice 19 as a fallback).
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+        }
+        const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+        const IOPRIO_CLASS_BE: libc::c_long = 2;
+        const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
+        let lowest_best_effort = IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT | 7;
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            lowest_best_effort,
+        );
+    }
+}
+
+/// A host for tests: a clock that moves when the test sets it, seeds from
+/// a counter, and offloaded jobs that wait in a queue until the test runs
+/// them (or the replica waits for one, which runs it at once).
+#[cfg(test)]
+pub(crate) mod manual {
+    use super::{Host, JobState, Offloaded};
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    /// The test's host; clones share the clock and the queue.
+    #[derive(Clone, Default)]
+    pub(crate) struct ManualHost {
+        inner: Arc<Mutex<Inner>>,
+    }
+
+    #[derive(Default)]
+    struct Inner {
+        now_us: u64,
+        seeds: u64,
+        queue: VecDeque<(String, Arc<dyn Run>)>,
+    }
+
+    /// A queued job, whatever its result type.
+    trait Run: Send + Sync {
+        /// Runs it unless it ran already.
+        fn run(&self);
+    }
+
+    /// A job and, once it ran, its result.
+    struct Job<T> {
+        slot: Mutex<Slot<T>>,
+    }
+
+    enum Slot<T> {
+        Queued(Box<dyn FnOnce() -> T + Send>),
+        Done(T),
+        Taken,
+    }
+
+    impl<T: Send> Run for Job<T> {
+        fn run(&self) {
+            let mut slot = self.slot.lock().expect("job slot");
+            if let Slot::Queued(job) = std::mem::replace(&mut *slot, Slot::Taken) {
+                *slot = Slot::Done(job());
+            }
+        }
+    }
+
+    impl<T: Send> Job<T> {
+        fn take(&self) -> JobState<T> {
+            let mut slot = self.slot.lock().expect("job slot");
+            match std::mem::replace(&mut *slot, Slot::Taken) {
+                Slot::Done(v) => JobState::Done(v),
+                Slot::Taken => JobState::Lost,
+                queued @ Slot::Queued(_) => {
+                    *slot = queued;
+                    JobState::Running
+                }
+            }
+        }
+    }
+
+    struct Handle<T>(Arc<Job<T>>);
+
+    impl<T: Send> Offloaded<T> for Handle<T> {
+        fn try_take(&mut self) -> JobState<T> {
+            self.0.take()
+        }
+
+        fn wait(self: Box<Self>) -> Option<T> {
+            self.0.run();
+            match self.0.take() {
+                JobState::Done(v) => Some(v),
+                JobState::Running | JobState::Lost => None,
+            }
+        }
+    }
+
+    impl ManualHost {
+        /// Sets the clock.
+        pub(crate) fn set_now_us(&self, now_us: u64) {
+            self.inner.lock().expect("host").now_us = now_us;
+        }
+
+        /// The names of the jobs offloaded and not run yet, oldest first.
+        pub(crate) fn queued(&self) -> Vec<String> {
+            let inner = self.inner.lock().expect("host");
+            inner.queue.iter().map(|(name, _)| name.clone()).collect()
+        }
+
+        /// Runs the oldest queued job; its name, or `None` if none waits.
+        pub(crate) fn run_next(&self) -> Option<String> {
+            let (name, job) = self.inner.lock().expect("host").queue.pop_front()?;
+            job.run();
+            Some(name)
+        }
+    }
+
+    impl Host for ManualHost {
+        fn now_us(&self) -> u64 {
+            self.inner.lock().expect("host").now_us
+        }
+
+        fn seed(&self) -> u64 {
+            let mut inner = self.inner.lock().expect("host");
+            inner.seeds += 1;
+            inner.seeds
+        }
+
+        fn offload<T: Send + 'static>(
+            &self,
+            name: String,
+            _low_priority: bool,
+            job: impl FnOnce() -> T + Send + 'static,
+        ) -> std::io::Result<Box<dyn Offloaded<T>>> {
+            let job = Arc::new(Job {
+                slot: Mutex::new(Slot::Queued(Box::new(job))),
+            });
+            let queued: Arc<dyn Run> = job.clone();
+            self.inner
+                .lock()
+                .expect("host")
+                .queue
+                .push_back((name, queued));
+            Ok(Box::new(Handle(job)))
+        }
+    }
+
+    #[test]
+    fn a_job_runs_when_the_test_says_or_when_waited_for() {
+        let host = ManualHost::default();
+        let mut a = host.offload("a".into(), true, || 1).expect("queued");
+        let b = host.offload("b".into(), false, || 2).expect("queued");
+        assert_eq!(host.queued(), ["a", "b"]);
+        assert_eq!(a.try_take(), JobState::Running);
+        assert_eq!(host.run_next().as_deref(), Some("a"));
+        assert_eq!(a.try_take(), JobState::Done(1));
+        assert_eq!(a.try_take(), JobState::Lost);
+        // Waiting runs it at once; the queue's turn then does nothing.
+        assert_eq!(b.wait(), Some(2));
+        assert_eq!(host.run_next().as_deref(), Some("b"));
+        assert_eq!(host.run_next(), None);
+        host.set_now_us(7);
+        assert_eq!(host.now_us(), 7);
+        assert_ne!(host.seed(), host.seed());
     }
 }

@@ -10,6 +10,7 @@
 //! from the segments below Raft's log). Runs on the loop, reads no clock.
 
 use super::super::command::{ProposeError, Reply, StateReply};
+use super::super::host::Host;
 use super::super::log::{log_error, log_warn};
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
@@ -73,7 +74,7 @@ enum WaiterAnswer {
     State(Result<Outcome, ProposeError>),
 }
 
-impl Replica {
+impl<H: Host> Replica<H> {
     /// Proposes a client append with its client id and sequence number:
     /// applied once however often it is retried; the reply is the index
     /// it was applied at (the original one for a retry).

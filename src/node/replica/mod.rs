@@ -24,13 +24,18 @@
 mod machine;
 mod reads;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 
 pub use machine::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 
 use super::command::{ProposeError, QueryReply, ReadReply};
+use super::config::{GroupSpec, NodeSpec, SpecError};
+use super::errors::StartError;
+use super::host::{Host, OsHost};
 use super::log::log_error;
 use super::status::{GroupView, SnapshotStats, WalView};
-use crate::consensus::{Entry, Index, Message, NodeId, Raft, Role, Term};
+use crate::consensus::{Entry, Index, Message, NodeId, Raft, RestoredState, Role, Term};
 use crate::heartbeat::GroupStatus;
 use crate::state::dedup::DedupTable;
 use crate::state::{Query, StateMachine};
@@ -40,7 +45,6 @@ use machine::Waiter;
 use reads::LinearRead;
 use snapshot::{ImageJob, SnapshotJob, SnapshotWritten};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
 
 /// The largest entry payload a group proposes: one its log stores (the
 /// WAL's limit counts the entry's header too) and one AppendEntries
@@ -55,10 +59,17 @@ fn entry_bytes_max(wal: &Wal, message_bytes_max: usize) -> usize {
 }
 
 /// One group on this node.
-pub(crate) struct Replica {
+///
+/// Generic over its host (`H`: clock, helper jobs, seeds), which the
+/// daemon leaves at `OsHost`. The log is the other seam: `wal` becomes a
+/// `Wal<D>` over a directory `D: LogDir`, which joins as the first type
+/// parameter (`Replica<D = OsDir, H = OsHost>`, issue 18 plan step 3).
+pub(crate) struct Replica<H: Host = OsHost> {
     pub(crate) group: GroupId,
     pub(crate) raft: Raft,
     pub(crate) wal: Wal,
+    /// The process around it: every clock read, helper job and seed.
+    host: H,
     /// Messages that leave once the ticket is durable.
     held: VecDeque<(Ticket, Vec<Message>)>,
     /// What was last reported to Raft as persisted.
@@ -102,7 +113,8 @@ pub(crate) struct Replica {
     snapshot_due: bool,
     snapshot_job: Option<SnapshotJob>,
     /// A snapshot written, waiting for the log to be durable up to it.
-    snapshot_written: Option<(SnapshotWritten, Instant)>,
+    /// (With when its capture started, on the host's clock, µs.)
+    snapshot_written: Option<(SnapshotWritten, u64)>,
     /// When (node ms) the next snapshot is due by time.
     next_snapshot_ms: u64,
     /// Take a snapshot at least this often while entries are applied.
@@ -118,7 +130,40 @@ pub(crate) struct Replica {
     entry_bytes_max: usize,
 }
 
-impl Replica {
+impl<H: Host> Replica<H> {
+    /// Opens the replica of group `g` of node `spec` on its log, just
+    /// opened, which recovered `restored`: Raft restarts from it (with an
+    /// election jitter seeded by the host), the state from its snapshot
+    /// (refused if it does not decode), and the first snapshot by time
+    /// comes at a phase the host seeds.
+    pub(crate) fn open(
+        spec: &NodeSpec,
+        g: &GroupSpec,
+        wal: Wal,
+        restored: RestoredState,
+        now_ms: u64,
+        host: H,
+    ) -> Result<Self, StartError> {
+        let snapshot = restored.snapshot.clone();
+        let raft = Raft::restore(spec.raft_config(), host.seed(), now_ms, restored)
+            .map_err(SpecError::Raft)?;
+        let seed = host.seed();
+        let message_bytes_max = spec.transport.message_bytes_max;
+        let mut r = Replica::new(g.group, raft, wal, now_ms, message_bytes_max, host);
+        r.set_snapshot_interval(spec.snapshot_interval_ms, now_ms, seed);
+        if let Some(s) = snapshot {
+            if !r.restore_state(s.index, &s.data) {
+                return Err(StartError::SnapshotUndecodable {
+                    group: g.group,
+                    dir: g.dir.clone(),
+                    index: s.index,
+                });
+            }
+            r.check_stored_entries();
+        }
+        Ok(r)
+    }
+
     /// A replica of `group` whose entries also fit a transport message
     /// of `message_bytes_max`.
     pub(crate) fn new(
@@ -127,6 +172,7 @@ impl Replica {
         wal: Wal,
         now_ms: u64,
         message_bytes_max: usize,
+        host: H,
     ) -> Self {
         let reported = wal.durable();
         let entry_bytes_max = entry_bytes_max(&wal, message_bytes_max);
@@ -135,6 +181,7 @@ impl Replica {
             group,
             raft,
             wal,
+            host,
             held: VecDeque::new(),
             reported,
             applied: 0,
@@ -285,7 +332,7 @@ impl Replica {
             // A snapshot of our own being written goes to the slot the
             // install writes: wait for it, and drop it (this one is newer).
             if let Some(job) = self.snapshot_job.take() {
-                let _ = job.done.recv();
+                let _ = job.done.wait();
             }
             self.snapshot_written = None;
             self.wal.install_snapshot(s, below)?;

@@ -7,6 +7,7 @@
 //! until its deadline.
 
 use super::super::command::{ProposeError, QueryReply, ReadReply};
+use super::super::host::Host;
 use super::machine::{payload_at, stored_missing};
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Index, Payload, Role, Term};
@@ -41,7 +42,7 @@ impl LinearRead {
     }
 }
 
-impl Replica {
+impl<H: Host> Replica<H> {
     /// Answers `query` linearizably: a read-index round confirms this node
     /// still leads, then the query waits until the state has applied
     /// everything committed when it arrived (Raft thesis §6.4). A ledger

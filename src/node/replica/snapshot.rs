@@ -7,13 +7,16 @@
 //! those entries. For a follower behind the trimmed log, the snapshot's
 //! image (the snapshot with the entries its state refers to) is read from
 //! the segments and encoded on a helper thread too.
+//!
+//! The helper threads and the clock that times the pipeline are the
+//! host's (`Host::offload`, `Host::now_us`): the daemon's run jobs on
+//! threads, a simulator's when its seed says.
 
+use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
 use super::Replica;
 use crate::consensus::Index;
 use crate::storage::WalError;
-use crossbeam_channel::{bounded, Receiver, TryRecvError};
-use std::time::Instant;
 
 /// A snapshot written by the helper thread: the snapshot, its bytes, and
 /// the lowest log index its state refers to.
@@ -23,17 +26,18 @@ pub(super) type SnapshotWritten = (crate::consensus::Snapshot, usize, Option<Ind
 /// helper thread, for a follower behind the trimmed log.
 pub(super) struct ImageJob {
     index: Index,
-    done: Receiver<Result<Vec<u8>, WalError>>,
+    done: Box<dyn Offloaded<Result<Vec<u8>, WalError>>>,
 }
 
 /// A snapshot being encoded and written on a helper thread.
 pub(super) struct SnapshotJob {
     index: Index,
-    started: Instant,
-    pub(super) done: Receiver<Result<SnapshotWritten, WalError>>,
+    /// When the capture started, on the host's clock.
+    started_us: u64,
+    pub(super) done: Box<dyn Offloaded<Result<SnapshotWritten, WalError>>>,
 }
 
-impl Replica {
+impl<H: Host> Replica<H> {
     /// Takes a snapshot at least every `interval_ms`, the first one at a
     /// random point (from `seed`) between half and one and a half
     /// intervals from `now_ms`: replicas started together do not all
@@ -53,25 +57,22 @@ impl Replica {
     /// Encoding and the fsynced file write run on a helper thread, so
     /// appends do not wait for them.
     pub(super) fn snapshot(&mut self, now_ms: u64) {
-        if let Some(job) = &self.snapshot_job {
-            match job.done.try_recv() {
-                Err(TryRecvError::Empty) => return,
-                Err(TryRecvError::Disconnected) => {
+        if let Some(job) = &mut self.snapshot_job {
+            let index = job.index;
+            match job.done.try_take() {
+                JobState::Running => return,
+                JobState::Lost => {
                     self.snapshot_job = None;
                     self.snapshot_stats.failed += 1;
                 }
-                Ok(Err(e)) => {
-                    log_warn!(
-                        "group {}: snapshot at {} not written: {e}",
-                        self.group,
-                        job.index
-                    );
+                JobState::Done(Err(e)) => {
+                    log_warn!("group {}: snapshot at {index} not written: {e}", self.group);
                     self.snapshot_job = None;
                     self.snapshot_stats.failed += 1;
                 }
-                Ok(Ok(written)) => {
+                JobState::Done(Ok(written)) => {
                     let job = self.snapshot_job.take().expect("checked above");
-                    self.snapshot_written = Some((written, job.started));
+                    self.snapshot_written = Some((written, job.started_us));
                 }
             }
         }
@@ -80,7 +81,7 @@ impl Replica {
         let durable = self.wal.durable().0;
         if let Some(((snap, _, _), _)) = &self.snapshot_written {
             if durable >= snap.index {
-                let ((snap, bytes, keep_from), started) =
+                let ((snap, bytes, keep_from), started_us) =
                     self.snapshot_written.take().expect("checked above");
                 let (index, term) = (snap.index, snap.term);
                 // Refused if the leader installed a newer one meanwhile.
@@ -89,9 +90,9 @@ impl Replica {
                     if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
                         // Freed off the loop: returning tens of MB to
                         // the OS (munmap) takes milliseconds.
-                        let _ = std::thread::Builder::new()
-                            .name("quire-free".into())
-                            .spawn(move || drop(old));
+                        let _ = self
+                            .host
+                            .offload("quire-free".into(), false, move || drop(old));
                     }
                     self.set_keep_from(keep_from);
                     if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
@@ -102,7 +103,7 @@ impl Replica {
                     s.taken += 1;
                     s.last_index = index;
                     s.last_bytes = bytes as u64;
-                    s.last_us = started.elapsed().as_micros() as u64;
+                    s.last_us = self.host.now_us().saturating_sub(started_us);
                 }
                 // Else the leader installed a newer one meanwhile: the
                 // slot this one was written to is simply written over.
@@ -119,41 +120,36 @@ impl Replica {
         let Ok((term, membership)) = self.raft.snapshot_meta(self.applied) else {
             return;
         };
-        let started = Instant::now();
+        let started_us = self.host.now_us();
         let (index, hash) = (self.applied, self.applied_hash);
         let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
-        let capture_us = started.elapsed().as_micros() as u64;
+        let capture_us = self.host.now_us().saturating_sub(started_us);
         let slot = self.wal.free_snapshot_slot();
-        let (tx, done) = bounded(1);
-        let spawned = std::thread::Builder::new()
-            .name(format!("quire-snap-g{}", self.group))
-            .spawn(move || {
-                lower_priority();
-                let mut data = hash.to_le_bytes().to_vec();
-                dedup.encode(&mut data);
-                data.extend_from_slice(&machine.snapshot());
-                let bytes = data.len();
-                let keep_from = machine.oldest_stored();
-                let snap = crate::consensus::Snapshot {
-                    index,
-                    term,
-                    membership,
-                    data,
-                };
-                let r = crate::storage::write_snapshot_file(&slot, &snap)
-                    .map(|()| (snap, bytes, keep_from));
-                let _ = tx.send(r);
-            });
-        if spawned.is_err() {
+        let name = format!("quire-snap-g{}", self.group);
+        let offloaded = self.host.offload(name, true, move || {
+            let mut data = hash.to_le_bytes().to_vec();
+            dedup.encode(&mut data);
+            data.extend_from_slice(&machine.snapshot());
+            let bytes = data.len();
+            let keep_from = machine.oldest_stored();
+            let snap = crate::consensus::Snapshot {
+                index,
+                term,
+                membership,
+                data,
+            };
+            crate::storage::write_snapshot_file(&slot, &snap).map(|()| (snap, bytes, keep_from))
+        });
+        let Ok(done) = offloaded else {
             self.snapshot_stats.failed += 1;
             return;
-        }
+        };
         self.snapshot_due = false;
         self.next_snapshot_ms = now_ms.saturating_add(self.snapshot_interval_ms);
         self.snapshot_stats.last_capture_us = capture_us;
         self.snapshot_job = Some(SnapshotJob {
             index,
-            started,
+            started_us,
             done,
         });
     }
@@ -195,29 +191,24 @@ impl Replica {
                 return;
             }
         };
-        let (tx, done) = bounded(1);
-        let spawned = std::thread::Builder::new()
-            .name(format!("quire-image-g{}", self.group))
-            .spawn(move || {
-                lower_priority();
-                let entries = match &located {
-                    None => Ok(Vec::new()),
-                    Some((from, l)) => {
-                        crate::storage::read_located(l, *from, index).and_then(|es| {
-                            if es.len() as u64 == index + 1 - from {
-                                Ok(es)
-                            } else {
-                                Err(WalError::Invalid(format!(
-                                    "{} of the entries {from}..={index} read",
-                                    es.len()
-                                )))
-                            }
-                        })
+        let name = format!("quire-image-g{}", self.group);
+        let offloaded = self.host.offload(name, true, move || {
+            let entries = match &located {
+                None => Ok(Vec::new()),
+                Some((from, l)) => crate::storage::read_located(l, *from, index).and_then(|es| {
+                    if es.len() as u64 == index + 1 - from {
+                        Ok(es)
+                    } else {
+                        Err(WalError::Invalid(format!(
+                            "{} of the entries {from}..={index} read",
+                            es.len()
+                        )))
                     }
-                };
-                let _ = tx.send(entries.map(|es| crate::consensus::encode_image(&meta, &es)));
-            });
-        if spawned.is_ok() {
+                }),
+            };
+            entries.map(|es| crate::consensus::encode_image(&meta, &es))
+        });
+        if let Ok(done) = offloaded {
             self.image_job = Some(ImageJob { index, done });
         }
     }
@@ -225,14 +216,14 @@ impl Replica {
     /// Hands a finished snapshot image to Raft (which drops it if its
     /// snapshot changed meanwhile, and asks again).
     pub(super) fn poll_image(&mut self) {
-        let Some(job) = &self.image_job else {
+        let Some(job) = &mut self.image_job else {
             return;
         };
         let index = job.index;
-        match job.done.try_recv() {
-            Err(TryRecvError::Empty) => {}
-            Err(TryRecvError::Disconnected) => self.image_job = None,
-            Ok(r) => {
+        match job.done.try_take() {
+            JobState::Running => {}
+            JobState::Lost => self.image_job = None,
+            JobState::Done(r) => {
                 self.image_job = None;
                 match r {
                     Ok(image) => self.raft.set_snapshot_image(index, image),
@@ -243,32 +234,5 @@ impl Replica {
                 }
             }
         }
-    }
-}
-
-/// Makes the calling (snapshot) thread yield the CPU and the disk to the
-/// event loops: the idle scheduling class (on Linux a thread's own) and
-/// the lowest best-effort I/O priority. Best effort: a refusal
-/// leaves the thread as it was.
-fn lower_priority() {
-    // SAFETY: setpriority and ioprio_set on the calling thread (who = 0)
-    // take plain integers.
-    unsafe {
-        // SCHED_IDLE: runs only on a core nothing else wants, and any
-        // waking loop thread preempts it at once (nice 19 as a fallback).
-        let param = libc::sched_param { sched_priority: 0 };
-        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
-            libc::setpriority(libc::PRIO_PROCESS, 0, 19);
-        }
-        const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-        const IOPRIO_CLASS_BE: libc::c_long = 2;
-        const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
-        let lowest_best_effort = IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT | 7;
-        libc::syscall(
-            libc::SYS_ioprio_set,
-            IOPRIO_WHO_PROCESS,
-            0,
-            lowest_best_effort,
-        );
     }
 }
