@@ -16,18 +16,10 @@ mod common;
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
 use quire::node::processes::LocalProcesses;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 const SERVE_BOUND: Duration = Duration::from_secs(30);
-
-fn cluster(dir: &std::path::Path) -> LocalProcesses {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
-    let mut procs = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
-    procs.start_all().expect("daemons start");
-    procs
-}
 
 fn client(procs: &LocalProcesses, id: u64) -> Client {
     let mut c = Client::new(procs.client_addrs(), &procs.token, id);
@@ -69,7 +61,7 @@ fn daemon_logs(procs: &LocalProcesses) -> String {
 #[test]
 fn large_entries_are_written_and_oversized_ones_refused_without_stopping_a_log() {
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let mut c = client(&procs, quire::client::random_client_id().unwrap());
 
     // Twelve 90 KB messages in one produce: a 1.08 MB entry, past the
@@ -136,7 +128,7 @@ fn quire_status(procs: &LocalProcesses, token: &std::path::Path) -> String {
 #[test]
 fn quire_status_raises_an_alarm_while_a_group_has_no_leader() {
     let dir = tempfile::tempdir().unwrap();
-    let mut procs = cluster(dir.path());
+    let mut procs = common::three_daemons(dir.path());
     let token = dir.path().join("client.token");
     let mut c = client(&procs, quire::client::random_client_id().unwrap());
     c.append(0, b"one").expect("a leader serves");
@@ -162,7 +154,7 @@ fn quire_status_raises_an_alarm_while_a_group_has_no_leader() {
 #[test]
 fn a_reused_client_id_with_other_bytes_is_refused_not_answered_with_another_index() {
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     // Two clients that drew the same id: both start at sequence 1, as two
     // `quire append` runs with a reused pid did.
     let (mut one, mut two) = (client(&procs, 77), client(&procs, 77));

@@ -10,17 +10,9 @@ use quire::client::Client;
 use quire::node::processes::LocalProcesses;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::time::Duration;
 
 const SERVE_BOUND: Duration = Duration::from_secs(30);
-
-fn cluster(dir: &std::path::Path) -> LocalProcesses {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
-    let mut procs = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
-    procs.start_all().expect("daemons start");
-    procs
-}
 
 /// The client addresses with a follower of group 0 first, and that
 /// follower's address.
@@ -87,7 +79,7 @@ fn ask(addr: SocketAddr, token: &[u8], req: &Request) -> Response {
 #[test]
 fn a_read_after_an_append_sees_it_from_a_follower_first_client() {
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let (order, _) = follower_first(&procs);
     let mut writer = Client::new(order.clone(), &procs.token, 7);
     writer.deadline = SERVE_BOUND;
@@ -119,7 +111,7 @@ fn a_read_after_an_append_sees_it_from_a_follower_first_client() {
 #[test]
 fn a_stale_read_is_served_by_a_follower_and_a_default_one_redirected() {
     let dir = tempfile::tempdir().unwrap();
-    let procs = cluster(dir.path());
+    let procs = common::three_daemons(dir.path());
     let (order, follower) = follower_first(&procs);
     let mut c = Client::new(order, &procs.token, 9);
     c.deadline = SERVE_BOUND;
