@@ -24,7 +24,6 @@ pub use crate::buf::{AlignedBuf, IO_ALIGN_BYTES};
 
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Instant;
 
 /// One operation of a request.
 pub enum IoOp {
@@ -69,8 +68,6 @@ pub struct IoCompletion {
     pub result: io::Result<()>,
     /// Buffers of the request: written ones back, read ones filled.
     pub bufs: Vec<AlignedBuf>,
-    /// When the request was submitted.
-    pub submitted: Instant,
 }
 
 /// Runs I/O requests asynchronously.

@@ -7,13 +7,12 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::io;
 use std::os::fd::RawFd;
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 /// pwrite + fdatasync on one helper thread.
 pub struct PortableBackend {
     /// The eventfd the helper signals after each completion (-1: none).
     notify: std::sync::Arc<std::sync::atomic::AtomicI32>,
-    to_worker: Option<Sender<(IoRequest, Instant)>>,
+    to_worker: Option<Sender<IoRequest>>,
     from_worker: Receiver<IoCompletion>,
     worker: Option<JoinHandle<()>>,
     in_flight: usize,
@@ -67,14 +66,14 @@ fn sync(fd: RawFd) -> io::Result<()> {
 impl PortableBackend {
     /// Starts the helper thread.
     pub fn new() -> io::Result<Self> {
-        let (to_worker, requests) = unbounded::<(IoRequest, Instant)>();
+        let (to_worker, requests) = unbounded::<IoRequest>();
         let (done, from_worker) = unbounded();
         let notify = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(-1));
         let notify_fd = std::sync::Arc::clone(&notify);
         let worker = std::thread::Builder::new()
             .name("quire-io".into())
             .spawn(move || {
-                for (req, submitted) in requests {
+                for req in requests {
                     let mut bufs = Vec::new();
                     let mut result = Ok(());
                     for op in req.ops {
@@ -88,7 +87,6 @@ impl PortableBackend {
                         token: req.token,
                         result,
                         bufs,
-                        submitted,
                     };
                     if done.send(c).is_err() {
                         return;
@@ -124,7 +122,7 @@ impl IoBackend for PortableBackend {
 
     fn submit(&mut self, req: IoRequest) -> io::Result<()> {
         let tx = self.to_worker.as_ref().expect("worker runs until drop");
-        tx.send((req, Instant::now()))
+        tx.send(req)
             .map_err(|_| io::Error::other("the I/O helper thread has stopped"))?;
         self.in_flight += 1;
         Ok(())

@@ -6,11 +6,9 @@ use super::{AlignedBuf, IoBackend, IoCompletion, IoOp, IoRequest};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
-use std::time::Instant;
 
 struct Pending {
     token: u64,
-    submitted: Instant,
     bufs: Vec<AlignedBuf>,
     /// Expected result per op: bytes for writes and reads, 0 for syncs.
     expected: Vec<i32>,
@@ -92,7 +90,6 @@ impl UringBackend {
                     token: p.token,
                     result: p.error.map_or(Ok(()), Err),
                     bufs: p.bufs,
-                    submitted: p.submitted,
                 });
             }
         }
@@ -115,7 +112,6 @@ impl IoBackend for UringBackend {
         let n = req.ops.len();
         let mut p = Pending {
             token: req.token,
-            submitted: Instant::now(),
             bufs: Vec::new(),
             expected: Vec::with_capacity(n),
             outstanding: n,

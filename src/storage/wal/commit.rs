@@ -387,18 +387,28 @@ impl<D: LogDir> Wal<D> {
             .reap(wait, &mut done)
             .map_err(io_err("collecting completions"))?;
         for c in done {
-            let Some(f) = self.in_flight.get_mut(&c.token) else {
-                continue; // a read, handled by its caller
-            };
-            f.done = true;
-            f.latency = Duration::from_micros(self.dir.now_us().saturating_sub(f.submitted_us));
-            if let Err(e) = c.result {
-                f.result = Some(e);
-            }
-            self.recycle(c.bufs);
+            // Anything else is a read, handled by its caller.
+            let _ = self.note_flush_done(c);
         }
         self.advance_durable();
         self.check_not_failed()
+    }
+
+    /// Records a completed flush (its latency on the directory's clock,
+    /// its result, its buffers back in the pool); gives back a completion
+    /// that is not a flush.
+    pub(super) fn note_flush_done(&mut self, c: IoCompletion) -> Option<IoCompletion> {
+        let now_us = self.dir.now_us();
+        let Some(f) = self.in_flight.get_mut(&c.token) else {
+            return Some(c);
+        };
+        f.done = true;
+        f.latency = Duration::from_micros(now_us.saturating_sub(f.submitted_us));
+        if let Err(e) = c.result {
+            f.result = Some(e);
+        }
+        self.recycle(c.bufs);
+        None
     }
 
     /// Durability is reported in ticket order: a later flush completing

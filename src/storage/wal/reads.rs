@@ -95,12 +95,8 @@ impl<D: LogDir> Wal<D> {
                 .map_err(io_err("collecting completions"))?;
             let mut mine = None;
             for c in done {
-                if c.token == TOKEN {
-                    mine = Some(c);
-                } else if let Some(f) = self.in_flight.get_mut(&c.token) {
-                    f.done = true;
-                    f.latency = c.submitted.elapsed();
-                    f.result = c.result.err();
+                if let Some(c) = self.note_flush_done(c) {
+                    mine = mine.or((c.token == TOKEN).then_some(c));
                 }
             }
             self.advance_durable();
