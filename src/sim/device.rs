@@ -28,7 +28,6 @@ use std::io;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 /// Sector size: the unit a torn write is cut at.
 const SECTOR_BYTES: usize = 512;
@@ -52,9 +51,12 @@ impl Inode {
         self.cached.push((offset, bytes.to_vec()));
     }
 
+    /// The cached writes become durable: a copy of what was written
+    /// since the last sync, not of the whole file.
     fn sync(&mut self) {
-        self.durable = self.data.clone();
-        self.cached.clear();
+        for (offset, bytes) in self.cached.drain(..) {
+            put(&mut self.durable, offset, &bytes);
+        }
     }
 }
 
@@ -164,7 +166,6 @@ impl Device {
             token: req.token,
             result,
             bufs,
-            submitted: Instant::now(),
         }
     }
 
