@@ -386,6 +386,7 @@ fn the_log_keeps_what_the_state_refers_to_and_a_lagging_follower_gets_it() {
     // still starts (its followers' copies are intact) and says what it
     // cannot serve.
     let (segment, _) = wal.locate(at, at).unwrap().remove(0);
+    let segment = wal.dir().root().join(segment);
     drop(wal);
     std::fs::remove_file(&segment).unwrap();
     c.restart_node(f).unwrap();

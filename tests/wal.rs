@@ -452,7 +452,7 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
     // Read off the loop: where the batches are, then plain reads.
     assert!(wal.holds(10) && wal.holds(2000) && !wal.holds(2001));
     let located = wal.locate(10, 12).unwrap();
-    let off_loop = quire::storage::read_located(&located, 10, 12).unwrap();
+    let off_loop = quire::storage::read_located(wal.dir(), &located, 10, 12).unwrap();
     assert_eq!(off_loop, vec![entry(10, 1), entry(11, 1), entry(12, 1)]);
     quire::storage::write_snapshot_file(&wal.free_snapshot_slot(), &snap(1900)).unwrap();
     wal.adopt_snapshot(1900, 1, Some(1800)).unwrap();
@@ -464,7 +464,7 @@ fn entries_the_state_refers_to_stay_below_the_snapshot(b: BackendChoice) {
         "trimmed once nothing refers to it"
     );
     assert!(
-        quire::storage::read_located(&located, 10, 12).is_err(),
+        quire::storage::read_located(wal.dir(), &located, 10, 12).is_err(),
         "a trimmed (recycled) batch is an error, not other entries"
     );
     drop(wal);

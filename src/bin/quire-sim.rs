@@ -5,8 +5,8 @@
 
 use clap::Parser;
 use quire::sim::{
-    self, bug_by_name, replay_command, workload_bug_by_name, FaultCounts, SimOptions, Workload,
-    BUGS, INVARIANTS, WORKLOAD_BUGS, WORKLOAD_INVARIANTS,
+    self, bug_by_name, glue_bug_by_name, replay_command, workload_bug_by_name, FaultCounts, Glue,
+    SimOptions, Workload, BUGS, GLUE_BUGS, INVARIANTS, WORKLOAD_BUGS, WORKLOAD_INVARIANTS,
 };
 use std::process::ExitCode;
 use std::time::Instant;
@@ -37,9 +37,14 @@ struct Args {
     /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing;
     /// with --workload ledger: ledger-no-fence, stale-lac; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
-    /// snapshot-without-entries.
+    /// snapshot-without-entries; with --glue node: release-before-durable.
     #[arg(long)]
     bug: Option<String>,
+    /// The glue between the cores and the simulated disks: model (the
+    /// simulator's own) or node (the production replica over the real
+    /// WAL on simulated block devices; the log workload only, so far).
+    #[arg(long, default_value = "model")]
+    glue: String,
     /// What the clients do: log (raw appends), ledger or queue (through
     /// the replicated state machine, with history checkers).
     #[arg(long, default_value = "log")]
@@ -67,10 +72,28 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let (mut bug, mut workload_bug) = (None, None);
+    let glue = match args.glue.as_str() {
+        "model" => Glue::Model,
+        "node" => Glue::Node,
+        other => {
+            eprintln!("quire-sim: unknown glue '{other}'; known: model, node");
+            return ExitCode::from(2);
+        }
+    };
+    if glue == Glue::Node && workload != Workload::Log {
+        eprintln!("quire-sim: --glue node runs the log workload only, so far");
+        return ExitCode::from(2);
+    }
+    let (mut bug, mut workload_bug, mut glue_bug) = (None, None, None);
     if let Some(name) = args.bug.as_deref() {
         if let Some(b) = bug_by_name(name) {
             bug = Some(b);
+        } else if let Some(b) = glue_bug_by_name(name) {
+            if glue != Glue::Node {
+                eprintln!("quire-sim: bug '{name}' needs --glue node");
+                return ExitCode::from(2);
+            }
+            glue_bug = Some(b);
         } else if let Some(b) = workload_bug_by_name(name) {
             if b.workload() != workload {
                 eprintln!(
@@ -85,6 +108,7 @@ fn main() -> ExitCode {
                 .iter()
                 .map(|(n, _)| *n)
                 .chain(WORKLOAD_BUGS.iter().map(|(n, _)| *n))
+                .chain(GLUE_BUGS.iter().map(|(n, _)| *n))
                 .collect();
             eprintln!(
                 "quire-sim: unknown bug '{name}'; known: {}",
@@ -100,6 +124,8 @@ fn main() -> ExitCode {
         bug,
         workload,
         workload_bug,
+        glue,
+        glue_bug,
         recent_events: std::env::var("QUIRE_SIM_RECENT")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -35,8 +35,22 @@ impl Level {
     }
 }
 
-/// Writes one line at `level`.
+thread_local! {
+    /// Set on a thread whose replicas are not the daemon's (a simulator
+    /// runs thousands of them, and their lines would only be noise).
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Silences the log lines written on this thread from now on.
+pub(crate) fn quiet_on_this_thread() {
+    QUIET.with(|q| q.set(true));
+}
+
+/// Writes one line at `level` (nothing on a quiet thread).
 pub(crate) fn emit(level: Level, line: fmt::Arguments<'_>) {
+    if QUIET.with(|q| q.get()) {
+        return;
+    }
     let mut err = std::io::stderr().lock();
     let stamp = rfc3339_utc(SystemTime::now());
     // A closed stderr must not stop the daemon: the line is lost.

@@ -4,9 +4,12 @@
 //! index it was given; the checker then holds the cluster to it forever.
 
 use super::checker::Violation;
+use super::glue::Answer;
 use super::trace::What;
 use super::world::{idx, Event, World};
+use super::Glue;
 use crate::consensus::{Entry, Index, Payload, RaftError, Term};
+use crate::node::ProposeError;
 use rand::Rng;
 
 /// How one client operation ended.
@@ -41,6 +44,8 @@ pub struct Operation {
 #[derive(Clone, Debug)]
 pub(crate) struct Pending {
     node: usize,
+    /// The operation id its answer names (the production glue's).
+    op: u64,
     index: Index,
     term: Term,
     value: Vec<u8>,
@@ -51,10 +56,10 @@ pub(crate) struct Pending {
 #[derive(Clone, Debug)]
 pub(crate) struct Client {
     id: usize,
-    group: usize,
+    pub(crate) group: usize,
     /// Node it will try next.
     guess: usize,
-    sent: u64,
+    pub(crate) sent: u64,
     /// Bumped at every state change so stale timer events are ignored.
     generation: u64,
     pending: Option<Pending>,
@@ -103,7 +108,7 @@ impl World {
             return Ok(());
         }
         let (g, n) = (self.clients[c].group, self.clients[c].guess);
-        let live = self.nodes[n].alive && self.nodes[n].replicas[g].is_some();
+        let live = self.nodes[n].runs(g);
         if !live {
             self.clients[c].guess = self.rng.gen_range(0..self.nodes.len());
             self.client_later(c, 10);
@@ -112,12 +117,26 @@ impl World {
         let cl = &mut self.clients[c];
         cl.sent += 1;
         let value = format!("g{}c{}#{}", cl.group, cl.id, cl.sent).into_bytes();
+        if self.opts.glue == Glue::Node {
+            let op = self.propose_hosted(c, n, value.clone());
+            self.clients[c].pending = Some(Pending {
+                node: n,
+                op,
+                index: 0,
+                term: 0,
+                value,
+                invoked_ms: self.now,
+            });
+            self.client_later(c, CLIENT_TIMEOUT_MS);
+            return self.drive(n, g);
+        }
         let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
         match rep.raft.propose(value.clone()) {
             Ok((index, term)) => {
                 self.record(n, g, What::Propose { index });
                 self.clients[c].pending = Some(Pending {
                     node: n,
+                    op: 0,
                     index,
                     term,
                     value,
@@ -175,6 +194,68 @@ impl World {
         }
         let think = self.rng.gen_range(0..=10);
         self.client_later(c, think);
+        Ok(())
+    }
+
+    /// A production replica answered a client's append.
+    pub(crate) fn client_answered(&mut self, a: Answer) -> Result<(), Violation> {
+        let c = a.client;
+        if self.clients[c]
+            .pending
+            .as_ref()
+            .is_none_or(|p| p.op != a.op)
+        {
+            return Ok(()); // given up on already
+        }
+        let p = self.clients[c].pending.take().expect("checked");
+        let g = self.clients[c].group;
+        match a.result {
+            Ok(index) => {
+                self.record(p.node, g, What::Confirm { index });
+                if self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
+                    self.recovered[g] = true;
+                }
+                let Some(h) = self.checker.chain_at(g, index) else {
+                    return Err(Violation {
+                        invariant: "state-machine-safety",
+                        detail: format!(
+                            "group {g}: an append was confirmed at {index}, which no node applied"
+                        ),
+                    });
+                };
+                self.complete(c, p, Outcome::Ok(index));
+                let disks = super::world::durables(&self.nodes, g);
+                self.checker.confirmed(g, index, h, &disks)?;
+                let think = self.rng.gen_range(0..=10);
+                self.client_later(c, think);
+            }
+            Err(ProposeError::NotLeader(leader)) => {
+                // Refused before it was proposed: nothing to record.
+                let guess = match leader {
+                    Some(l) => idx(l),
+                    None => self.rng.gen_range(0..self.nodes.len()),
+                };
+                self.clients[c].guess = guess;
+                let backoff = self.rng.gen_range(2..=15);
+                self.client_later(c, backoff);
+            }
+            Err(ProposeError::Lost) => {
+                // Another leader's entry took its index: a definite failure.
+                self.complete(c, p, Outcome::Failed);
+                let think = self.rng.gen_range(0..=10);
+                self.client_later(c, think);
+            }
+            Err(ProposeError::LogStopped(_)) => {
+                self.complete(c, p, Outcome::Unknown);
+                let retry = self.rng.gen_range(5..=30);
+                self.client_later(c, retry);
+            }
+            Err(_) => {
+                // Refused before it was proposed (busy, full, too large).
+                let backoff = self.rng.gen_range(5..=30);
+                self.client_later(c, backoff);
+            }
+        }
         Ok(())
     }
 

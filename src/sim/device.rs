@@ -13,9 +13,16 @@
 //!   the unsynced name changes, and drops every request still queued;
 //! - **EIO** on the next sync (the file's cached writes are dropped, as
 //!   Linux does after a failed fsync), and a **full disk** (`ENOSPC`);
-//! - requests complete out of order, one at a time, when the WAL waits.
+//! - requests complete out of order: with a [`Latency`] set, each at its
+//!   own seeded time on the device's clock (and none before a stall
+//!   ends), else one at a time, at random, when the WAL polls or waits.
+//!   A waiting caller gets the earliest request run at once: virtual time
+//!   does not move inside a blocking call.
 //!
-//! Time is the device's own virtual clock, advanced by its user. Jobs run
+//! For an oracle that never asks the WAL, the device tells which flushes
+//! it really made durable: [`SimDir::oldest_unsynced_token`].
+//!
+//! Time is the device's own virtual clock, set by its user. Jobs run
 //! inline (`jobs_inline`), so nothing depends on thread scheduling.
 
 use crate::buf::AlignedBuf;
@@ -26,7 +33,6 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::RawFd;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Sector size: the unit a torn write is cut at.
@@ -68,6 +74,19 @@ fn put(data: &mut Vec<u8>, offset: u64, bytes: &[u8]) {
     data[offset as usize..end].copy_from_slice(bytes);
 }
 
+/// How long a request takes on a device, drawn per request.
+#[derive(Clone, Copy, Debug)]
+pub struct Latency {
+    /// The least a request takes, µs.
+    pub min_us: u64,
+    /// Up to this much more, uniformly, µs.
+    pub jitter_us: u64,
+    /// The chance a request is slow (a spike)...
+    pub spike_probability: f64,
+    /// ...by up to this much more, µs.
+    pub spike_us_max: u64,
+}
+
 struct Device {
     rng: ChaCha8Rng,
     now_us: u64,
@@ -82,8 +101,15 @@ struct Device {
     /// Bumped by a crash: files and backends of an earlier life are dead.
     life: u64,
     locked: Option<String>,
-    /// Requests submitted and not yet run, and those run and not reaped.
-    queued: Vec<IoRequest>,
+    /// Requests submitted and not yet run (with when each is due, µs),
+    /// and those run and not reaped.
+    queued: Vec<(u64, IoRequest)>,
+    latency: Option<Latency>,
+    /// Nothing completes before this (µs): a stalled device.
+    stalled_until_us: u64,
+    /// Tokens of the writing requests submitted in this life that have
+    /// not completed with their writes synced (a failed one stays).
+    unsynced: std::collections::BTreeSet<u64>,
     done: VecDeque<IoCompletion>,
     fail_next_sync: bool,
     capacity_bytes: Option<u64>,
@@ -135,10 +161,24 @@ impl Device {
     }
 
     /// Runs one queued request: its ops in order, stopping at an error.
+    /// A writing request whose every write was followed by a successful
+    /// sync of its file is no longer unsynced.
     fn run(&mut self, req: IoRequest) -> IoCompletion {
         let mut bufs = Vec::new();
         let mut result = Ok(());
+        let mut unsynced_files = std::collections::BTreeSet::new();
+        let mut wrote = false;
         for op in req.ops {
+            match &op {
+                IoOp::Write { fd, .. } => {
+                    wrote = true;
+                    unsynced_files.insert(*fd);
+                }
+                IoOp::Fdatasync { fd } => {
+                    unsynced_files.remove(fd);
+                }
+                IoOp::Read { .. } => {}
+            }
             let step = match op {
                 IoOp::Write { fd, offset, buf } => {
                     let r = self
@@ -162,6 +202,9 @@ impl Device {
                 break;
             }
         }
+        if wrote && result.is_ok() && unsynced_files.is_empty() {
+            self.unsynced.remove(&req.token);
+        }
         IoCompletion {
             token: req.token,
             result,
@@ -173,23 +216,28 @@ impl Device {
         // Requests still queued never reached the device.
         self.queued.clear();
         self.done.clear();
+        self.unsynced.clear();
+        // A fault planted for the next sync was for the life that ended.
+        self.fail_next_sync = false;
         for i in 0..self.inodes.len() {
+            // A file with nothing unsynced is what it was: no copy.
+            if self.inodes[i].cached.is_empty() {
+                continue;
+            }
             let cached = std::mem::take(&mut self.inodes[i].cached);
-            let mut kept = self.inodes[i].durable.clone();
             let mut torn = false;
             for (offset, bytes) in cached {
                 if self.rng.gen_bool(0.5) {
-                    put(&mut kept, offset, &bytes);
+                    put(&mut self.inodes[i].durable, offset, &bytes);
                 } else if !torn && bytes.len() > SECTOR_BYTES && self.rng.gen_bool(0.3) {
                     torn = true;
                     let sectors = bytes.len().div_ceil(SECTOR_BYTES);
                     let cut = self.rng.gen_range(1..sectors) * SECTOR_BYTES;
-                    put(&mut kept, offset, &bytes[..cut]);
+                    put(&mut self.inodes[i].durable, offset, &bytes[..cut]);
                 }
             }
             let inode = &mut self.inodes[i];
-            inode.durable = kept.clone();
-            inode.data = kept;
+            inode.data.clone_from(&inode.durable);
         }
         let changes = std::mem::take(&mut self.name_changes);
         let survive = self.rng.gen_range(0..=changes.len());
@@ -230,6 +278,9 @@ impl SimDir {
             life: 0,
             locked: None,
             queued: Vec::new(),
+            latency: None,
+            stalled_until_us: 0,
+            unsynced: std::collections::BTreeSet::new(),
             done: VecDeque::new(),
             fail_next_sync: false,
             capacity_bytes: None,
@@ -255,9 +306,46 @@ impl SimDir {
         self.dev().now_us += us;
     }
 
+    /// Sets the device's clock (never backwards).
+    pub fn set_now_us(&self, now_us: u64) {
+        let mut d = self.dev();
+        d.now_us = d.now_us.max(now_us);
+    }
+
+    /// Requests take `latency` each from now on (`None`: they complete at
+    /// random when polled, the default).
+    pub fn set_latency(&self, latency: Option<Latency>) {
+        self.dev().latency = latency;
+    }
+
+    /// Nothing completes before `until_us`, unless a caller blocks.
+    pub fn stall_until_us(&self, until_us: u64) {
+        let mut d = self.dev();
+        d.stalled_until_us = d.stalled_until_us.max(until_us);
+    }
+
+    /// When the next queued request is due (µs), if one is queued.
+    pub fn next_due_us(&self) -> Option<u64> {
+        let d = self.dev();
+        let due = d.queued.iter().map(|(due, _)| *due).min()?;
+        Some(due.max(d.stalled_until_us))
+    }
+
+    /// The lowest token of a writing request of this life that has not
+    /// completed with its writes synced: every flush below it is durable
+    /// on this device, whatever the WAL believes.
+    pub fn oldest_unsynced_token(&self) -> Option<u64> {
+        self.dev().unsynced.first().copied()
+    }
+
     /// The next sync (of any file) fails with EIO.
     pub fn fail_next_sync(&self) {
         self.dev().fail_next_sync = true;
+    }
+
+    /// Cancels a pending [`SimDir::fail_next_sync`].
+    pub fn clear_fail_next_sync(&self) {
+        self.dev().fail_next_sync = false;
     }
 
     /// Limits the bytes the directory's files may hold (`None`: no limit).
@@ -438,6 +526,11 @@ impl LogDir for SimDir {
         Ok(d.inodes[i].data.clone())
     }
 
+    fn open_existing(&self, name: &str) -> io::Result<SimFile> {
+        let i = self.inode(name, false)?;
+        Ok(self.file(i, None))
+    }
+
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         let mut d = self.dev();
         let i = *d
@@ -479,10 +572,6 @@ impl LogDir for SimDir {
         self.dev().now_us
     }
 
-    fn path_of(&self, _name: &str) -> Option<PathBuf> {
-        None
-    }
-
     fn jobs_inline(&self) -> bool {
         true
     }
@@ -506,7 +595,20 @@ impl IoBackend for SimBackend {
         if d.life != self.life {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        d.queued.push(req);
+        if req.ops.iter().any(|op| matches!(op, IoOp::Write { .. })) {
+            d.unsynced.insert(req.token);
+        }
+        let due = match d.latency {
+            None => 0,
+            Some(l) => {
+                let mut us = l.min_us + d.rng.gen_range(0..=l.jitter_us);
+                if d.rng.gen_bool(l.spike_probability) {
+                    us += d.rng.gen_range(0..=l.spike_us_max);
+                }
+                d.now_us + us
+            }
+        };
+        d.queued.push((due, req));
         self.in_flight += 1;
         Ok(())
     }
@@ -516,15 +618,34 @@ impl IoBackend for SimBackend {
         if d.life != self.life {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        // A waiting caller gets one request run (any of those queued); a
-        // polling one, sometimes.
-        let run = !d.queued.is_empty() && (wait || d.rng.gen_bool(0.3));
-        if run {
-            let queued = d.queued.len();
-            let pick = d.rng.gen_range(0..queued);
-            let req = d.queued.swap_remove(pick);
-            let c = d.run(req);
-            d.done.push_back(c);
+        if d.latency.is_none() {
+            // A waiting caller gets one request run (any of those queued);
+            // a polling one, sometimes.
+            let run = !d.queued.is_empty() && (wait || d.rng.gen_bool(0.3));
+            if run {
+                let queued = d.queued.len();
+                let pick = d.rng.gen_range(0..queued);
+                let (_, req) = d.queued.swap_remove(pick);
+                let c = d.run(req);
+                d.done.push_back(c);
+            }
+        } else {
+            // Everything due runs, in the order it falls due; a waiting
+            // caller with nothing due gets the earliest at once.
+            let now = d.now_us;
+            let ready = now >= d.stalled_until_us;
+            loop {
+                let next = (0..d.queued.len()).min_by_key(|&i| (d.queued[i].0, i));
+                let Some(i) = next else { break };
+                let due_now = ready && d.queued[i].0 <= now;
+                let waited_for = wait && d.done.is_empty();
+                if !(due_now || waited_for) {
+                    break;
+                }
+                let (_, req) = d.queued.remove(i);
+                let c = d.run(req);
+                d.done.push_back(c);
+            }
         }
         while let Some(c) = d.done.pop_front() {
             self.in_flight -= 1;

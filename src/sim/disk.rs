@@ -21,6 +21,8 @@ pub(crate) enum DiskOp {
     /// A `Ready`'s write: snapshot install, then truncate, append, hard state.
     Write {
         snapshot: Option<Snapshot>,
+        /// The chain hash at `snapshot`, where its data does not carry it.
+        snapshot_chain: Option<u64>,
         /// The entries below `snapshot` that its machine refers to.
         snapshot_entries: Vec<Entry>,
         truncate_from: Option<Index>,
@@ -31,6 +33,8 @@ pub(crate) enum DiskOp {
     /// `retained`, which its machine still refers to.
     Compact {
         snapshot: Snapshot,
+        /// The chain hash at `snapshot`, where its data does not carry it.
+        snapshot_chain: Option<u64>,
         retained: Vec<Entry>,
     },
 }
@@ -54,14 +58,20 @@ pub(crate) struct Durable {
     pub(crate) damaged: Vec<(Index, u64)>,
     /// The node must not vote until its log is durable up to here.
     pub(crate) repair_until: Option<Index>,
+    /// The chain hash at the snapshot, where the snapshot's data does not
+    /// start with it (the production replica's snapshots).
+    pub(crate) base_chain: Option<u64>,
 }
 
 impl Durable {
     /// Index and chain hash at the snapshot (0, 0 without one).
     pub(crate) fn base(&self) -> (Index, u64) {
-        self.snapshot
-            .as_ref()
-            .map_or((0, 0), |s| (s.index, snapshot_chain(s)))
+        self.snapshot.as_ref().map_or((0, 0), |s| {
+            (
+                s.index,
+                self.base_chain.unwrap_or_else(|| snapshot_chain(s)),
+            )
+        })
     }
 
     /// Chain hash of the durable prefix ending at `index`, if this disk can
@@ -184,9 +194,40 @@ pub(crate) struct SimDisk {
     pub(crate) fail_next_write: bool,
     /// The disk completes nothing before this (a stalled disk).
     pub(crate) stalled_until_ms: u64,
+    /// As a shadow of a real log: the lowest index a write lost in a
+    /// crash rewrote from, which recovery may hold instead of this model.
+    pub(crate) lost_rewrite_from: Option<Index>,
 }
 
 impl SimDisk {
+    /// Queues an op under an id of the caller's (a WAL ticket), which
+    /// must not go back.
+    pub(crate) fn submit_as(&mut self, id: u64, op: DiskOp) {
+        assert!(self.volatile.back().is_none_or(|(last, _)| *last <= id));
+        self.volatile.push_back((id, op));
+    }
+
+    /// Every op queued under an id up to `id` became durable, in order.
+    pub(crate) fn complete_through(&mut self, id: u64) -> Vec<Applied> {
+        let mut out = Vec::new();
+        while self.volatile.front().is_some_and(|(i, _)| *i <= id) {
+            let (_, op) = self.volatile.pop_front().expect("front exists");
+            out.push(Self::apply(&mut self.durable, op, None));
+        }
+        out
+    }
+
+    /// Applies an op that is durable at once (a synchronous install).
+    pub(crate) fn apply_now(&mut self, op: DiskOp) -> Applied {
+        Self::apply(&mut self.durable, op, None)
+    }
+
+    /// The ops queued and not durable, taken (a crash: the device, not
+    /// this model, decides what of them survived).
+    pub(crate) fn take_volatile(&mut self) -> Vec<DiskOp> {
+        self.volatile.drain(..).map(|(_, op)| op).collect()
+    }
+
     /// Queues an op; returns its write id.
     pub(crate) fn submit(&mut self, op: DiskOp) -> u64 {
         self.next_write_id += 1;
@@ -207,6 +248,7 @@ impl SimDisk {
         match op {
             DiskOp::Write {
                 snapshot,
+                snapshot_chain,
                 snapshot_entries,
                 truncate_from,
                 entries,
@@ -229,6 +271,7 @@ impl SimDisk {
                         d.damaged.clear();
                     }
                     d.snapshot = Some(s);
+                    d.base_chain = snapshot_chain;
                     d.retained = snapshot_entries;
                 }
                 if let Some(t) = truncate_from {
@@ -248,6 +291,7 @@ impl SimDisk {
             }
             DiskOp::Compact {
                 snapshot: s,
+                snapshot_chain,
                 retained,
             } => {
                 if torn_keep.is_none() && s.index > d.base().0 {
@@ -258,6 +302,7 @@ impl SimDisk {
                     d.prefix.drain(..drop);
                     d.damaged.retain(|&(i, _)| i > s.index);
                     d.snapshot = Some(s);
+                    d.base_chain = snapshot_chain;
                 }
             }
         }

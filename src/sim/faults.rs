@@ -4,6 +4,7 @@
 use super::checker::Violation;
 use super::trace::What;
 use super::world::{Event, World};
+use super::Glue;
 use crate::consensus::Role;
 use rand::Rng;
 
@@ -138,9 +139,9 @@ impl World {
                 } else {
                     // Restart a group stopped by EIO.
                     for g in 0..self.opts.groups {
-                        if self.nodes[n].replicas[g].is_none() {
+                        if self.nodes[n].raft(g).is_none() {
                             self.faults.restarts += 1;
-                            self.start_group(n, g);
+                            self.start_group(n, g)?;
                             self.drive(n, g)?;
                         }
                     }
@@ -190,10 +191,14 @@ impl World {
             }
             82..=86 => {
                 let g = self.rng.gen_range(0..self.opts.groups);
-                if self.nodes[n].alive && self.nodes[n].replicas[g].is_some() {
+                if self.nodes[n].runs(g) {
                     self.faults.eio += 1;
                     self.record(n, g, What::Fault("eio"));
-                    self.nodes[n].disks[g].fail_next_write = true;
+                    if self.opts.glue == Glue::Node {
+                        self.device_fault(n, g, None);
+                    } else {
+                        self.nodes[n].disks[g].fail_next_write = true;
+                    }
                 }
             }
             100..=103 => {
@@ -220,22 +225,26 @@ impl World {
                 // Stalls run their course, even past the heal (a disk does
                 // not take orders); completions keep their order.
                 let until = self.now + self.rng.gen_range(500..=3_000);
-                let disk = &mut self.nodes[n].disks[g];
-                disk.stalled_until_ms = disk.stalled_until_ms.max(until);
+                if self.opts.glue == Glue::Node {
+                    self.device_fault(n, g, Some(until));
+                } else {
+                    let disk = &mut self.nodes[n].disks[g];
+                    disk.stalled_until_ms = disk.stalled_until_ms.max(until);
+                }
             }
             _ => {
                 let g = self.rng.gen_range(0..self.opts.groups);
                 let target = self.rng.gen_range(1..=self.nodes.len() as u64);
                 let leader = (0..self.nodes.len()).find(|&m| {
-                    self.nodes[m].replicas[g]
-                        .as_ref()
-                        .is_some_and(|r| r.raft.role() == Role::Leader)
+                    self.nodes[m]
+                        .raft(g)
+                        .is_some_and(|r| r.role() == Role::Leader)
                 });
                 if let Some(l) = leader {
                     self.faults.transfers += 1;
                     self.record(l, g, What::Fault("transfer-leadership"));
-                    let rep = self.nodes[l].replicas[g].as_mut().expect("found live");
-                    let _ = rep.raft.transfer_leadership(target);
+                    let raft = self.nodes[l].raft_mut(g).expect("found live");
+                    let _ = raft.transfer_leadership(target);
                     self.drive(l, g)?;
                 }
             }
@@ -275,13 +284,16 @@ impl World {
         for n in 0..self.nodes.len() {
             for g in 0..self.opts.groups {
                 self.nodes[n].disks[g].fail_next_write = false;
+                if let Some(dev) = self.nodes[n].devices.get(g) {
+                    dev.clear_fail_next_sync();
+                }
             }
             if !self.nodes[n].alive {
                 self.restart_node(n)?;
             } else {
                 for g in 0..self.opts.groups {
-                    if self.nodes[n].replicas[g].is_none() {
-                        self.start_group(n, g);
+                    if self.nodes[n].raft(g).is_none() {
+                        self.start_group(n, g)?;
                         self.drive(n, g)?;
                     }
                 }

@@ -115,12 +115,8 @@ pub fn run_scenario(
 }
 
 fn leader_of_group0(w: &World) -> Option<usize> {
-    (0..w.nodes.len()).find(|&n| {
-        w.nodes[n].alive
-            && w.nodes[n].replicas[0]
-                .as_ref()
-                .is_some_and(|r| r.raft.role() == Role::Leader)
-    })
+    (0..w.nodes.len())
+        .find(|&n| w.nodes[n].alive && w.nodes[n].raft(0).is_some_and(|r| r.role() == Role::Leader))
 }
 
 fn script(

@@ -152,8 +152,16 @@ impl World {
         let watch = self.watches[n].as_mut()?;
         watch.seq += 1;
         let mut hb = Heartbeat::new(n as NodeId + 1, watch.epoch, watch.seq);
-        for (g, rep) in self.nodes[n].replicas.iter().enumerate() {
-            let Some(rep) = rep else { continue };
+        for (g, hosted) in self.nodes[n].hosted.iter().enumerate() {
+            // The production replica reports its own status.
+            if let Some(h) = hosted {
+                let status = h.replica.group_status();
+                hb.push_group(status).expect("groups fit a heartbeat");
+                continue;
+            }
+            let Some(rep) = &self.nodes[n].replicas[g] else {
+                continue;
+            };
             let r = &rep.raft;
             let status = GroupStatus {
                 group: g as u32,
@@ -248,12 +256,11 @@ impl World {
         };
         for g in hb.groups() {
             let group = g.group as usize;
-            if let Some(rep) = self.nodes[n]
-                .replicas
-                .get_mut(group)
-                .and_then(|r| r.as_mut())
-            {
-                on_group_status(&mut rep.raft, now, hb, g, ip_alive);
+            if group >= self.opts.groups {
+                continue;
+            }
+            if let Some(raft) = self.nodes[n].raft_mut(group) {
+                on_group_status(raft, now, hb, g, ip_alive);
                 self.drive(n, group)?;
             }
         }
@@ -327,8 +334,8 @@ impl World {
             }
             let now = self.now;
             for g in 0..self.opts.groups {
-                if let Some(rep) = self.nodes[n].replicas[g].as_mut() {
-                    on_event(&mut rep.raft, now, g as u32, &ev);
+                if let Some(raft) = self.nodes[n].raft_mut(g) {
+                    on_event(raft, now, g as u32, &ev);
                     self.drive(n, g)?;
                 }
             }
@@ -342,14 +349,16 @@ impl World {
         let stall_ms = detector_config().disk_stall_ms;
         for g in 0..self.opts.groups {
             let now = self.now;
-            let Some(rep) = self.nodes[n].replicas[g].as_ref() else {
-                continue;
+            let stalled = match &self.nodes[n].replicas[g] {
+                Some(rep) => rep.oldest_write_ms().is_some_and(|t| now >= t + stall_ms),
+                None => self.hosted_disk_stalled(n, g, stall_ms),
             };
-            let stalled = rep.oldest_write_ms().is_some_and(|t| now >= t + stall_ms);
-            if stalled && rep.raft.role() == Role::Leader {
+            let leads = self.nodes[n]
+                .raft(g)
+                .is_some_and(|r| r.role() == Role::Leader);
+            if stalled && leads {
                 self.record(n, g, What::Fault("own-disk-stalled"));
-                let rep = self.nodes[n].replicas[g].as_mut().expect("checked");
-                rep.raft.step_down();
+                self.nodes[n].raft_mut(g).expect("checked").step_down();
                 self.drive(n, g)?;
             }
         }

@@ -4,8 +4,10 @@
 
 use super::checker::{Checker, Violation};
 use super::client::{Client, Operation, Outcome};
+use super::device::SimDir;
 use super::disk::{snapshot_chain, DiskOp, Durable, SimDisk};
 use super::faults::FaultCounts;
+use super::glue::{Answers, Hosted};
 use super::net::Network;
 use super::serial::{Cables, Watch};
 use super::trace::{chain, describe, Record, Trace, What};
@@ -13,7 +15,7 @@ use super::workload::{
     StateClient, StateOp, StateResult, Workload, WorkloadBug, LEDGER_CLIENTS_PER_GROUP,
     QUEUE_CLIENTS_PER_GROUP,
 };
-use super::{RunReport, SimOptions};
+use super::{Glue, RunReport, SimOptions};
 use crate::consensus::{
     Body, Entry, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term,
 };
@@ -114,6 +116,12 @@ pub(crate) enum Event {
         until_ms: u64,
     },
     Heal,
+    /// A production replica's device completes a request, or one of its
+    /// jobs is due (`Glue::Node`).
+    Wake {
+        node: usize,
+        group: usize,
+    },
     /// A node sends its heartbeat on both channels.
     HeartbeatSend {
         node: usize,
@@ -164,8 +172,13 @@ pub(crate) struct SimReplica {
 
 pub(crate) struct Node {
     pub(crate) alive: bool,
+    /// The model glue's replicas (`Glue::Model`).
     pub(crate) replicas: Vec<Option<SimReplica>>,
+    /// The model's disks; under `Glue::Node`, the shadows of the real logs.
     pub(crate) disks: Vec<SimDisk>,
+    /// The production replicas (`Glue::Node`), and their devices.
+    pub(crate) hosted: Vec<Option<Hosted>>,
+    pub(crate) devices: Vec<SimDir>,
 }
 
 pub(crate) struct World {
@@ -210,9 +223,13 @@ pub(crate) struct World {
     pub(crate) ledger_directory: Vec<Vec<u64>>,
     dropped: u64,
     /// Stats of replicas that crashed, so counters survive restarts.
-    retired_elections: u64,
-    retired_snapshots: u64,
-    leaders: u64,
+    pub(crate) retired_elections: u64,
+    pub(crate) retired_snapshots: u64,
+    pub(crate) leaders: u64,
+    /// Answers of the production replicas to log clients (`Glue::Node`).
+    pub(crate) answers: Answers,
+    /// The last client operation id given out.
+    pub(crate) next_op: u64,
 }
 
 /// Durable images of one group on every node.
@@ -239,6 +256,8 @@ impl World {
     }
 
     fn build(seed: u64, opts: &SimOptions, scripted: bool) -> Self {
+        // The production replicas log an EIO stop as the daemon would.
+        crate::node::log::quiet_on_this_thread();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut p = Params::from_rng(&mut rng);
         if scripted {
@@ -284,10 +303,20 @@ impl World {
             retired_elections: 0,
             retired_snapshots: 0,
             leaders: 0,
+            answers: Answers::default(),
+            next_op: 0,
         };
+        assert!(
+            opts.glue == Glue::Model || opts.workload == Workload::Log,
+            "the production glue runs the log workload only so far"
+        );
         for node in 0..n {
+            let hosted = opts.glue == Glue::Node;
             let replicas = (0..opts.groups)
                 .map(|g| {
+                    if hosted {
+                        return None;
+                    }
                     let seed = w.rng.gen();
                     let sm = (opts.workload != Workload::Log).then(StateMachine::new);
                     Some(SimReplica::new(
@@ -297,11 +326,24 @@ impl World {
                     ))
                 })
                 .collect();
+            let devices = if hosted {
+                (0..opts.groups).map(|g| w.new_device(node, g)).collect()
+            } else {
+                Vec::new()
+            };
             w.nodes.push(Node {
                 alive: true,
                 replicas,
                 disks: (0..opts.groups).map(|_| SimDisk::default()).collect(),
+                hosted: (0..opts.groups).map(|_| None).collect(),
+                devices,
             });
+            if hosted {
+                for g in 0..opts.groups {
+                    w.start_hosted(node, g)
+                        .expect("an empty device opens as an empty log");
+                }
+            }
         }
         for node in 0..n {
             let epoch = w.rng.gen();
@@ -472,12 +514,10 @@ impl World {
             let (n, g) = who.expect("a deadline comes from a replica");
             self.record(n, g, What::Tick);
             let now = self.now;
-            let rep = self.nodes[n].replicas[g]
-                .as_mut()
-                .expect("ticked replica is live");
-            rep.raft.tick(now);
+            let raft = self.nodes[n].raft_mut(g).expect("ticked replica is live");
+            raft.tick(now);
             assert!(
-                rep.raft.poll_timeout() > now,
+                raft.poll_timeout() > now,
                 "n{} g{g}: tick at {now} did not move the deadline",
                 n + 1
             );
@@ -495,9 +535,9 @@ impl World {
             if !node.alive {
                 continue;
             }
-            for (g, rep) in node.replicas.iter().enumerate() {
-                if let Some(rep) = rep {
-                    let t = rep.raft.poll_timeout();
+            for g in 0..node.replicas.len() {
+                if let Some(raft) = node.raft(g) {
+                    let t = raft.poll_timeout();
                     if t < best.0 {
                         best = (t, Some((n, g)));
                     }
@@ -511,7 +551,7 @@ impl World {
         match ev {
             Event::Deliver { group, msg } => {
                 let n = idx(msg.to);
-                let live = self.nodes[n].alive && self.nodes[n].replicas[group].is_some();
+                let live = self.nodes[n].alive && self.nodes[n].raft(group).is_some();
                 if !live {
                     return Ok(());
                 }
@@ -528,10 +568,8 @@ impl World {
                     },
                 );
                 let now = self.now;
-                let rep = self.nodes[n].replicas[group]
-                    .as_mut()
-                    .expect("checked live");
-                rep.raft.step(now, msg);
+                let raft = self.nodes[n].raft_mut(group).expect("checked live");
+                raft.step(now, msg);
                 self.drive(n, group)
             }
             Event::DiskDone {
@@ -562,6 +600,7 @@ impl World {
             }
             Event::CrashLoop { node, until_ms } => self.crash_loop_step(node, until_ms),
             Event::Heal => self.heal(),
+            Event::Wake { node, group } => self.drive_hosted(node, group),
             Event::HeartbeatSend { node } => self.heartbeat_send(node),
             Event::HeartbeatUdp { to, hb } => self.heartbeat_udp(to, &hb),
             Event::HeartbeatSerial { from, to, bytes } => self.heartbeat_serial(from, to, &bytes),
@@ -570,6 +609,9 @@ impl World {
 
     /// Runs the `Ready` loop of one replica until it has nothing to say.
     pub(crate) fn drive(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        if self.opts.glue == Glue::Node {
+            return self.drive_hosted(n, g);
+        }
         loop {
             let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
                 return Ok(());
@@ -603,6 +645,7 @@ impl World {
                     .or(rd.snapshot.as_ref().map(|s| (s.index, s.term)));
                 let op = DiskOp::Write {
                     snapshot: rd.snapshot.clone(),
+                    snapshot_chain: None,
                     snapshot_entries: rd.snapshot_entries.clone(),
                     truncate_from: rd.truncate_from,
                     entries: rd.entries,
@@ -694,6 +737,7 @@ impl World {
                     rep.retained = retained.clone();
                     let op = DiskOp::Compact {
                         snapshot: snap,
+                        snapshot_chain: None,
                         retained,
                     };
                     self.submit_write(n, g, op, None);
@@ -869,6 +913,9 @@ impl World {
     /// Crashes one group's replica on a node: its unsynced writes are
     /// partly lost or torn, and waiting clients learn nothing.
     pub(crate) fn stop_group(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        if self.opts.glue == Glue::Node {
+            return self.stop_hosted(n, g);
+        }
         let Some(rep) = self.nodes[n].replicas[g].take() else {
             return Ok(());
         };
@@ -886,9 +933,12 @@ impl World {
     }
 
     /// Restarts one group's replica from its disk.
-    pub(crate) fn start_group(&mut self, n: usize, g: usize) {
+    pub(crate) fn start_group(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        if self.opts.glue == Glue::Node {
+            return self.start_hosted(n, g);
+        }
         if self.nodes[n].replicas[g].is_some() {
-            return;
+            return Ok(());
         }
         let restored = self.nodes[n].disks[g].durable.recover();
         let seed = self.rng.gen();
@@ -905,6 +955,7 @@ impl World {
             }
         }
         self.nodes[n].replicas[g] = Some(rep);
+        Ok(())
     }
 
     pub(crate) fn crash_node(&mut self, n: usize) -> Result<(), Violation> {
@@ -912,6 +963,18 @@ impl World {
         self.nodes[n].alive = false;
         self.watches[n] = None;
         for g in 0..self.opts.groups {
+            if self.opts.glue == Glue::Node {
+                // Bit rot on the device, where recovery can tell it.
+                let rot = (self.rng.gen_bool(self.p.corruption_probability)
+                    && self.may_damage(n, g))
+                .then(|| self.rot_target(n, g))
+                .flatten();
+                self.stop_group(n, g)?;
+                if let Some(target) = rot {
+                    self.rot(n, g, target);
+                }
+                continue;
+            }
             self.stop_group(n, g)?;
             if self.rng.gen_bool(self.p.corruption_probability) && self.may_damage(n, g) {
                 let (lo, hi) = self.nodes[n].disks[g].durable.range();
@@ -944,7 +1007,7 @@ impl World {
         self.watches[n] = Some(Watch::new(n, nodes, groups, self.now, epoch));
         self.schedule(self.now, Event::HeartbeatSend { node: n });
         for g in 0..self.opts.groups {
-            self.start_group(n, g);
+            self.start_group(n, g)?;
             self.drive(n, g)?;
         }
         Ok(())
@@ -958,9 +1021,11 @@ impl World {
         let mut elections = self.retired_elections;
         let mut snapshots = self.retired_snapshots;
         for node in &self.nodes {
-            for rep in node.replicas.iter().flatten() {
-                elections += rep.raft.stats().elections_started;
-                snapshots += rep.raft.stats().snapshots_sent;
+            for g in 0..node.replicas.len() {
+                if let Some(raft) = node.raft(g) {
+                    elections += raft.stats().elections_started;
+                    snapshots += raft.stats().snapshots_sent;
+                }
             }
         }
         RunReport {
@@ -1007,6 +1072,29 @@ impl World {
 
     pub(crate) fn recent(&self) -> Vec<String> {
         self.trace.recent()
+    }
+}
+
+impl Node {
+    /// Group `g`'s Raft core here, under either glue, if it runs.
+    pub(crate) fn raft(&self, g: usize) -> Option<&Raft> {
+        match &self.hosted[g] {
+            Some(h) => Some(&h.replica.raft),
+            None => self.replicas[g].as_ref().map(|r| &r.raft),
+        }
+    }
+
+    /// Group `g`'s Raft core here, to step or tick it.
+    pub(crate) fn raft_mut(&mut self, g: usize) -> Option<&mut Raft> {
+        match &mut self.hosted[g] {
+            Some(h) => Some(&mut h.replica.raft),
+            None => self.replicas[g].as_mut().map(|r| &mut r.raft),
+        }
+    }
+
+    /// True if group `g` runs here (its log has not stopped).
+    pub(crate) fn runs(&self, g: usize) -> bool {
+        self.alive && self.raft(g).is_some()
     }
 }
 

@@ -40,6 +40,9 @@ pub trait LogDir: Clone + Send + 'static {
     fn create_new(&self, name: &str) -> io::Result<Self::File>;
     /// Reads all of `name`.
     fn read(&self, name: &str) -> io::Result<Vec<u8>>;
+    /// Opens `name`, which must exist, for reading (a reader on another
+    /// thread: it must never create what it looks for).
+    fn open_existing(&self, name: &str) -> io::Result<Self::File>;
     /// Renames `from` to `to`, replacing `to`; durable at the next `sync`.
     fn rename(&self, from: &str, to: &str) -> io::Result<()>;
     /// Removes `name`; durable at the next `sync`.
@@ -56,9 +59,6 @@ pub trait LogDir: Clone + Send + 'static {
     /// Microseconds on a monotonic clock (flush latencies, stalls,
     /// retries): the simulator's virtual time under the seed.
     fn now_us(&self) -> u64;
-    /// The path of `name`, where the directory is a real one (readers on
-    /// other threads open it themselves); `None` in the simulator.
-    fn path_of(&self, name: &str) -> Option<PathBuf>;
     /// True if the log's slow jobs (zero-fills, directory syncs, unlinks)
     /// must run when submitted, on the caller's thread, instead of on a
     /// background thread: the simulator's, so a run replays from its seed.
@@ -163,6 +163,10 @@ impl LogDir for OsDir {
         fs::read(self.root.join(name))
     }
 
+    fn open_existing(&self, name: &str) -> io::Result<File> {
+        File::open(self.root.join(name))
+    }
+
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         fs::rename(self.root.join(from), self.root.join(to))
     }
@@ -185,10 +189,6 @@ impl LogDir for OsDir {
 
     fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
-    }
-
-    fn path_of(&self, name: &str) -> Option<PathBuf> {
-        Some(self.root.join(name))
     }
 }
 

@@ -11,7 +11,10 @@
 //!   flight at the crash, so none was acknowledged. They are discarded;
 //! - suspect blocks followed by a batch more than `w` sequence numbers
 //!   later are corruption: the damaged batches had been made durable and
-//!   acknowledged before. Nothing is truncated; the damage is reported
+//!   acknowledged before. So are suspect blocks after a batch of an
+//!   earlier life (below the superblock's `life_start_seq`) followed by
+//!   any batch: that life's tail was read back whole when the next one
+//!   opened, and `w` may have been smaller then. Nothing is truncated; the damage is reported
 //!   with its segment and offset, the trusted log ends before it, and the
 //!   node must fetch the range again from a peer before it votes;
 //! - a later batch that starts at or below the damaged range rewrote it
@@ -125,6 +128,9 @@ struct Suspect {
     reason: FormatError,
     trusted_len: usize,
     seq: u64,
+    /// The commit the trusted log recorded (batches after it may be
+    /// discarded with their commits).
+    commit: Index,
     batches_before: usize,
     /// Where the trusted log ended: appends continue, and zeroing starts, here.
     start: (u64, u64),
@@ -134,7 +140,8 @@ struct Suspect {
 
 /// Rebuilds the log from segments in order. `base` is the index the log
 /// starts after (the snapshot's); `commit` the superblock's; `window` the
-/// number of flushes that may have been in flight.
+/// number of flushes that may have been in flight; `life_start` the
+/// sequence number the log's last life started at (0: unknown).
 ///
 /// Segments are taken one at a time, so a caller that reads each file
 /// lazily holds one segment in memory, not the whole log.
@@ -143,6 +150,7 @@ pub fn scan(
     base: Index,
     commit: Index,
     window: u64,
+    life_start: u64,
 ) -> ScanResult {
     let mut r = ScanResult {
         commit,
@@ -208,7 +216,7 @@ pub fn scan(
                     // Nothing missing: unused space at a segment's end (or
                     // stray bytes in free space) between two batches.
                     suspect = None;
-                } else if jump > window {
+                } else if jump > window || s.seq + 1 < life_start {
                     let start = base + s.trusted_len as u64 + 1;
                     let healed = batch.first_index <= start;
                     r.corruption.push(Corruption {
@@ -269,6 +277,9 @@ pub fn scan(
             r.batches.truncate(s.batches_before);
             log.truncate(s.trusted_len);
             r.last_seq = s.seq;
+            // What a discarded batch recorded never became durable: a
+            // later recovery, after the tail is zeroed, would not see it.
+            r.commit = s.commit;
             r.torn_tail = Some(TornTail {
                 segment: s.segment,
                 offset: s.offset,
@@ -279,9 +290,13 @@ pub fn scan(
             });
         }
     }
-    if hole.is_none() {
-        r.repair_until = None;
-    } else if let Some(u) = r.repair_until {
+    // A rewrite from below the damage heals the hole but may stop short of
+    // what the damaged region held: a repair cut short by a crash looks
+    // the same as a truncation by a new leader, and only the first must
+    // keep the node from voting. So the node repairs until its log
+    // reaches what it held, either way (the second only costs its vote
+    // until the group's log grows past that again).
+    if let Some(u) = r.repair_until {
         if u <= trusted_end(&log) {
             r.repair_until = None;
         }
@@ -319,6 +334,7 @@ fn note_suspect(
                 reason,
                 trusted_len: log.len(),
                 seq: r.last_seq,
+                commit: r.commit,
                 batches_before: r.batches.len(),
                 start: (segment, off as u64),
                 dirty_until: dirty,
@@ -362,6 +378,14 @@ mod tests {
     /// Lays batches out like the writer: consecutive, rolling to the next
     /// segment when one does not fit. Each batch: (first index, count, term).
     fn layout(batches: &[(Index, u64, Term)]) -> (Vec<Vec<u8>>, Vec<(usize, usize)>) {
+        layout_committing(batches, &|_, last| last)
+    }
+
+    /// `layout`, with each batch's commit from `commit(seq, last index)`.
+    fn layout_committing(
+        batches: &[(Index, u64, Term)],
+        commit: &dyn Fn(usize, Index) -> Index,
+    ) -> (Vec<Vec<u8>>, Vec<(usize, usize)>) {
         let mut segs = vec![vec![0u8; SEG]];
         let mut at = 0;
         let mut places = Vec::new();
@@ -384,7 +408,7 @@ mod tests {
                 recycled: false,
             };
             let bytes = b
-                .finish(seq as u64 + 1, first + count - 1, place)
+                .finish(seq as u64 + 1, commit(seq, first + count - 1), place)
                 .as_slice()
                 .to_vec();
             segs[s][at..at + bytes.len()].copy_from_slice(&bytes);
@@ -404,7 +428,7 @@ mod tests {
             id: i as u64,
             bytes: b.clone(),
         });
-        scan(images, base, base, window)
+        scan(images, base, base, window, 0)
     }
 
     fn indexes(r: &ScanResult) -> Vec<(Index, Term)> {
@@ -438,6 +462,55 @@ mod tests {
         assert!(r.corruption.is_empty());
         assert_eq!(r.append_at, Some((s as u64, at as u64)));
         assert_eq!(r.commit, 90, "commit from the torn batch is not trusted");
+    }
+
+    #[test]
+    fn damage_in_an_earlier_life_is_corruption_whatever_the_window() {
+        // Batches 1..=7 were written in an earlier life (with a window of
+        // 1); this life, which started at batch 8, runs a window of 8.
+        // Rot in batch 5, followed by 6..=10 (a jump of 6, inside 8),
+        // would pass for a torn tail, and acknowledged entries would go.
+        let (mut segs, places) = layout(&ten_batches());
+        let (s, at) = places[4];
+        segs[s][at + 3000] ^= 0x40;
+        let images = |segs: &[Vec<u8>]| {
+            segs.iter()
+                .enumerate()
+                .map(|(i, b)| SegmentImage {
+                    id: i as u64,
+                    bytes: b.clone(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let torn = scan(images(&segs), 0, 0, 8, 0);
+        assert!(
+            torn.torn_tail.is_some(),
+            "without the life start: the old rule"
+        );
+        let r = scan(images(&segs), 0, 0, 8, 8);
+        assert!(r.torn_tail.is_none());
+        assert_eq!(r.corruption.len(), 1, "{:?}", r.corruption);
+        assert_eq!(r.entries.len(), 40);
+        assert_eq!(r.repair_until, Some(100));
+    }
+
+    #[test]
+    fn commit_from_a_discarded_batch_is_not_recovered() {
+        // Batch 3 is torn and batch 4, in flight with it, is discarded
+        // with it: the commit it recorded (15, inside the trusted log)
+        // must not be recovered, or the next recovery, after the tail is
+        // zeroed, finds a lower one.
+        let batches = [(1, 10, 1), (11, 10, 1), (21, 10, 1), (31, 10, 1)];
+        let (mut segs, places) = layout_committing(&batches, &|seq, last| match seq {
+            3 => 15,
+            _ => last.min(5),
+        });
+        let (s, at) = places[2];
+        segs[s][at + 3000] ^= 0x40;
+        let r = run(&segs, 2);
+        assert_eq!(r.entries.len(), 20);
+        assert!(r.torn_tail.is_some() && r.corruption.is_empty());
+        assert_eq!(r.commit, 5);
     }
 
     #[test]
@@ -491,10 +564,23 @@ mod tests {
         let r = run(&segs, 1);
         assert_eq!(r.corruption.len(), 1);
         assert!(r.corruption[0].healed);
-        assert!(r.repair_until.is_none());
         let got = indexes(&r);
         assert_eq!(got.len(), 35);
         assert_eq!(got[30], (31, 2));
+        // The damaged region held entries up to 100, and the rewrite stops
+        // at 35: a repair a crash cut short looks just like this, so the
+        // node must not vote until its log reaches 100 again.
+        assert_eq!(r.repair_until, Some(100));
+        // A rewrite that reaches as far as the damaged region ends it.
+        let mut batches = ten_batches();
+        batches.push((31, 70, 2));
+        let (mut segs, places) = layout(&batches);
+        let (s, at) = places[3];
+        segs[s][at + 50] ^= 0xff;
+        let r = run(&segs, 1);
+        assert!(r.corruption[0].healed);
+        assert_eq!(r.repair_until, None);
+        assert_eq!(r.entries.len(), 100);
     }
 
     #[test]
@@ -582,7 +668,7 @@ mod tests {
 
     fn scan_one(file: Vec<u8>, id: u64, base: Index, window: u64) -> ScanResult {
         let images = [SegmentImage { id, bytes: file }];
-        scan(images, base, base, window)
+        scan(images, base, base, window, 0)
     }
 
     #[test]
@@ -647,7 +733,7 @@ mod tests {
                 id: spare_id,
                 bytes: spare,
             }]);
-        let r = scan(images, 0, 0, 1);
+        let r = scan(images, 0, 0, 1, 0);
         assert_eq!(r.entries.len(), 100);
         assert!(r.torn_tail.is_none(), "{:?}", r.torn_tail);
         assert!(r.corruption.is_empty(), "{:?}", r.corruption);

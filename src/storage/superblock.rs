@@ -30,6 +30,12 @@ pub struct Superblock {
     /// Batches that may be in flight at once; recovery needs it to tell a
     /// torn tail from corruption.
     pub flushes_in_flight_max: u32,
+    /// The sequence number of the first batch the log's current life
+    /// writes (0: not recorded, a superblock from before it was). Batches
+    /// below it were read back whole when this life opened, so damage in
+    /// them is corruption, never a torn tail, whatever the window says
+    /// (the window may have been smaller when they were written).
+    pub life_start_seq: u64,
 }
 
 impl Superblock {
@@ -50,7 +56,11 @@ impl Superblock {
         }
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
-        b.extend_from_slice(&[0u8; 12]);
+        // Added later, after the first checksum, with one of its own: a
+        // copy written before holds zeros here, which fail it.
+        b.extend_from_slice(&self.life_start_seq.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(b.len(), SUPER_USED_BYTES);
         b.resize(BLOCK_BYTES, 0);
         b
@@ -67,7 +77,9 @@ impl Superblock {
             return None;
         }
         let vote = u64_at(24);
+        let life_recorded = crc32c::crc32c(&b[..68]) == u32_at(68);
         Some(Superblock {
+            life_start_seq: if life_recorded { u64_at(60) } else { 0 },
             flushes_in_flight_max: u32_at(4),
             seq: u64_at(8),
             hard_state: HardState {
@@ -172,9 +184,11 @@ pub fn decode_snapshot(b: &[u8]) -> Option<Snapshot> {
     })
 }
 
-/// Decodes a snapshot written at the start of a longer slot file (its
-/// length comes from its header); `None` if damaged.
-pub fn decode_snapshot_prefix(b: &[u8]) -> Option<Snapshot> {
+/// Bytes a snapshot file must hold (header, data, checksum), from the
+/// first `SNAPSHOT_HEADER_BYTES_MAX` bytes of it (or all, if fewer);
+/// `None` if that much does not parse.
+/// Nothing is checked but the lengths: `decode_snapshot` checks the rest.
+pub fn snapshot_total_bytes(b: &[u8]) -> Option<u64> {
     let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
     let (voters, learners) = (u32_at(20)? as usize, u32_at(24)? as usize);
     if voters.checked_add(learners)? > 1024 {
@@ -182,9 +196,17 @@ pub fn decode_snapshot_prefix(b: &[u8]) -> Option<Snapshot> {
     }
     let len_at = 28 + 8 * (voters + learners);
     let len = u64::from_le_bytes(b.get(len_at..len_at + 8)?.try_into().ok()?);
-    let total = (len_at as u64 + 8).checked_add(len)?.checked_add(4)?;
-    decode_snapshot(b.get(..usize::try_from(total).ok()?)?)
+    (len_at as u64 + 8).checked_add(len)?.checked_add(4)
 }
+
+/// The index a snapshot file's header names, if it has one.
+pub fn snapshot_header_index(b: &[u8]) -> Option<u64> {
+    (b.get(..4)? == SNAP_MAGIC.to_le_bytes()).then_some(())?;
+    Some(u64::from_le_bytes(b.get(4..12)?.try_into().ok()?))
+}
+
+/// The longest snapshot header (1024 members, the most accepted).
+pub const SNAPSHOT_HEADER_BYTES_MAX: usize = 28 + 8 * 1024 + 8;
 
 #[cfg(test)]
 mod tests {
@@ -220,6 +242,22 @@ mod tests {
         slots[new.slot_offset() as usize / BLOCK_BYTES] = new.encode();
         assert_eq!(Superblock::pick(&slots[0], &slots[1]), Some(new));
         assert_eq!(Superblock::pick(&[0u8; 100], &[0u8; 100]), None);
+    }
+
+    #[test]
+    fn life_start_survives_a_roundtrip_and_reads_as_zero_from_an_older_copy() {
+        let sb = Superblock {
+            seq: 9,
+            life_start_seq: 1234,
+            ..Superblock::default()
+        };
+        assert_eq!(Superblock::decode(&sb.encode()), Some(sb));
+        // A copy written before the field: zeros after the first checksum.
+        let mut older = sb.encode();
+        older[60..72].fill(0);
+        let decoded = Superblock::decode(&older).expect("still valid");
+        assert_eq!(decoded.life_start_seq, 0);
+        assert_eq!(decoded.seq, 9);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::state::dedup::{
 };
 use crate::state::query::{decode_command_entry, encode_command_entry};
 use crate::state::{Command, Error as StateError, Outcome, StateMachine};
-use crate::storage::{Wal, WalError};
+use crate::storage::{LogDir, Wal, WalError};
 use crate::transport::GroupId;
 use std::collections::BTreeSet;
 
@@ -74,7 +74,7 @@ enum WaiterAnswer {
     State(Result<Outcome, ProposeError>),
 }
 
-impl<H: Host> Replica<H> {
+impl<D: LogDir, H: Host> Replica<D, H> {
     /// Proposes a client append with its client id and sequence number:
     /// applied once however often it is retried; the reply is the index
     /// it was applied at (the original one for a retry).
@@ -209,6 +209,7 @@ impl<H: Host> Replica<H> {
             e.index,
             self.applied
         );
+        self.note(|| super::tap::Note::Applied { entry: e.clone() });
         self.applied = e.index;
         let mut outcome = WaiterAnswer::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
@@ -413,9 +414,9 @@ pub(super) fn stored_missing(group: GroupId, index: Index) -> ProposeError {
 /// The payload of the log entry at an index: from Raft's log in memory,
 /// else read back from the segments (entries below the snapshot that the
 /// state refers to).
-pub(super) fn payload_at<'a>(
+pub(super) fn payload_at<'a, D: LogDir>(
     raft: &'a Raft,
-    wal: &'a mut Wal,
+    wal: &'a mut Wal<D>,
 ) -> impl FnMut(Index) -> Option<Vec<u8>> + 'a {
     move |i| match raft.entry(i) {
         // Only the payload is copied, not the entry.

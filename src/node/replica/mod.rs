@@ -24,6 +24,7 @@
 mod machine;
 mod reads;
 mod snapshot;
+pub(crate) mod tap;
 #[cfg(test)]
 mod tests;
 
@@ -39,17 +40,18 @@ use crate::consensus::{Entry, Index, Message, NodeId, Raft, RestoredState, Role,
 use crate::heartbeat::GroupStatus;
 use crate::state::dedup::DedupTable;
 use crate::state::{Query, StateMachine};
-use crate::storage::{DiskState, Ticket, Wal, WalError};
+use crate::storage::{DiskState, LogDir, OsDir, Ticket, Wal, WalError};
 use crate::transport::GroupId;
 use machine::Waiter;
 use reads::LinearRead;
 use snapshot::{ImageJob, SnapshotJob, SnapshotWritten};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use tap::{GlueBug, Note};
 
 /// The largest entry payload a group proposes: one its log stores (the
 /// WAL's limit counts the entry's header too) and one AppendEntries
 /// message of at most `message_bytes_max` carries (with the envelope byte).
-fn entry_bytes_max(wal: &Wal, message_bytes_max: usize) -> usize {
+fn entry_bytes_max<D: LogDir>(wal: &Wal<D>, message_bytes_max: usize) -> usize {
     let stored = wal
         .entry_bytes_max()
         .saturating_sub(crate::consensus::ENTRY_OVERHEAD_BYTES);
@@ -60,14 +62,13 @@ fn entry_bytes_max(wal: &Wal, message_bytes_max: usize) -> usize {
 
 /// One group on this node.
 ///
-/// Generic over its host (`H`: clock, helper jobs, seeds), which the
-/// daemon leaves at `OsHost`. The log is the other seam: `wal` becomes a
-/// `Wal<D>` over a directory `D: LogDir`, which joins as the first type
-/// parameter (`Replica<D = OsDir, H = OsHost>`, issue 18 plan step 3).
-pub(crate) struct Replica<H: Host = OsHost> {
+/// Generic over its log's directory (`D`: a real one, or a simulated
+/// device's) and its host (`H`: clock, helper jobs, seeds); the daemon
+/// leaves both at their defaults, the simulator supplies its own.
+pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     pub(crate) group: GroupId,
     pub(crate) raft: Raft,
-    pub(crate) wal: Wal,
+    pub(crate) wal: Wal<D>,
     /// The process around it: every clock read, helper job and seed.
     host: H,
     /// Messages that leave once the ticket is durable.
@@ -128,9 +129,13 @@ pub(crate) struct Replica<H: Host = OsHost> {
     /// and one transport message carries. Larger requests are refused
     /// before they are proposed (`ProposeError::TooLarge`).
     entry_bytes_max: usize,
+    /// What this replica did, for a simulator's checkers (`None`: off).
+    pub(crate) tap: Option<Vec<Note>>,
+    /// A bug a simulator planted (`None` in the daemon).
+    pub(crate) planted: Option<GlueBug>,
 }
 
-impl<H: Host> Replica<H> {
+impl<D: LogDir, H: Host> Replica<D, H> {
     /// Opens the replica of group `g` of node `spec` on its log, just
     /// opened, which recovered `restored`: Raft restarts from it (with an
     /// election jitter seeded by the host), the state from its snapshot
@@ -139,7 +144,7 @@ impl<H: Host> Replica<H> {
     pub(crate) fn open(
         spec: &NodeSpec,
         g: &GroupSpec,
-        wal: Wal,
+        wal: Wal<D>,
         restored: RestoredState,
         now_ms: u64,
         host: H,
@@ -169,7 +174,7 @@ impl<H: Host> Replica<H> {
     pub(crate) fn new(
         group: GroupId,
         raft: Raft,
-        wal: Wal,
+        wal: Wal<D>,
         now_ms: u64,
         message_bytes_max: usize,
         host: H,
@@ -206,6 +211,15 @@ impl<H: Host> Replica<H> {
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
             image_job: None,
+            tap: None,
+            planted: None,
+        }
+    }
+
+    /// Records `note` if a tap is on.
+    pub(super) fn note(&mut self, note: impl FnOnce() -> Note) {
+        if let Some(tap) = &mut self.tap {
+            tap.push(note());
         }
     }
 
@@ -273,7 +287,8 @@ impl<H: Host> Replica<H> {
                 // Tickets only grow, so the held queue is in ticket order
                 // and `pump` releases it from the front.
                 assert!(self.held.back().is_none_or(|(t, _)| *t <= ticket));
-                if self.wal.durable_ticket() >= ticket {
+                let early = self.planted == Some(GlueBug::ReleaseBeforeDurable);
+                if self.wal.durable_ticket() >= ticket || early {
                     out.extend(rd.messages_after_persist);
                 } else {
                     self.held.push_back((ticket, rd.messages_after_persist));
@@ -288,6 +303,7 @@ impl<H: Host> Replica<H> {
                     self.stop(why);
                     return false;
                 }
+                self.note(|| Note::Restored { index: s.index });
             }
             for e in rd.committed {
                 self.apply(&e);
@@ -336,6 +352,9 @@ impl<H: Host> Replica<H> {
             }
             self.snapshot_written = None;
             self.wal.install_snapshot(s, below)?;
+            self.note(|| Note::Installed {
+                snapshot: s.clone(),
+            });
             self.reported = (s.index, s.term);
             self.raft.persisted(s.index, s.term);
         }
@@ -344,6 +363,14 @@ impl<H: Host> Replica<H> {
         }
         if let Some(hs) = hard_state {
             ticket = ticket.max(self.wal.set_hard_state(hs)?);
+        }
+        if truncate_from.is_some() || !entries.is_empty() || hard_state.is_some() {
+            self.note(|| Note::Wrote {
+                ticket,
+                truncate_from,
+                entries: entries.to_vec(),
+                hard_state,
+            });
         }
         Ok(ticket)
     }
@@ -421,6 +448,7 @@ impl<H: Host> Replica<H> {
             reply(Err(ProposeError::LogStopped(why.clone())));
         }
         self.held.clear();
+        self.note(|| Note::Stopped);
         self.stopped = Some(why);
     }
 

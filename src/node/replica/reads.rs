@@ -14,6 +14,7 @@ use crate::consensus::{Index, Payload, Role, Term};
 use crate::state::dedup::decode_client_entry;
 use crate::state::query::decode_command_entry;
 use crate::state::{Answer, Query};
+use crate::storage::LogDir;
 
 /// A read waiting for its read-index round (thesis §6.4), then for the
 /// applied index to reach the commit index the round saw: a state-machine
@@ -42,7 +43,7 @@ impl LinearRead {
     }
 }
 
-impl<H: Host> Replica<H> {
+impl<D: LogDir, H: Host> Replica<D, H> {
     /// Answers `query` linearizably: a read-index round confirms this node
     /// still leads, then the query waits until the state has applied
     /// everything committed when it arrived (Raft thesis §6.4). A ledger

@@ -16,7 +16,7 @@ use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
 use super::Replica;
 use crate::consensus::Index;
-use crate::storage::WalError;
+use crate::storage::{LogDir, WalError};
 
 /// A snapshot written by the helper thread: the snapshot, its bytes, and
 /// the lowest log index its state refers to.
@@ -37,7 +37,7 @@ pub(super) struct SnapshotJob {
     pub(super) done: Box<dyn Offloaded<Result<SnapshotWritten, WalError>>>,
 }
 
-impl<H: Host> Replica<H> {
+impl<D: LogDir, H: Host> Replica<D, H> {
     /// Takes a snapshot at least every `interval_ms`, the first one at a
     /// random point (from `seed`) between half and one and a half
     /// intervals from `now_ms`: replicas started together do not all
@@ -99,6 +99,8 @@ impl<H: Host> Replica<H> {
                         self.stop(format!("{e}"));
                         return;
                     }
+                    let ticket = self.wal.current_ticket();
+                    self.note(|| super::tap::Note::Adopted { index, ticket });
                     let s = &mut self.snapshot_stats;
                     s.taken += 1;
                     s.last_index = index;
@@ -124,7 +126,7 @@ impl<H: Host> Replica<H> {
         let (index, hash) = (self.applied, self.applied_hash);
         let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
         let capture_us = self.host.now_us().saturating_sub(started_us);
-        let slot = self.wal.free_snapshot_slot();
+        let (dir, slot) = (self.wal.dir().clone(), self.wal.free_slot_name());
         let name = format!("quire-snap-g{}", self.group);
         let offloaded = self.host.offload(name, true, move || {
             let mut data = hash.to_le_bytes().to_vec();
@@ -138,7 +140,7 @@ impl<H: Host> Replica<H> {
                 membership,
                 data,
             };
-            crate::storage::write_snapshot_file(&slot, &snap).map(|()| (snap, bytes, keep_from))
+            crate::storage::write_snapshot_in(&dir, &slot, &snap).map(|()| (snap, bytes, keep_from))
         });
         let Ok(done) = offloaded else {
             self.snapshot_stats.failed += 1;
@@ -192,19 +194,22 @@ impl<H: Host> Replica<H> {
             }
         };
         let name = format!("quire-image-g{}", self.group);
+        let dir = self.wal.dir().clone();
         let offloaded = self.host.offload(name, true, move || {
             let entries = match &located {
                 None => Ok(Vec::new()),
-                Some((from, l)) => crate::storage::read_located(l, *from, index).and_then(|es| {
-                    if es.len() as u64 == index + 1 - from {
-                        Ok(es)
-                    } else {
-                        Err(WalError::Invalid(format!(
-                            "{} of the entries {from}..={index} read",
-                            es.len()
-                        )))
-                    }
-                }),
+                Some((from, l)) => {
+                    crate::storage::read_located(&dir, l, *from, index).and_then(|es| {
+                        if es.len() as u64 == index + 1 - from {
+                            Ok(es)
+                        } else {
+                            Err(WalError::Invalid(format!(
+                                "{} of the entries {from}..={index} read",
+                                es.len()
+                            )))
+                        }
+                    })
+                }
             };
             entries.map(|es| crate::consensus::encode_image(&meta, &es))
         });

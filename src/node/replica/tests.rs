@@ -6,7 +6,6 @@
 //! write is durable, and a snapshot is adopted only once its job ran and
 //! the log is durable up to it.
 
-use super::super::host::manual::ManualHost;
 use super::super::host::Host;
 use super::Replica;
 use crate::consensus::{
@@ -14,7 +13,8 @@ use crate::consensus::{
     Snapshot,
 };
 use crate::io::BackendChoice;
-use crate::storage::{Wal, WalConfig};
+use crate::sim::host::ManualHost;
+use crate::storage::{OsDir, Wal, WalConfig};
 use std::path::Path;
 
 /// The group the tests run.
@@ -32,7 +32,12 @@ fn wal_config() -> WalConfig {
 }
 
 /// Node `id`'s replica of `GROUP` with `voters`, on a new log in `dir`.
-fn replica(dir: &Path, id: NodeId, voters: Vec<NodeId>, host: &ManualHost) -> Replica<ManualHost> {
+fn replica(
+    dir: &Path,
+    id: NodeId,
+    voters: Vec<NodeId>,
+    host: &ManualHost,
+) -> Replica<OsDir, ManualHost> {
     let (wal, report) = Wal::open(dir, wal_config()).expect("open the log");
     let raft = Raft::restore(RaftConfig::new(id, voters), 1, 0, report.restored).expect("raft");
     Replica::new(GROUP, raft, wal, 0, 1 << 20, host.clone())
@@ -40,7 +45,7 @@ fn replica(dir: &Path, id: NodeId, voters: Vec<NodeId>, host: &ManualHost) -> Re
 
 /// Drives until the WAL has nothing left to flush and Raft nothing to
 /// say, making every write durable between turns (the disk keeps up).
-fn settle(r: &mut Replica<ManualHost>, now_ms: u64, out: &mut Vec<Message>) {
+fn settle(r: &mut Replica<OsDir, ManualHost>, now_ms: u64, out: &mut Vec<Message>) {
     for _ in 0..8 {
         r.drive(now_ms, out);
         r.wal.sync().expect("sync");
@@ -49,7 +54,7 @@ fn settle(r: &mut Replica<ManualHost>, now_ms: u64, out: &mut Vec<Message>) {
 }
 
 /// A single-voter replica that leads, with `n` entries applied.
-fn leader_with(dir: &Path, host: &ManualHost, n: usize) -> Replica<ManualHost> {
+fn leader_with(dir: &Path, host: &ManualHost, n: usize) -> Replica<OsDir, ManualHost> {
     let mut r = replica(dir, 1, vec![1], host);
     let mut out = Vec::new();
     r.raft.campaign();

@@ -160,6 +160,15 @@ impl<D: LogDir> Wal<D> {
         self.next_ticket - 1
     }
 
+    /// The lowest ticket whose batch is queued and not yet handed to the
+    /// device (a simulator's oracle: tickets below it and below the
+    /// device's oldest unsynced request are durable).
+    pub fn oldest_unsubmitted_ticket(&self) -> Option<Ticket> {
+        let sealed = self.sealed.front().map(|s| s.ticket);
+        let open = self.open_batch.as_ref().map(|s| s.ticket);
+        sealed.into_iter().chain(open).min()
+    }
+
     pub(super) fn start_batch_at(&mut self, first_index: Index) {
         if let Some(b) = self.open_batch.take() {
             self.sealed.push_back(b);

@@ -123,7 +123,19 @@ impl<D: LogDir> Wal<D> {
         } else {
             window
         };
-        let found = scan(images, sb.snapshot_index, sb.hard_state.commit, window);
+        // Planted: nothing is known to be older than the last life either.
+        let life_start = if cfg.planted_truncate_on_corruption {
+            0
+        } else {
+            sb.life_start_seq
+        };
+        let found = scan(
+            images,
+            sb.snapshot_index,
+            sb.hard_state.commit,
+            window,
+            life_start,
+        );
         if let Some(e) = read_error {
             return Err(e);
         }
@@ -178,9 +190,12 @@ impl<D: LogDir> Wal<D> {
             direct,
             _lock: lock,
             sb_file,
-            sb_dirty: fresh || sb.flushes_in_flight_max != cfg.flushes_in_flight_max,
+            // Always: the superblock records where this life starts (with
+            // the first flush, ahead of its batch).
+            sb_dirty: true,
             sb: Superblock {
                 flushes_in_flight_max: cfg.flushes_in_flight_max,
+                life_start_seq: found.last_seq + 1,
                 ..sb
             },
             segments,

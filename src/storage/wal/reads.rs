@@ -6,8 +6,6 @@ use crate::consensus::{Entry, Index};
 use crate::io::{AlignedBuf, IoOp, IoRequest};
 use crate::storage::format::{align_up, decode_batch};
 use crate::storage::recovery::BatchLocation;
-use std::fs::File;
-use std::path::{Path, PathBuf};
 
 impl<D: LogDir> Wal<D> {
     /// Keeps the index in log order: a batch replaces everything from its
@@ -45,9 +43,9 @@ impl<D: LogDir> Wal<D> {
         self.batch_at(index).is_some()
     }
 
-    /// Where the durable entries `lo..=hi` are: each batch's file and
-    /// place, for [`read_located`] to read them on another thread.
-    pub fn locate(&self, lo: Index, hi: Index) -> Result<Vec<(PathBuf, BatchLocation)>, WalError> {
+    /// Where the durable entries `lo..=hi` are: each batch's segment file
+    /// and place, for [`read_located`] to read them on another thread.
+    pub fn locate(&self, lo: Index, hi: Index) -> Result<Vec<(String, BatchLocation)>, WalError> {
         if hi > self.durable.0 {
             return Err(WalError::Invalid(format!("index {hi} is not durable")));
         }
@@ -55,14 +53,16 @@ impl<D: LogDir> Wal<D> {
         let mut i = lo;
         while i <= hi {
             let loc = self.batch_at_or_err(i)?;
-            let name = segment_name(loc.segment);
-            let path = self.dir.path_of(&name).ok_or_else(|| {
-                WalError::Invalid(format!("{} has no paths to read from", self.dir.describe()))
-            })?;
-            out.push((path, loc));
+            out.push((segment_name(loc.segment), loc));
             i = loc.first_index + loc.count;
         }
         Ok(out)
+    }
+
+    /// The directory the log is in (a reader on another thread opens the
+    /// files [`Wal::locate`] names in a clone of it).
+    pub fn dir(&self) -> &D {
+        &self.dir
     }
 
     /// Entries `lo..=hi` that are durable, read from the segments through
@@ -144,27 +144,29 @@ impl<D: LogDir> Wal<D> {
     }
 }
 
-/// Reads the entries `lo..=hi` from the batches [`Wal::locate`] named,
-/// with plain file reads, on any thread. A batch that no longer holds what
-/// was located (its segment was trimmed and reused meanwhile) is an error,
-/// never other entries.
-pub fn read_located(
-    located: &[(PathBuf, BatchLocation)],
+/// Reads the entries `lo..=hi` from the batches [`Wal::locate`] named in
+/// `dir` (the log's, or a clone of it), with plain reads, on any thread.
+/// A batch that no longer holds what was located (its segment was trimmed
+/// and reused meanwhile) is an error, never other entries.
+pub fn read_located<D: LogDir>(
+    dir: &D,
+    located: &[(String, BatchLocation)],
     lo: Index,
     hi: Index,
 ) -> Result<Vec<Entry>, WalError> {
-    use std::os::unix::fs::FileExt;
     let mut out = Vec::new();
-    let mut open: Option<(&Path, File)> = None;
-    for (path, loc) in located {
-        if open.as_ref().is_none_or(|(p, _)| p != path) {
-            let f = File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
-            open = Some((path, f));
+    let mut open: Option<(&str, D::File)> = None;
+    for (name, loc) in located {
+        if open.as_ref().is_none_or(|(n, _)| n != name) {
+            let f = dir
+                .open_existing(name)
+                .map_err(io_err(format!("opening {name} in {}", dir.describe())))?;
+            open = Some((name, f));
         }
         let (_, f) = open.as_ref().expect("just opened");
         let mut buf = vec![0u8; loc.disk_bytes as usize];
-        f.read_exact_at(&mut buf, loc.offset)
-            .map_err(io_err(format!("reading {}", path.display())))?;
+        f.read_at(&mut buf, loc.offset)
+            .map_err(io_err(format!("reading {name} in {}", dir.describe())))?;
         let moved = || {
             WalError::Corrupt(format!(
                 "segment {} offset {} no longer holds entries from {}",
@@ -216,8 +218,8 @@ mod tests {
         append_durably(&mut wal, 30);
         let located = wal.locate(5, 25).unwrap();
         let read = std::thread::spawn({
-            let located = located.clone();
-            move || read_located(&located, 5, 25)
+            let (located, dir) = (located.clone(), wal.dir().clone());
+            move || read_located(&dir, &located, 5, 25)
         })
         .join()
         .unwrap()
@@ -225,9 +227,9 @@ mod tests {
         assert_eq!(indexes(&read), (5..=25).collect::<Vec<_>>());
         // The same place holding another batch (a reused segment) is
         // refused, never read as other entries.
-        let (path, mut loc) = located[0].clone();
+        let (name, mut loc) = located[0].clone();
         loc.seq += 1000;
-        let err = read_located(&[(path, loc)], 5, 25).expect_err("refused");
+        let err = read_located(wal.dir(), &[(name, loc)], 5, 25).expect_err("refused");
         assert!(matches!(err, WalError::Corrupt(_)), "{err}");
     }
 }

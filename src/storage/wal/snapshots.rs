@@ -4,7 +4,10 @@
 use super::*;
 use crate::consensus::{Entry, Index, Snapshot, Term};
 use crate::storage::dir::{LogDir, LogFile, OsDir};
-use crate::storage::superblock::{decode_snapshot, decode_snapshot_prefix, snapshot_header};
+use crate::storage::superblock::{
+    decode_snapshot, snapshot_header, snapshot_header_index, snapshot_total_bytes,
+    SNAPSHOT_HEADER_BYTES_MAX,
+};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -104,10 +107,32 @@ pub(super) fn read_snapshot<D: LogDir>(
         )),
     };
     for slot in 0..2u8 {
-        let Some(bytes) = read(&slot_name(slot))? else {
+        // A slot is grown to twice what it holds: read its header, then
+        // only the snapshot it names, not the whole slot.
+        let name = slot_name(slot);
+        let file = match dir.open_existing(&name) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(WalError::Io(
+                    format!("opening {}/{name}", dir.describe()),
+                    e,
+                ))
+            }
+        };
+        let reading = |e| WalError::Io(format!("reading {}/{name}", dir.describe()), e);
+        let size = file.size_bytes().map_err(reading)?;
+        let mut head = vec![0u8; (SNAPSHOT_HEADER_BYTES_MAX as u64).min(size) as usize];
+        file.read_at(&mut head, 0).map_err(reading)?;
+        if snapshot_header_index(&head) != Some(index) {
+            continue;
+        }
+        let Some(total) = snapshot_total_bytes(&head).filter(|&t| t <= size) else {
             continue;
         };
-        if let Some(s) = decode_snapshot_prefix(&bytes).filter(|s| s.index == index) {
+        let mut bytes = vec![0u8; total as usize];
+        file.read_at(&mut bytes, 0).map_err(reading)?;
+        if let Some(s) = decode_snapshot(&bytes).filter(|s| s.index == index) {
             return Ok(Some((s, Some(slot))));
         }
     }

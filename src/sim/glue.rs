@@ -1,0 +1,586 @@
+//! The production glue under the seed (`Glue::Node`): each group's
+//! replica on each simulated node is `node::replica::Replica`, the one
+//! `quired` runs, over the real `storage::Wal` on a simulated device
+//! (`device::SimDir`) and a host whose jobs run when the seed says
+//! (`ManualHost`). The world only schedules: it ticks and steps Raft,
+//! drives the replica, sends what it releases, wakes it when its device
+//! completes a request or a snapshot job is due.
+//!
+//! The oracle never asks the WAL what is durable. The replica's tap
+//! reports what it asked its log to write under which ticket; the device
+//! reports which flushes it really synced ([`SimDir::oldest_unsynced_token`]).
+//! A write is in the node's *shadow* (`disk::Durable`, what the checkers
+//! hold the node to) once every flush up to its ticket is synced on the
+//! device and none is still queued in the WAL. At a restart the real
+//! recovery's result is compared with the shadow
+//! (`acknowledged-survives-recovery`), then the shadow starts from it.
+
+use super::checker::Violation;
+use super::device::{Latency, SimDir};
+use super::disk::{DiskOp, Durable};
+use super::host::ManualHost;
+use super::trace::{chain, What};
+use super::world::{Event, World};
+use crate::consensus::{Index, RestoredState, Role, Term};
+use crate::node::replica::tap::{GlueBug, Note};
+use crate::node::replica::Replica;
+use crate::node::ProposeError;
+use crate::storage::{Wal, WalConfig};
+use rand::Rng;
+
+/// One group's production replica on one simulated node, with what the
+/// world keeps beside it.
+pub(crate) struct Hosted {
+    pub(crate) replica: Replica<SimDir, ManualHost>,
+    host: ManualHost,
+    /// Last term in which it was seen leading.
+    led_term: Term,
+    /// Chain hash of what it applied (see `trace::chain`).
+    chain: u64,
+    /// When a wake-up for the device or the jobs is already scheduled.
+    device_wake_ms: Option<u64>,
+    jobs_wake_ms: Option<u64>,
+    /// The log's `flushes_in_flight_max`: damage must lie further back
+    /// than this many flushes from the end, or recovery rightly takes it
+    /// for a torn tail.
+    window: u64,
+}
+
+/// A client append waiting for its answer from a production replica.
+pub(crate) struct Answer {
+    pub(crate) client: usize,
+    pub(crate) op: u64,
+    pub(crate) result: Result<Index, ProposeError>,
+}
+
+/// The answers replies put here, drained by the world after each drive.
+pub(crate) type Answers = std::sync::Arc<std::sync::Mutex<Vec<Answer>>>;
+
+/// The log's config under the simulator: small segments and batches, so
+/// a run rolls, recycles and trims segments many times.
+fn wal_config(w: &mut World) -> WalConfig {
+    WalConfig {
+        segment_bytes: 64 << 10,
+        flush_bytes_max: w.rng.gen_range(2..=16) << 10,
+        flushes_in_flight_max: w.rng.gen_range(1..=3),
+        direct_io: false,
+        read_cache_bytes: 64 << 10,
+        segments_recycled_max: 2,
+        planted_truncate_on_corruption: w.opts.glue_bug == Some(GlueBug::TruncateOnCorruption),
+        ..WalConfig::default()
+    }
+}
+
+impl World {
+    /// The device holding group `g`'s log on node `n`, set up from the seed.
+    pub(crate) fn new_device(&mut self, n: usize, g: usize) -> SimDir {
+        let dir = SimDir::new(&format!("n{}/g{g}", n + 1), self.rng.gen());
+        dir.set_latency(Some(Latency {
+            min_us: self.p.disk_latency_min_ms * 1000,
+            jitter_us: self.p.disk_jitter_ms * 1000,
+            spike_probability: self.p.disk_spike_probability,
+            spike_us_max: 200_000,
+        }));
+        dir
+    }
+
+    /// Opens group `g`'s replica on node `n` from its device: the real
+    /// recovery, checked against the shadow, then the replica.
+    pub(crate) fn start_hosted(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        if self.nodes[n].hosted[g].is_some() {
+            return Ok(());
+        }
+        let dir = self.nodes[n].devices[g].clone();
+        dir.set_now_us(self.now * 1000);
+        let cfg = wal_config(self);
+        let window = u64::from(cfg.flushes_in_flight_max);
+        let (wal, report) = Wal::open_in(dir, cfg).map_err(|e| Violation {
+            invariant: "log-reopens",
+            detail: format!("n{} g{g}: the log does not reopen: {e}", n + 1),
+        })?;
+        self.recovered_against_shadow(n, g, &report.restored)?;
+        let restored = report.restored;
+        let snapshot = restored.snapshot.clone();
+        let host = ManualHost::seeded(self.rng.gen());
+        host.set_now_us(self.now * 1000);
+        let mut cfg = self.raft_config(n, g);
+        cfg.snapshot_with_entries = true;
+        let raft = crate::consensus::Raft::restore(cfg, self.rng.gen(), self.now, restored)
+            .expect("the simulator draws valid timers and limits");
+        let mut replica = Replica::new(g as u32, raft, wal, self.now, 1 << 20, host.clone());
+        let mut chain = 0;
+        if let Some(s) = &snapshot {
+            if !replica.restore_state(s.index, &s.data) {
+                return Err(Violation {
+                    invariant: "log-reopens",
+                    detail: format!(
+                        "n{} g{g}: the snapshot at {} does not decode",
+                        n + 1,
+                        s.index
+                    ),
+                });
+            }
+            replica.check_stored_entries();
+            chain = self.chain_or_fail(g, s.index)?;
+        }
+        replica.tap = Some(Vec::new());
+        replica.planted = self.opts.glue_bug;
+        self.nodes[n].hosted[g] = Some(Hosted {
+            replica,
+            host,
+            led_term: 0,
+            chain,
+            device_wake_ms: None,
+            jobs_wake_ms: None,
+            window,
+        });
+        Ok(())
+    }
+
+    /// Where bit rot may strike group `g`'s log on node `n` so that
+    /// recovery can tell it from a torn tail: a synced batch above the
+    /// snapshot followed by a durable batch more than the in-flight
+    /// window later. Returns the segment file, a byte inside the batch,
+    /// and the batch's first index.
+    pub(crate) fn rot_target(&mut self, n: usize, g: usize) -> Option<(String, u64, Index)> {
+        let h = self.nodes[n].hosted[g].as_ref()?;
+        let (lo, hi) = (h.replica.raft.first_index(), h.replica.wal.durable().0);
+        if lo > hi {
+            return None;
+        }
+        let located = h.replica.wal.locate(lo, hi).ok()?;
+        let last_seq = located.last()?.1.seq;
+        let window = h.window;
+        let candidates: Vec<_> = located
+            .into_iter()
+            .filter(|(_, l)| l.seq + window < last_seq && l.count > 0)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let (name, loc) = candidates[self.rng.gen_range(0..candidates.len())].clone();
+        // Past the batch header, inside its entries.
+        let at = loc.offset + self.rng.gen_range(64..loc.disk_bytes.max(65));
+        Some((name, at, loc.first_index))
+    }
+
+    /// Rots one byte of group `g`'s log on node `n` (after a crash): the
+    /// next recovery finds it, and the shadow expects repair from `from`.
+    pub(crate) fn rot(&mut self, n: usize, g: usize, (name, at, from): (String, u64, Index)) {
+        let dev = &self.nodes[n].devices[g];
+        let Some(byte) = dev
+            .contents(&name)
+            .and_then(|b| b.get(at as usize).copied())
+        else {
+            return;
+        };
+        dev.rot(&name, at, &[byte ^ 0x5a]);
+        self.faults.corruptions += 1;
+        self.record(n, g, What::Fault("bit-rot"));
+        self.nodes[n].disks[g].durable.damage_from(from);
+    }
+
+    fn chain_or_fail(&self, g: usize, index: Index) -> Result<u64, Violation> {
+        self.checker.chain_at(g, index).ok_or_else(|| Violation {
+            invariant: "state-machine-safety",
+            detail: format!("group {g}: a snapshot at {index} that no node applied up to"),
+        })
+    }
+
+    /// Acknowledged survives recovery: everything the shadow holds (the
+    /// device synced it) is in what recovery returned, unless a write
+    /// lost in the crash legitimately replaced it. Then the shadow starts
+    /// from what recovery returned.
+    fn recovered_against_shadow(
+        &mut self,
+        n: usize,
+        g: usize,
+        r: &RestoredState,
+    ) -> Result<(), Violation> {
+        let id = n as u64 + 1;
+        let disk = &self.nodes[n].disks[g];
+        let shadow = &disk.durable;
+        let replaced_from = disk.lost_rewrite_from;
+        let fail = |what: String| {
+            Err(Violation {
+                invariant: "acknowledged-survives-recovery",
+                detail: format!("group {g}: n{id} {what}"),
+            })
+        };
+        let hs = r.hard_state;
+        let (sterm, svote) = (shadow.hard_state.term, shadow.hard_state.vote);
+        if hs.term < sterm || (hs.term == sterm && svote.is_some() && hs.vote != svote) {
+            return fail(format!(
+                "recovered term {} vote {:?}, after term {sterm} vote {svote:?} was durable",
+                hs.term, hs.vote
+            ));
+        }
+        let r_base = r.snapshot.as_ref().map_or(0, |s| s.index);
+        let r_last = r.entries.last().map_or(r_base, |e| e.index);
+        let (s_base, _) = shadow.base();
+        let s_last = shadow.last_index();
+        // Rot the simulator planted, or found before and not yet repaired:
+        // recovery must report it for repair (`repair_until`), never drop
+        // what follows it silently.
+        let damaged_from = shadow
+            .latent_damage
+            .into_iter()
+            .chain(shadow.damaged.iter().map(|&(i, _)| i))
+            .min();
+        let repairing = |i: Index| {
+            damaged_from.is_some_and(|d| i >= d) && r.repair_until.is_some_and(|u| i <= u)
+        };
+        for (k, e) in shadow.entries.iter().enumerate() {
+            let i = s_base + 1 + k as u64;
+            if i <= r_base || replaced_from.is_some_and(|f| i >= f) || repairing(i) {
+                continue;
+            }
+            let held = r
+                .entries
+                .get((i - r_base - 1) as usize)
+                .is_some_and(|x| x.index == i && x.term == e.term);
+            if !held {
+                return fail(format!(
+                    "recovered its log up to {r_last} without entry {i} (term {}), durable before",
+                    e.term
+                ));
+            }
+        }
+        if r_last < s_last && replaced_from.is_none_or(|f| f > r_last + 1) && !repairing(s_last) {
+            return fail(format!(
+                "recovered its log up to {r_last}, durable up to {s_last} before"
+            ));
+        }
+        let before_commit = shadow.hard_state.commit;
+        // The shadow starts again from what recovery found.
+        let base_chain = match &r.snapshot {
+            Some(s) => Some(self.chain_or_fail(g, s.index)?),
+            None => None,
+        };
+        // Entries recovery could not read stay on the platter: counted
+        // as held (with their prefixes) until the node fetches them again.
+        let mut damaged: Vec<(Index, u64)> = shadow
+            .entries
+            .iter()
+            .zip(&shadow.prefix)
+            .map(|(e, &p)| (e.index, p))
+            .filter(|&(i, _)| i > r_last && repairing(i))
+            .collect();
+        for &(i, p) in &shadow.damaged {
+            if i > r_last && repairing(i) && !damaged.iter().any(|&(j, _)| j == i) {
+                damaged.push((i, p));
+            }
+        }
+        let mut fresh = Durable {
+            hard_state: r.hard_state,
+            snapshot: r.snapshot.clone(),
+            base_chain,
+            repair_until: r.repair_until,
+            damaged,
+            ..Durable::default()
+        };
+        let mut prev = fresh.base().1;
+        for e in &r.entries {
+            prev = chain(prev, e);
+            fresh.prefix.push(prev);
+            fresh.entries.push(e.clone());
+        }
+        let news: Vec<(Index, Term, u64)> = fresh
+            .entries
+            .iter()
+            .zip(&fresh.prefix)
+            .map(|(e, &p)| (e.index, e.term, p))
+            .collect();
+        let disk = &mut self.nodes[n].disks[g];
+        disk.durable = fresh;
+        disk.lost_rewrite_from = None;
+        for (index, term, prefix) in news {
+            self.checker.durable_entry(g, id, index, term, prefix)?;
+        }
+        // The commit rides lazily in batch headers, but what one recovery
+        // found, the next must find too, unless damage cut the log short
+        // (the commit is capped at what recovery can vouch for).
+        if damaged_from.is_some() {
+            return Ok(());
+        }
+        self.checker
+            .durable_commit(g, id, before_commit, r.hard_state.commit)
+    }
+
+    /// Group `g` stops on node `n` (its log failed, or the node crashed):
+    /// the replica goes, its device loses what it did not sync.
+    pub(crate) fn stop_hosted(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        let Some(h) = self.nodes[n].hosted[g].take() else {
+            return Ok(());
+        };
+        let stats = h.replica.raft.stats();
+        self.retired_elections += stats.elections_started;
+        self.retired_snapshots += stats.snapshots_sent;
+        drop(h);
+        self.nodes[n].devices[g].crash();
+        // A lost write that rewrote the log from an index may have reached
+        // the platter anyway: recovery may then hold its entries instead.
+        let lost = self.nodes[n].disks[g].take_volatile();
+        let rewrite = lost
+            .iter()
+            .filter_map(|op| match op {
+                DiskOp::Write {
+                    truncate_from,
+                    entries,
+                    ..
+                } => truncate_from.or(entries.first().map(|e| e.index)),
+                DiskOp::Compact { .. } => None,
+            })
+            .min();
+        let disk = &mut self.nodes[n].disks[g];
+        disk.lost_rewrite_from = match (disk.lost_rewrite_from, rewrite) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.abandon_clients_on(n, g);
+        let disks = super::world::durables(&self.nodes, g);
+        self.checker.confirmed_still_durable(g, &disks)
+    }
+
+    /// Runs group `g`'s replica on node `n`: due jobs, the Ready loop, the
+    /// notes its tap took, durability on the device, the messages it
+    /// released, the answers to clients; then schedules its next wake-up.
+    pub(crate) fn drive_hosted(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        let now = self.now;
+        self.nodes[n].devices[g].set_now_us(now * 1000);
+        let Some(h) = self.nodes[n].hosted[g].as_mut() else {
+            return Ok(());
+        };
+        h.host.set_now_us(now * 1000);
+        if h.jobs_wake_ms.is_some_and(|t| t <= now) {
+            h.jobs_wake_ms = None;
+            h.host.run_next();
+        }
+        if h.device_wake_ms.is_some_and(|t| t <= now) {
+            h.device_wake_ms = None;
+        }
+        let mut out = Vec::new();
+        h.replica.drive(now, &mut out);
+        let became_leader =
+            h.replica.raft.role() == Role::Leader && h.led_term != h.replica.raft.term();
+        if became_leader {
+            h.led_term = h.replica.raft.term();
+            let term = h.led_term;
+            self.leaders += 1;
+            self.record(n, g, What::BecameLeader { term });
+            self.checker.leader(g, term, n as u64 + 1)?;
+            let h = self.nodes[n].hosted[g].as_ref().expect("live");
+            self.checker.leader_complete(g, &h.replica.raft)?;
+        }
+        let stopped = self.take_notes(n, g)?;
+        self.advance_shadow(n, g)?;
+        for m in out {
+            self.send(g, m)?;
+        }
+        self.take_answers()?;
+        if stopped {
+            self.record(n, g, What::DiskEio);
+            return self.stop_hosted(n, g);
+        }
+        self.schedule_wakes(n, g);
+        Ok(())
+    }
+
+    /// Handles what the replica's tap noted; true if its log stopped.
+    fn take_notes(&mut self, n: usize, g: usize) -> Result<bool, Violation> {
+        let id = n as u64 + 1;
+        let h = self.nodes[n].hosted[g].as_mut().expect("live");
+        let notes = std::mem::take(h.replica.tap.as_mut().expect("tap on"));
+        let mut stopped = false;
+        for note in notes {
+            match note {
+                Note::Wrote {
+                    ticket,
+                    truncate_from,
+                    entries,
+                    hard_state,
+                } => {
+                    // The commit alone rides lazily in batch headers: the
+                    // shadow takes it from recovery, not from here.
+                    let disk = &mut self.nodes[n].disks[g];
+                    let hard_state = hard_state.map(|hs| crate::consensus::HardState {
+                        commit: disk.durable.hard_state.commit,
+                        ..hs
+                    });
+                    let op = DiskOp::Write {
+                        snapshot: None,
+                        snapshot_chain: None,
+                        snapshot_entries: Vec::new(),
+                        truncate_from,
+                        entries,
+                        hard_state,
+                    };
+                    disk.submit_as(ticket, op);
+                }
+                Note::Installed { snapshot } => {
+                    // Synchronous: everything before it was synced first.
+                    self.advance_shadow(n, g)?;
+                    let index = snapshot.index;
+                    let base = self.chain_or_fail(g, index)?;
+                    let disk = &mut self.nodes[n].disks[g];
+                    disk.complete_through(u64::MAX);
+                    disk.apply_now(DiskOp::Write {
+                        snapshot: Some(snapshot),
+                        snapshot_chain: Some(base),
+                        snapshot_entries: Vec::new(),
+                        truncate_from: None,
+                        entries: Vec::new(),
+                        hard_state: None,
+                    });
+                }
+                Note::Adopted { index, ticket } => {
+                    let Some(snapshot) = self.nodes[n].hosted[g]
+                        .as_ref()
+                        .and_then(|h| h.replica.raft.snapshot().cloned())
+                        .filter(|s| s.index == index)
+                    else {
+                        continue;
+                    };
+                    let base = self.chain_or_fail(g, index)?;
+                    let disk = &mut self.nodes[n].disks[g];
+                    disk.submit_as(
+                        ticket,
+                        DiskOp::Compact {
+                            snapshot,
+                            snapshot_chain: Some(base),
+                            retained: Vec::new(),
+                        },
+                    );
+                }
+                Note::Applied { entry } => {
+                    let h = self.nodes[n].hosted[g].as_mut().expect("live");
+                    h.chain = chain(h.chain, &entry);
+                    let c = h.chain;
+                    self.checker.applied(g, id, entry.index, c)?;
+                }
+                Note::Restored { index } => {
+                    let c = self.chain_or_fail(g, index)?;
+                    let h = self.nodes[n].hosted[g].as_mut().expect("live");
+                    h.chain = c;
+                    self.checker.applied(g, id, index, c)?;
+                }
+                Note::Stopped => stopped = true,
+            }
+        }
+        Ok(stopped)
+    }
+
+    /// Moves into the shadow every write whose ticket the device has
+    /// synced, and checks what became durable.
+    fn advance_shadow(&mut self, n: usize, g: usize) -> Result<(), Violation> {
+        let id = n as u64 + 1;
+        let Some(h) = self.nodes[n].hosted[g].as_ref() else {
+            return Ok(());
+        };
+        let wal = &h.replica.wal;
+        let device = self.nodes[n].devices[g].oldest_unsynced_token();
+        let mut through = wal.current_ticket();
+        for t in [device, wal.oldest_unsubmitted_ticket()]
+            .into_iter()
+            .flatten()
+        {
+            through = through.min(t.saturating_sub(1));
+        }
+        let disk = &mut self.nodes[n].disks[g];
+        let applied = disk.complete_through(through);
+        for a in &applied {
+            for &(index, term, prefix) in &a.new_entries {
+                self.checker.durable_entry(g, id, index, term, prefix)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Schedules the replica's next wake-up: its device's next completion,
+    /// a queued job at a seeded delay (sometimes at once, so a snapshot
+    /// can finish before the log is durable up to it).
+    fn schedule_wakes(&mut self, n: usize, g: usize) {
+        let now = self.now;
+        let due = self.nodes[n].devices[g].next_due_us();
+        let jobs = {
+            let h = self.nodes[n].hosted[g].as_ref().expect("live");
+            !h.host.queued().is_empty() && h.jobs_wake_ms.is_none()
+        };
+        let job_at = jobs.then(|| {
+            if self.rng.gen_bool(0.3) {
+                now
+            } else {
+                now + self.rng.gen_range(1..=30)
+            }
+        });
+        let h = self.nodes[n].hosted[g].as_mut().expect("live");
+        let mut wakes = Vec::new();
+        if let Some(us) = due {
+            let at = us.div_ceil(1000).max(now);
+            if h.device_wake_ms.is_none_or(|t| at < t) {
+                h.device_wake_ms = Some(at);
+                wakes.push(at);
+            }
+        }
+        if let Some(at) = job_at {
+            h.jobs_wake_ms = Some(at);
+            wakes.push(at);
+        }
+        for at in wakes {
+            self.schedule(at, Event::Wake { node: n, group: g });
+        }
+    }
+
+    /// A log client proposes through the production replica; its answer
+    /// comes through `answers`.
+    pub(crate) fn propose_hosted(&mut self, c: usize, n: usize, value: Vec<u8>) -> u64 {
+        let g = self.clients[c].group;
+        self.next_op += 1;
+        let op = self.next_op;
+        let answers = self.answers.clone();
+        let reply: crate::node::Reply = Box::new(move |result| {
+            answers.lock().expect("answers").push(Answer {
+                client: c,
+                op,
+                result,
+            });
+        });
+        let client_id = c as u64 + 1;
+        let seq = self.clients[c].sent;
+        let h = self.nodes[n].hosted[g].as_mut().expect("checked live");
+        h.replica.propose_client(client_id, seq, &value, reply);
+        op
+    }
+
+    /// Hands the replicas' answers to their clients.
+    pub(crate) fn take_answers(&mut self) -> Result<(), Violation> {
+        let answers = std::mem::take(&mut *self.answers.lock().expect("answers"));
+        for a in answers {
+            self.client_answered(a)?;
+        }
+        Ok(())
+    }
+
+    /// Plants a device fault: EIO at the next sync, or a stall.
+    pub(crate) fn device_fault(&mut self, n: usize, g: usize, stall_until_ms: Option<u64>) {
+        let dev = &self.nodes[n].devices[g];
+        match stall_until_ms {
+            Some(t) => dev.stall_until_us(t * 1000),
+            None => dev.fail_next_sync(),
+        }
+    }
+
+    /// Whether group `g`'s leader on `n` must step down: its own disk has
+    /// had a write pending for `stall_ms` (the production rule).
+    pub(crate) fn hosted_disk_stalled(&self, n: usize, g: usize, stall_ms: u64) -> bool {
+        self.nodes[n].hosted[g]
+            .as_ref()
+            .is_some_and(|h| h.replica.disk_stalled(self.now, stall_ms))
+    }
+}
+
+/// The planted glue bugs by their command-line names.
+pub const GLUE_BUGS: [(&str, GlueBug); 2] = [
+    ("release-before-durable", GlueBug::ReleaseBeforeDurable),
+    ("truncate-on-corruption", GlueBug::TruncateOnCorruption),
+];
