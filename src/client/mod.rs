@@ -26,10 +26,14 @@ pub use crate::api::Entry;
 pub use crate::state::ledger::LedgerInfo;
 pub use crate::state::queue::{Delivery, QueueInfo};
 pub use id::{os_random_u64, random_client_id};
+pub use retry::{Attempts, CallError, Leaders, Verdict};
 pub use state::LedgerWriter;
 
 mod id;
+pub mod retry;
 mod state;
+#[cfg(test)]
+mod tests;
 
 /// Why a client call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,39 +81,6 @@ fn without<'a>(why: &'a str, prefixes: &[&str]) -> &'a str {
 
 impl std::error::Error for ClientError {}
 
-/// Why one exchange with one node failed.
-#[derive(Debug)]
-enum CallError {
-    /// The connection could not be made or broke: retry, here or on
-    /// another node.
-    Lost(String),
-    /// The node refused the connection for a reason every node shares
-    /// (the token is cluster-wide, so is the protocol version): retrying
-    /// anywhere would only repeat it.
-    Fatal(ErrorCode, String),
-}
-
-impl CallError {
-    /// A connection-level refusal with `code`: fatal if no retry can help.
-    fn refused(code: ErrorCode, message: String) -> CallError {
-        match code {
-            ErrorCode::Unauthorized | ErrorCode::UnsupportedVersion => {
-                CallError::Fatal(code, message)
-            }
-            _ => CallError::Lost(format!("{code}: {message}")),
-        }
-    }
-}
-
-impl From<CallError> for ClientError {
-    fn from(e: CallError) -> ClientError {
-        match e {
-            CallError::Lost(why) => ClientError::Unavailable(why),
-            CallError::Fatal(code, why) => ClientError::Refused(code, why),
-        }
-    }
-}
-
 struct Conn {
     stream: TcpStream,
     session: ClientSession,
@@ -121,9 +92,9 @@ pub struct Client {
     addrs: Vec<SocketAddr>,
     token: Vec<u8>,
     conns: BTreeMap<usize, Conn>,
-    /// Node id of each address, once known.
-    nodes: BTreeMap<usize, NodeId>,
-    leaders: BTreeMap<u32, NodeId>,
+    /// The node behind each address and the leader of each group, as
+    /// learned so far; the retry policy reads and updates it.
+    leaders: Leaders,
     client_id: u64,
     next_seq: u64,
     /// How long one call keeps retrying before it gives up.
@@ -136,11 +107,10 @@ impl Client {
     /// (a random one is fine).
     pub fn new(addrs: Vec<SocketAddr>, token: &[u8], client_id: u64) -> Client {
         Client {
+            leaders: Leaders::new(addrs.len()),
             addrs,
             token: token.to_vec(),
             conns: BTreeMap::new(),
-            nodes: BTreeMap::new(),
-            leaders: BTreeMap::new(),
             client_id,
             next_seq: 1,
             deadline: Duration::from_secs(10),
@@ -179,7 +149,7 @@ impl Client {
                 )))
             }
         }
-        self.nodes.insert(i, conn.node);
+        self.leaders.connected(i, conn.node);
         self.conns.insert(i, conn);
         Ok(())
     }
@@ -205,73 +175,29 @@ impl Client {
         r
     }
 
-    /// Where to send a request for `group` first: its known leader, else
-    /// each address in turn.
-    fn order(&self, group: u32, attempt: usize) -> usize {
-        let leader = self
-            .leaders
-            .get(&group)
-            .and_then(|l| self.nodes.iter().find(|(_, n)| *n == l).map(|(i, _)| *i));
-        match leader {
-            Some(i) if attempt % 2 == 0 => i,
-            _ => attempt % self.addrs.len(),
-        }
-    }
-
     /// Runs `req` against `group`'s leader, following redirects and
-    /// retrying other nodes until `deadline`.
-    fn with_leader(&mut self, group: u32, req: &Request) -> Result<Response, ClientError> {
+    /// retrying other nodes until `deadline`: the policy is
+    /// [`Attempts`]'; this shell only sends, sleeps and reads the clock.
+    fn with_leader(&mut self, group: u32, req: Request) -> Result<Response, ClientError> {
         let started = Instant::now();
-        let mut last = String::from("no node tried");
-        let mut attempt = 0usize;
-        while started.elapsed() < self.deadline {
-            let i = self.order(group, attempt);
-            attempt += 1;
-            match self.call(i, req) {
-                Ok(Response::Error {
-                    code: ErrorCode::NotLeader,
-                    leader,
-                    message,
-                }) => {
-                    last = message;
-                    match leader {
-                        Some((l, _)) => {
-                            self.leaders.insert(group, l);
-                        }
-                        None => {
-                            self.leaders.remove(&group);
-                            std::thread::sleep(Duration::from_millis(20)); // an election is on
-                        }
-                    }
+        let now_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let timeout_ms = u64::try_from(self.deadline.as_millis()).unwrap_or(u64::MAX);
+        let mut call = Attempts::new(group, req, 0, timeout_ms);
+        let mut verdict = call.next(0, &self.leaders);
+        loop {
+            verdict = match verdict {
+                Verdict::Send(i) => {
+                    let r = self.call(i, call.request());
+                    call.answered(now_ms(), &mut self.leaders, i, r)
                 }
-                Ok(Response::Error { code, message, .. })
-                    if matches!(
-                        code,
-                        ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::DiskFull
-                    ) =>
-                {
-                    last = format!("{code}: {message}");
-                    std::thread::sleep(Duration::from_millis(20));
+                Verdict::RetryAfter { ms } => {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    call.next(now_ms(), &self.leaders)
                 }
-                Ok(Response::Error { code, message, .. }) => {
-                    return Err(ClientError::Refused(code, message))
-                }
-                Ok(resp) => {
-                    if let Some(&n) = self.nodes.get(&i) {
-                        self.leaders.insert(group, n);
-                    }
-                    return Ok(resp);
-                }
-                Err(CallError::Fatal(code, message)) => {
-                    return Err(ClientError::Refused(code, message))
-                }
-                Err(CallError::Lost(e)) => {
-                    last = e;
-                    self.leaders.remove(&group);
-                }
-            }
+                Verdict::Done(resp) => return Ok(resp),
+                Verdict::Fail(e) => return Err(e),
+            };
         }
-        Err(ClientError::Unavailable(last))
     }
 
     /// Appends `data` to `group`'s log; returns its index once it is
@@ -286,7 +212,7 @@ impl Client {
             seq,
             data: data.to_vec(),
         };
-        match self.with_leader(group, &req)? {
+        match self.with_leader(group, req)? {
             Response::Appended { index } => Ok(index),
             other => Err(ClientError::Unavailable(format!(
                 "unexpected answer {other:?}"
@@ -317,7 +243,7 @@ impl Client {
             .map(|(k, c)| (k * batch_max, c))
             .collect();
         // The pipelined pass, on the leader's connection.
-        let leader = self.order(group, 0);
+        let leader = self.leaders.pick(group, 0);
         let mut failed: Vec<usize> = Vec::new();
         let connected = match self.connect(leader) {
             Err(CallError::Fatal(code, message)) => {
@@ -402,7 +328,7 @@ impl Client {
                     seq: first_seq + (at + j) as u64,
                     data: data.clone(),
                 };
-                match self.with_leader(group, &req)? {
+                match self.with_leader(group, req)? {
                     Response::Appended { index } => indexes[at + j] = index,
                     other => {
                         return Err(ClientError::Unavailable(format!(
@@ -425,14 +351,14 @@ impl Client {
         from: u64,
         max_entries: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_leader(group, &log_read(group, from, max_entries, false))
+        self.entries_from_leader(group, log_read(group, from, max_entries, false))
     }
 
     /// Committed entries of `group` from `from` on, waiting up to `wait_ms`
     /// on the leader for the first one to commit (a long poll; empty if
     /// none did).
     pub fn tail(&mut self, group: u32, from: u64, wait_ms: u32) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_leader(group, &log_tail(group, from, wait_ms, false))
+        self.entries_from_leader(group, log_tail(group, from, wait_ms, false))
     }
 
     /// Committed entries of `group` from `from` as the first node that
@@ -477,11 +403,7 @@ impl Client {
     }
 
     /// The entries `group`'s leader answers the read or tail `req` with.
-    fn entries_from_leader(
-        &mut self,
-        group: u32,
-        req: &Request,
-    ) -> Result<Vec<Entry>, ClientError> {
+    fn entries_from_leader(&mut self, group: u32, req: Request) -> Result<Vec<Entry>, ClientError> {
         match self.with_leader(group, req)? {
             Response::Entries { entries } => Ok(entries),
             other => Err(ClientError::Unavailable(format!(
