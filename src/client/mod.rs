@@ -176,18 +176,33 @@ impl Client {
     }
 
     /// Runs `req` against `group`'s leader, following redirects and
-    /// retrying other nodes until `deadline`: the policy is
-    /// [`Attempts`]'; this shell only sends, sleeps and reads the clock.
+    /// retrying other nodes until `deadline`.
     fn with_leader(&mut self, group: u32, req: Request) -> Result<Response, ClientError> {
+        let timeout_ms = self.deadline_ms();
+        self.run(Attempts::new(group, req, 0, timeout_ms), Ok)
+    }
+
+    /// `deadline` in ms, the unit of the retry policy.
+    fn deadline_ms(&self) -> u64 {
+        u64::try_from(self.deadline.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Carries out `call`, started at time 0 of its own clock, to its end:
+    /// the policy is [`Attempts`]'; this shell only sends, sleeps and
+    /// reads the clock. `check` sees each answer before the policy does
+    /// and may turn it into a lost try.
+    fn run(
+        &mut self,
+        mut call: Attempts,
+        check: impl Fn(Response) -> Result<Response, CallError>,
+    ) -> Result<Response, ClientError> {
         let started = Instant::now();
         let now_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let timeout_ms = u64::try_from(self.deadline.as_millis()).unwrap_or(u64::MAX);
-        let mut call = Attempts::new(group, req, 0, timeout_ms);
         let mut verdict = call.next(0, &self.leaders);
         loop {
             verdict = match verdict {
                 Verdict::Send(i) => {
-                    let r = self.call(i, call.request());
+                    let r = self.call(i, call.request()).and_then(&check);
                     call.answered(now_ms(), &mut self.leaders, i, r)
                 }
                 Verdict::RetryAfter { ms } => {
@@ -370,7 +385,7 @@ impl Client {
         from: u64,
         max_entries: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_any_node(&log_read(group, from, max_entries, true))
+        self.entries_from_any_node(log_read(group, from, max_entries, true))
     }
 
     /// Committed entries of `group` from `from` on as the first node that
@@ -386,7 +401,7 @@ impl Client {
         from: u64,
         wait_ms: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_any_node(&log_tail(group, from, wait_ms, true))
+        self.entries_from_any_node(log_tail(group, from, wait_ms, true))
     }
 
     /// Committed entries of `group` from `from` as node `addrs[i]` has
@@ -414,28 +429,20 @@ impl Client {
 
     /// Sends the stale read or tail `req` to each address in turn, from
     /// the first, until one answers with entries or a refusal that is not
-    /// `Unavailable` or `Timeout`, or `deadline` passes.
-    fn entries_from_any_node(&mut self, req: &Request) -> Result<Vec<Entry>, ClientError> {
-        let started = Instant::now();
-        let mut last = String::from("no node tried");
-        let mut attempt = 0usize;
-        while started.elapsed() < self.deadline {
-            let i = attempt % self.addrs.len();
-            attempt += 1;
-            match self.entries_from(i, req) {
-                Err(ClientError::Unavailable(why)) => last = why,
-                Err(ClientError::Refused(code, why))
-                    if matches!(code, ErrorCode::Unavailable | ErrorCode::Timeout) =>
-                {
-                    last = format!("{code}: {why}");
-                    if i + 1 == self.addrs.len() {
-                        std::thread::sleep(Duration::from_millis(20)); // every node said so
-                    }
-                }
-                r => return r,
-            }
+    /// `Unavailable` or `Timeout`, or `deadline` passes. A node that
+    /// answers with anything but entries counts as a lost try.
+    fn entries_from_any_node(&mut self, req: Request) -> Result<Vec<Entry>, ClientError> {
+        let timeout_ms = self.deadline_ms();
+        let entries_or_error = |resp| match resp {
+            Response::Entries { .. } | Response::Error { .. } => Ok(resp),
+            other => Err(CallError::Lost(format!("unexpected answer {other:?}"))),
+        };
+        match self.run(Attempts::any_node(req, 0, timeout_ms), entries_or_error)? {
+            Response::Entries { entries } => Ok(entries),
+            other => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
         }
-        Err(ClientError::Unavailable(last))
     }
 
     /// The entries node `addrs[i]` answers the read or tail `req` with.

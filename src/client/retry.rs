@@ -1,7 +1,8 @@
-//! The retry policy of one logical call to a group's leader, sans-IO:
-//! which address to try next, what each answer means (a redirect, a
-//! transient refusal, a permanent one, a lost connection), when to back
-//! off and when to give up. It does no I/O, reads no clock and draws no
+//! The retry policy of one logical client call, sans-IO: which address to
+//! try next, what each answer means (a redirect, a transient refusal, a
+//! permanent one, a lost connection), when to back off and when to give
+//! up. A call goes to a group's leader ([`Attempts::new`]) or, for a stale
+//! read, to whichever node answers first ([`Attempts::any_node`]). It does no I/O, reads no clock and draws no
 //! random number: the caller passes the time in, carries out each
 //! [`Verdict`] (sends, sleeps) and reports each answer back. The blocking
 //! [`Client`](super::Client) drives it with sockets and `thread::sleep`; a
@@ -143,11 +144,20 @@ pub enum Verdict {
     Fail(ClientError),
 }
 
-/// One logical call to a group's leader, across all its tries.
+/// Who may serve a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// The leader of this group.
+    Leader(u32),
+    /// Any node, tried in turn from the first address.
+    AnyNode,
+}
+
+/// One logical call, across all its tries.
 #[derive(Clone, Debug)]
 pub struct Attempts {
-    /// The group whose leader serves the request.
-    group: u32,
+    /// Who may serve the request.
+    target: Target,
     /// The request, built once: every try sends it as it is.
     request: Request,
     /// Tries sent so far.
@@ -166,8 +176,20 @@ impl Attempts {
     /// A call of `request` to `group`'s leader, started at `now_ms`, that
     /// gives up `timeout_ms` later.
     pub fn new(group: u32, request: Request, now_ms: u64, timeout_ms: u64) -> Attempts {
+        Attempts::to(Target::Leader(group), request, now_ms, timeout_ms)
+    }
+
+    /// A call of `request` that any node may serve (a stale read), each
+    /// address tried in turn from the first, started at `now_ms`, that
+    /// gives up `timeout_ms` later. It backs off only once every address
+    /// in a round said it cannot serve now, and learns no leader.
+    pub fn any_node(request: Request, now_ms: u64, timeout_ms: u64) -> Attempts {
+        Attempts::to(Target::AnyNode, request, now_ms, timeout_ms)
+    }
+
+    fn to(target: Target, request: Request, now_ms: u64, timeout_ms: u64) -> Attempts {
         Attempts {
-            group,
+            target,
             request,
             sent: 0,
             started_ms: now_ms,
@@ -200,7 +222,10 @@ impl Attempts {
                 ms: self.not_before_ms - now_ms,
             };
         }
-        let addr = leaders.pick(self.group, self.sent);
+        let addr = match self.target {
+            Target::Leader(group) => leaders.pick(group, self.sent),
+            Target::AnyNode => self.sent % leaders.addrs,
+        };
         self.sent += 1;
         Verdict::Send(addr)
     }
@@ -214,6 +239,9 @@ impl Attempts {
         addr: usize,
         r: Result<Response, CallError>,
     ) -> Verdict {
+        let Target::Leader(group) = self.target else {
+            return self.answered_by_any(now_ms, leaders, addr, r);
+        };
         match r {
             Ok(Response::Error {
                 code: ErrorCode::NotLeader,
@@ -223,9 +251,9 @@ impl Attempts {
                 self.last = message;
                 match leader {
                     // Straight to the leader it names, no wait.
-                    Some((l, _)) => leaders.lead(self.group, l),
+                    Some((l, _)) => leaders.lead(group, l),
                     None => {
-                        leaders.forget(self.group);
+                        leaders.forget(group);
                         return self.back_off(now_ms); // an election is on
                     }
                 }
@@ -244,7 +272,7 @@ impl Attempts {
             }
             Ok(resp) => {
                 if let Some(n) = leaders.node_at(addr) {
-                    leaders.lead(self.group, n);
+                    leaders.lead(group, n);
                 }
                 return Verdict::Done(resp);
             }
@@ -254,8 +282,36 @@ impl Attempts {
             Err(CallError::Lost(e)) => {
                 // The leader may be the node that went: ask around.
                 self.last = e;
-                leaders.forget(self.group);
+                leaders.forget(group);
             }
+        }
+        self.next(now_ms, leaders)
+    }
+
+    /// `answered` for a call any node may serve: a node that cannot serve
+    /// now passes it on to the next address, and only a whole round of
+    /// them waits.
+    fn answered_by_any(
+        &mut self,
+        now_ms: u64,
+        leaders: &Leaders,
+        addr: usize,
+        r: Result<Response, CallError>,
+    ) -> Verdict {
+        match r {
+            Ok(Response::Error { code, message, .. })
+                if matches!(code, ErrorCode::Unavailable | ErrorCode::Timeout) =>
+            {
+                self.last = format!("{code}: {message}");
+                if addr + 1 == leaders.addrs {
+                    return self.back_off(now_ms); // every node said so
+                }
+            }
+            Ok(Response::Error { code, message, .. }) | Err(CallError::Fatal(code, message)) => {
+                return Verdict::Fail(ClientError::Refused(code, message))
+            }
+            Ok(resp) => return Verdict::Done(resp),
+            Err(CallError::Lost(e)) => self.last = e,
         }
         self.next(now_ms, leaders)
     }

@@ -241,3 +241,59 @@ fn a_permanent_refusal_fails_at_once() {
         CallError::Lost("unavailable: full".into())
     );
 }
+
+fn stale_read() -> Request {
+    Request::Read {
+        group: 0,
+        from: 1,
+        max_entries: 10,
+        max_bytes: 1 << 20,
+        stale: true,
+    }
+}
+
+#[test]
+fn a_call_any_node_may_serve_goes_round_and_waits_only_after_a_whole_round() {
+    let mut leaders = three_nodes();
+    leaders.lead(0, 3); // not consulted: any node serves
+    let mut call = Attempts::any_node(stale_read(), 0, 1000);
+    assert_eq!(call.next(0, &leaders), Verdict::Send(0));
+    let busy = || refused(ErrorCode::Unavailable, "catching up");
+    assert_eq!(call.answered(1, &mut leaders, 0, busy()), Verdict::Send(1));
+    assert_eq!(
+        call.answered(2, &mut leaders, 1, lost("connection refused")),
+        Verdict::Send(2)
+    );
+    assert_eq!(
+        call.answered(3, &mut leaders, 2, refused(ErrorCode::Timeout, "slow")),
+        Verdict::RetryAfter { ms: BACKOFF_MS }
+    );
+    assert_eq!(call.next(3 + BACKOFF_MS, &leaders), Verdict::Send(0));
+    let entries = Response::Entries { entries: vec![] };
+    assert_eq!(
+        call.answered(30, &mut leaders, 0, Ok(entries.clone())),
+        Verdict::Done(entries)
+    );
+    // A stale answer says nothing of who leads.
+    assert_eq!(leaders.leader(0), Some(3));
+}
+
+#[test]
+fn a_call_any_node_may_serve_stops_at_a_refusal_and_at_its_deadline() {
+    let mut leaders = three_nodes();
+    let mut call = Attempts::any_node(stale_read(), 0, 1000);
+    assert_eq!(call.next(0, &leaders), Verdict::Send(0));
+    assert_eq!(
+        call.answered(1, &mut leaders, 0, not_leader(Some(2))),
+        Verdict::Fail(ClientError::Refused(
+            ErrorCode::NotLeader,
+            "not the leader".into()
+        ))
+    );
+    let mut call = Attempts::any_node(stale_read(), 0, 10);
+    assert_eq!(call.next(0, &leaders), Verdict::Send(0));
+    assert_eq!(
+        call.answered(10, &mut leaders, 0, lost("timed out")),
+        Verdict::Fail(ClientError::Unavailable("timed out".into()))
+    );
+}
