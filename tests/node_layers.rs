@@ -310,6 +310,8 @@ fn node_imports_point_down_the_documented_layers() {
         ("replica", "status"),
         ("command", "status"),
         ("daemon", "handle"), // through the re-export `super::NodeHandle`
+        ("client_server", "client_dispatch"),
+        ("client_dispatch", "command"),
     ] {
         assert!(
             arrows.contains(&(from.to_string(), to.to_string())),

@@ -26,10 +26,14 @@ pub use crate::api::Entry;
 pub use crate::state::ledger::LedgerInfo;
 pub use crate::state::queue::{Delivery, QueueInfo};
 pub use id::{os_random_u64, random_client_id};
+pub use retry::{Attempts, CallError, Leaders, Verdict};
 pub use state::LedgerWriter;
 
 mod id;
+pub mod retry;
 mod state;
+#[cfg(test)]
+mod tests;
 
 /// Why a client call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,39 +81,6 @@ fn without<'a>(why: &'a str, prefixes: &[&str]) -> &'a str {
 
 impl std::error::Error for ClientError {}
 
-/// Why one exchange with one node failed.
-#[derive(Debug)]
-enum CallError {
-    /// The connection could not be made or broke: retry, here or on
-    /// another node.
-    Lost(String),
-    /// The node refused the connection for a reason every node shares
-    /// (the token is cluster-wide, so is the protocol version): retrying
-    /// anywhere would only repeat it.
-    Fatal(ErrorCode, String),
-}
-
-impl CallError {
-    /// A connection-level refusal with `code`: fatal if no retry can help.
-    fn refused(code: ErrorCode, message: String) -> CallError {
-        match code {
-            ErrorCode::Unauthorized | ErrorCode::UnsupportedVersion => {
-                CallError::Fatal(code, message)
-            }
-            _ => CallError::Lost(format!("{code}: {message}")),
-        }
-    }
-}
-
-impl From<CallError> for ClientError {
-    fn from(e: CallError) -> ClientError {
-        match e {
-            CallError::Lost(why) => ClientError::Unavailable(why),
-            CallError::Fatal(code, why) => ClientError::Refused(code, why),
-        }
-    }
-}
-
 struct Conn {
     stream: TcpStream,
     session: ClientSession,
@@ -121,9 +92,9 @@ pub struct Client {
     addrs: Vec<SocketAddr>,
     token: Vec<u8>,
     conns: BTreeMap<usize, Conn>,
-    /// Node id of each address, once known.
-    nodes: BTreeMap<usize, NodeId>,
-    leaders: BTreeMap<u32, NodeId>,
+    /// The node behind each address and the leader of each group, as
+    /// learned so far; the retry policy reads and updates it.
+    leaders: Leaders,
     client_id: u64,
     next_seq: u64,
     /// How long one call keeps retrying before it gives up.
@@ -136,11 +107,10 @@ impl Client {
     /// (a random one is fine).
     pub fn new(addrs: Vec<SocketAddr>, token: &[u8], client_id: u64) -> Client {
         Client {
+            leaders: Leaders::new(addrs.len()),
             addrs,
             token: token.to_vec(),
             conns: BTreeMap::new(),
-            nodes: BTreeMap::new(),
-            leaders: BTreeMap::new(),
             client_id,
             next_seq: 1,
             deadline: Duration::from_secs(10),
@@ -179,7 +149,7 @@ impl Client {
                 )))
             }
         }
-        self.nodes.insert(i, conn.node);
+        self.leaders.connected(i, conn.node);
         self.conns.insert(i, conn);
         Ok(())
     }
@@ -205,73 +175,44 @@ impl Client {
         r
     }
 
-    /// Where to send a request for `group` first: its known leader, else
-    /// each address in turn.
-    fn order(&self, group: u32, attempt: usize) -> usize {
-        let leader = self
-            .leaders
-            .get(&group)
-            .and_then(|l| self.nodes.iter().find(|(_, n)| *n == l).map(|(i, _)| *i));
-        match leader {
-            Some(i) if attempt % 2 == 0 => i,
-            _ => attempt % self.addrs.len(),
-        }
-    }
-
     /// Runs `req` against `group`'s leader, following redirects and
     /// retrying other nodes until `deadline`.
-    fn with_leader(&mut self, group: u32, req: &Request) -> Result<Response, ClientError> {
+    fn with_leader(&mut self, group: u32, req: Request) -> Result<Response, ClientError> {
+        let timeout_ms = self.deadline_ms();
+        self.run(Attempts::new(group, req, 0, timeout_ms), Ok)
+    }
+
+    /// `deadline` in ms, the unit of the retry policy.
+    fn deadline_ms(&self) -> u64 {
+        u64::try_from(self.deadline.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Carries out `call`, started at time 0 of its own clock, to its end:
+    /// the policy is [`Attempts`]'; this shell only sends, sleeps and
+    /// reads the clock. `check` sees each answer before the policy does
+    /// and may turn it into a lost try.
+    fn run(
+        &mut self,
+        mut call: Attempts,
+        check: impl Fn(Response) -> Result<Response, CallError>,
+    ) -> Result<Response, ClientError> {
         let started = Instant::now();
-        let mut last = String::from("no node tried");
-        let mut attempt = 0usize;
-        while started.elapsed() < self.deadline {
-            let i = self.order(group, attempt);
-            attempt += 1;
-            match self.call(i, req) {
-                Ok(Response::Error {
-                    code: ErrorCode::NotLeader,
-                    leader,
-                    message,
-                }) => {
-                    last = message;
-                    match leader {
-                        Some((l, _)) => {
-                            self.leaders.insert(group, l);
-                        }
-                        None => {
-                            self.leaders.remove(&group);
-                            std::thread::sleep(Duration::from_millis(20)); // an election is on
-                        }
-                    }
+        let now_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let mut verdict = call.next(0, &self.leaders);
+        loop {
+            verdict = match verdict {
+                Verdict::Send(i) => {
+                    let r = self.call(i, call.request()).and_then(&check);
+                    call.answered(now_ms(), &mut self.leaders, i, r)
                 }
-                Ok(Response::Error { code, message, .. })
-                    if matches!(
-                        code,
-                        ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::DiskFull
-                    ) =>
-                {
-                    last = format!("{code}: {message}");
-                    std::thread::sleep(Duration::from_millis(20));
+                Verdict::RetryAfter { ms } => {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    call.next(now_ms(), &self.leaders)
                 }
-                Ok(Response::Error { code, message, .. }) => {
-                    return Err(ClientError::Refused(code, message))
-                }
-                Ok(resp) => {
-                    if let Some(&n) = self.nodes.get(&i) {
-                        self.leaders.insert(group, n);
-                    }
-                    return Ok(resp);
-                }
-                Err(CallError::Fatal(code, message)) => {
-                    return Err(ClientError::Refused(code, message))
-                }
-                Err(CallError::Lost(e)) => {
-                    last = e;
-                    self.leaders.remove(&group);
-                }
-            }
+                Verdict::Done(resp) => return Ok(resp),
+                Verdict::Fail(e) => return Err(e),
+            };
         }
-        Err(ClientError::Unavailable(last))
     }
 
     /// Appends `data` to `group`'s log; returns its index once it is
@@ -286,7 +227,7 @@ impl Client {
             seq,
             data: data.to_vec(),
         };
-        match self.with_leader(group, &req)? {
+        match self.with_leader(group, req)? {
             Response::Appended { index } => Ok(index),
             other => Err(ClientError::Unavailable(format!(
                 "unexpected answer {other:?}"
@@ -317,7 +258,7 @@ impl Client {
             .map(|(k, c)| (k * batch_max, c))
             .collect();
         // The pipelined pass, on the leader's connection.
-        let leader = self.order(group, 0);
+        let leader = self.leaders.pick(group, 0);
         let mut failed: Vec<usize> = Vec::new();
         let connected = match self.connect(leader) {
             Err(CallError::Fatal(code, message)) => {
@@ -402,7 +343,7 @@ impl Client {
                     seq: first_seq + (at + j) as u64,
                     data: data.clone(),
                 };
-                match self.with_leader(group, &req)? {
+                match self.with_leader(group, req)? {
                     Response::Appended { index } => indexes[at + j] = index,
                     other => {
                         return Err(ClientError::Unavailable(format!(
@@ -425,14 +366,14 @@ impl Client {
         from: u64,
         max_entries: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_leader(group, &log_read(group, from, max_entries, false))
+        self.entries_from_leader(group, log_read(group, from, max_entries, false))
     }
 
     /// Committed entries of `group` from `from` on, waiting up to `wait_ms`
     /// on the leader for the first one to commit (a long poll; empty if
     /// none did).
     pub fn tail(&mut self, group: u32, from: u64, wait_ms: u32) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_leader(group, &log_tail(group, from, wait_ms, false))
+        self.entries_from_leader(group, log_tail(group, from, wait_ms, false))
     }
 
     /// Committed entries of `group` from `from` as the first node that
@@ -444,7 +385,7 @@ impl Client {
         from: u64,
         max_entries: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_any_node(&log_read(group, from, max_entries, true))
+        self.entries_from_any_node(log_read(group, from, max_entries, true))
     }
 
     /// Committed entries of `group` from `from` on as the first node that
@@ -460,7 +401,7 @@ impl Client {
         from: u64,
         wait_ms: u32,
     ) -> Result<Vec<Entry>, ClientError> {
-        self.entries_from_any_node(&log_tail(group, from, wait_ms, true))
+        self.entries_from_any_node(log_tail(group, from, wait_ms, true))
     }
 
     /// Committed entries of `group` from `from` as node `addrs[i]` has
@@ -477,11 +418,7 @@ impl Client {
     }
 
     /// The entries `group`'s leader answers the read or tail `req` with.
-    fn entries_from_leader(
-        &mut self,
-        group: u32,
-        req: &Request,
-    ) -> Result<Vec<Entry>, ClientError> {
+    fn entries_from_leader(&mut self, group: u32, req: Request) -> Result<Vec<Entry>, ClientError> {
         match self.with_leader(group, req)? {
             Response::Entries { entries } => Ok(entries),
             other => Err(ClientError::Unavailable(format!(
@@ -492,28 +429,20 @@ impl Client {
 
     /// Sends the stale read or tail `req` to each address in turn, from
     /// the first, until one answers with entries or a refusal that is not
-    /// `Unavailable` or `Timeout`, or `deadline` passes.
-    fn entries_from_any_node(&mut self, req: &Request) -> Result<Vec<Entry>, ClientError> {
-        let started = Instant::now();
-        let mut last = String::from("no node tried");
-        let mut attempt = 0usize;
-        while started.elapsed() < self.deadline {
-            let i = attempt % self.addrs.len();
-            attempt += 1;
-            match self.entries_from(i, req) {
-                Err(ClientError::Unavailable(why)) => last = why,
-                Err(ClientError::Refused(code, why))
-                    if matches!(code, ErrorCode::Unavailable | ErrorCode::Timeout) =>
-                {
-                    last = format!("{code}: {why}");
-                    if i + 1 == self.addrs.len() {
-                        std::thread::sleep(Duration::from_millis(20)); // every node said so
-                    }
-                }
-                r => return r,
-            }
+    /// `Unavailable` or `Timeout`, or `deadline` passes. A node that
+    /// answers with anything but entries counts as a lost try.
+    fn entries_from_any_node(&mut self, req: Request) -> Result<Vec<Entry>, ClientError> {
+        let timeout_ms = self.deadline_ms();
+        let entries_or_error = |resp| match resp {
+            Response::Entries { .. } | Response::Error { .. } => Ok(resp),
+            other => Err(CallError::Lost(format!("unexpected answer {other:?}"))),
+        };
+        match self.run(Attempts::any_node(req, 0, timeout_ms), entries_or_error)? {
+            Response::Entries { entries } => Ok(entries),
+            other => Err(ClientError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
         }
-        Err(ClientError::Unavailable(last))
     }
 
     /// The entries node `addrs[i]` answers the read or tail `req` with.

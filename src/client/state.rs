@@ -48,7 +48,7 @@ impl Client {
             seq,
             command: command.encode(),
         };
-        match self.with_leader(group, &req)? {
+        match self.with_leader(group, req)? {
             Response::Outcome { outcome } => Outcome::decode(&outcome)
                 .ok_or_else(|| unexpected("a command", "bytes that do not decode")),
             other => Err(unexpected("a command", other)),
@@ -63,7 +63,7 @@ impl Client {
             wait_ms,
             query: query.encode(),
         };
-        match self.with_leader(group, &req)? {
+        match self.with_leader(group, req)? {
             Response::Answer { answer } => Answer::decode(&answer)
                 .ok_or_else(|| unexpected("a query", "bytes that do not decode")),
             other => Err(unexpected("a query", other)),

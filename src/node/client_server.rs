@@ -18,9 +18,13 @@
 
 use super::admin::status_json;
 use super::client_admission::{ClientLimits, ConnId};
+use super::client_dispatch::{
+    answer_response, appended_response, entries_response, error_response, leaders_response,
+    long_polls_full, outcome_response, translate, BatchOutcomes, Dispatch, NodeCall,
+};
 use super::client_gate::{read_some, Gate, Got};
 use super::{ListenError, NodeHandle, ProposeError};
-use crate::api::{ErrorCode, Incoming, LeaderInfo, Request, Response, ServerConfig, ServerSession};
+use crate::api::{ErrorCode, Incoming, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
 use crossbeam_channel::{unbounded, Sender};
 use std::collections::BTreeMap;
@@ -31,10 +35,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Longest a Tail request waits for entries.
-const TAIL_WAIT_MAX: Duration = Duration::from_secs(30);
-/// Entries in one Read answer at most.
-const READ_ENTRIES_MAX: usize = 4096;
 /// Authenticated client connections served at once by default
 /// (`client.connections_max`; each costs two threads).
 pub const CONNECTIONS_MAX: usize = super::client_admission::CONNECTIONS_MAX_DEFAULT;
@@ -283,66 +283,9 @@ fn serve(
     }
 }
 
-/// The protocol's answer for a node error.
-fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response {
-    let (code, leader) = match &e {
-        ProposeError::NotLeader(l) => (
-            ErrorCode::NotLeader,
-            l.map(|l| (l, addrs.get(&l).cloned().unwrap_or_default())),
-        ),
-        ProposeError::DiskFull => (ErrorCode::DiskFull, None),
-        ProposeError::Timeout => (ErrorCode::Timeout, None),
-        // Another node may serve it, or the outcome is unknown: the
-        // client retries (the same seq, so nothing applies twice).
-        ProposeError::Lost
-        | ProposeError::LogStopped(_)
-        | ProposeError::Stopping
-        | ProposeError::Compacted { .. }
-        | ProposeError::Unreadable(_)
-        | ProposeError::Internal(_) => (ErrorCode::Unavailable, None),
-        ProposeError::UnknownGroup(_) => (ErrorCode::UnknownGroup, None),
-        // Permanent: the same seq is refused again, wherever it is sent.
-        ProposeError::SeqForgotten { .. } => (ErrorCode::Conflict, None),
-        ProposeError::Refused(r) => (refusal_code(*r), None),
-        ProposeError::TooLarge { .. } => (ErrorCode::TooLarge, None),
-        ProposeError::Conflict { .. } => (ErrorCode::Conflict, None),
-        // Only membership changes give these, and clients cannot ask one.
-        ProposeError::Invalid(_) => (ErrorCode::BadRequest, None),
-        ProposeError::Busy(_) | ProposeError::Lagging(_) => (ErrorCode::Unavailable, None),
-    };
-    Response::Error {
-        code,
-        message: e.to_string(),
-        leader,
-    }
-}
-
-/// The protocol's code for a state-machine refusal.
-fn refusal_code(e: crate::state::Error) -> ErrorCode {
-    use crate::state::Error as E;
-    match e {
-        E::Fenced => ErrorCode::Fenced,
-        E::NoSuchLedger | E::NoSuchQueue => ErrorCode::NotFound,
-        E::NotWriter
-        | E::Closed
-        | E::LacBeyondEnd
-        | E::QueueExists
-        | E::Forgotten
-        | E::Conflict => ErrorCode::Conflict,
-        E::Limit(_) => ErrorCode::TooLarge,
-        E::Invalid => ErrorCode::BadRequest,
-        E::AlreadyApplied => ErrorCode::Internal,
-    }
-}
-
-fn bad_request(message: &str) -> Response {
-    Response::Error {
-        code: ErrorCode::BadRequest,
-        message: message.into(),
-        leader: None,
-    }
-}
-
+/// Hands request `id` to the node, or answers it at once. What to ask
+/// and how to answer is `client_dispatch`'s; this only takes a long
+/// poll's slot and routes each answer to the connection's writer.
 fn dispatch(
     id: u64,
     req: Request,
@@ -351,264 +294,114 @@ fn dispatch(
     out: &Sender<Out>,
     tails: &Arc<AtomicUsize>,
 ) {
-    let answer = |out: &Sender<Out>, resp: Response| {
+    let call = match translate(req, |group| node.groups().any(|g| g == group)) {
+        Dispatch::Call(call) => call,
+        Dispatch::Answer(resp) => {
+            let _ = out.send(Out::Answer(id, resp));
+            return;
+        }
+        Dispatch::Nothing => return,
+    };
+    // A long poll waits on the group's loop, not on a thread here; it
+    // holds one of the `TAILS_MAX` slots until it is answered.
+    let slot = if !call.long_poll() {
+        None
+    } else if let Some(slot) = Slot::take(tails, TAILS_MAX) {
+        Some(slot)
+    } else {
+        let _ = out.send(Out::Answer(id, long_polls_full(addrs)));
+        return;
+    };
+    let addrs = Arc::clone(addrs);
+    let out = out.clone();
+    let done = move |resp: Response| {
+        drop(slot);
         let _ = out.send(Out::Answer(id, resp));
     };
-    if let Some(group) = request_group(&req) {
-        if !node.groups().any(|g| g == group) {
-            let resp = Response::Error {
-                code: ErrorCode::UnknownGroup,
-                message: format!("group {group} is not on this node"),
-                leader: None,
-            };
-            return answer(out, resp);
-        }
-    }
-    match req {
-        Request::Append {
+    match call {
+        NodeCall::Append {
             group,
             client_id,
             seq,
             data,
-        } => {
-            let (out, addrs) = (out.clone(), Arc::clone(addrs));
-            node.append_with(
-                group,
-                client_id,
-                seq,
-                data,
-                Box::new(move |r| {
-                    let resp = match r {
-                        Ok(index) => Response::Appended { index },
-                        Err(e) => error_response(e, &addrs),
-                    };
-                    let _ = out.send(Out::Answer(id, resp));
-                }),
-            );
-        }
-        Request::AppendBatch {
+        } => node.append_with(
+            group,
+            client_id,
+            seq,
+            data,
+            Box::new(move |r| done(appended_response(r, &addrs))),
+        ),
+        NodeCall::AppendBatch {
             group,
             client_id,
             first_seq,
             items,
         } => {
-            if items.is_empty() {
-                let resp = Response::Error {
-                    code: ErrorCode::BadRequest,
-                    message: "an empty batch".into(),
-                    leader: None,
-                };
-                return answer(out, resp);
-            }
-            // Every item's outcome lands in `acc`; the last one answers.
-            let count = items.len();
-            let acc = Arc::new(Mutex::new((Vec::with_capacity(count), count)));
+            // Every item's outcome lands in the batch; the last one answers.
+            let batch = Arc::new(Mutex::new((BatchOutcomes::new(items.len()), Some(done))));
             for (i, data) in items.into_iter().enumerate() {
-                let (out, addrs, acc) = (out.clone(), Arc::clone(addrs), Arc::clone(&acc));
+                let (batch, addrs) = (Arc::clone(&batch), Arc::clone(&addrs));
                 node.append_with(
                     group,
                     client_id,
                     first_seq + i as u64,
                     data,
                     Box::new(move |r| {
-                        let Ok(mut a) = acc.lock() else { return };
-                        a.0.push(r);
-                        a.1 -= 1;
-                        if a.1 > 0 {
-                            return;
+                        let Ok(mut b) = batch.lock() else { return };
+                        if let Some(resp) = b.0.add(r, &addrs) {
+                            if let Some(done) = b.1.take() {
+                                done(resp);
+                            }
                         }
-                        let results = std::mem::take(&mut a.0);
-                        let resp = match results.into_iter().collect::<Result<Vec<_>, _>>() {
-                            Ok(indexes) => Response::AppendedBatch {
-                                first_index: indexes.iter().copied().min().unwrap_or(0),
-                                count: indexes.len() as u32,
-                            },
-                            Err(e) => error_response(e, &addrs),
-                        };
-                        let _ = out.send(Out::Answer(id, resp));
                     }),
                 );
             }
         }
-        Request::Read {
+        NodeCall::Read {
             group,
             from,
             max_entries,
             max_bytes,
-            stale,
-        } => {
-            let (out, addrs) = (out.clone(), Arc::clone(addrs));
-            let max_entries = (max_entries as usize).clamp(1, READ_ENTRIES_MAX);
-            node.read_with(
-                group,
-                from,
-                max_entries,
-                max_bytes as usize,
-                stale,
-                Box::new(move |r| {
-                    let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
-                }),
-            );
-        }
-        Request::Tail {
-            group,
-            from,
             wait_ms,
             stale,
-        } => {
-            // The group's loop keeps the tail and answers it as soon as an
-            // entry is applied there; no thread waits here. It holds one of
-            // the `TAILS_MAX` slots until then.
-            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let why = ProposeError::Busy("too many long polls waiting".into());
-                return answer(out, error_response(why, addrs));
-            };
-            let wait = Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX);
-            let (out, addrs) = (out.clone(), Arc::clone(addrs));
-            node.read_waiting(
-                group,
-                from,
-                READ_ENTRIES_MAX,
-                usize::MAX,
-                wait.as_millis() as u32,
-                stale,
-                Box::new(move |r| {
-                    drop(slot);
-                    let _ = out.send(Out::Answer(id, entries_response(r, &addrs)));
-                }),
-            );
-        }
-        Request::Leaders => {
-            let resp = match node.status() {
-                Some(s) => Response::LeaderMap {
-                    groups: s
-                        .groups
-                        .iter()
-                        .map(|g| LeaderInfo {
-                            group: g.group,
-                            leader: g.leader.unwrap_or(0),
-                            addr: g
-                                .leader
-                                .and_then(|l| addrs.get(&l).cloned())
-                                .unwrap_or_default(),
-                        })
-                        .collect(),
-                },
-                None => error_response(ProposeError::Stopping, addrs),
-            };
-            answer(out, resp);
-        }
-        Request::Status => {
-            let resp = match node.status() {
-                Some(s) => Response::StatusJson {
-                    json: status_json(&s).to_string(),
-                },
-                None => error_response(ProposeError::Stopping, addrs),
-            };
-            answer(out, resp);
-        }
-        Request::Command {
+            tail: _,
+        } => node.read_waiting(
+            group,
+            from,
+            max_entries,
+            max_bytes,
+            wait_ms,
+            stale,
+            Box::new(move |r| done(entries_response(r, &addrs))),
+        ),
+        NodeCall::State {
             group,
             client_id,
             seq,
             command,
-        } => {
-            let Some(command) = crate::state::Command::decode(&command) else {
-                return answer(out, bad_request("the command does not decode"));
-            };
-            let (out, addrs) = (out.clone(), Arc::clone(addrs));
-            node.state_with(
-                group,
-                client_id,
-                seq,
-                command,
-                Box::new(move |r| {
-                    let resp = match r {
-                        Ok(o) => Response::Outcome {
-                            outcome: o.encode(),
-                        },
-                        Err(e) => error_response(e, &addrs),
-                    };
-                    let _ = out.send(Out::Answer(id, resp));
-                }),
-            );
-        }
-        Request::Query {
+        } => node.state_with(
             group,
-            wait_ms,
+            client_id,
+            seq,
+            command,
+            Box::new(move |r| done(outcome_response(r, &addrs))),
+        ),
+        NodeCall::Query {
+            group,
             query,
-        } => {
-            let Some(query) = crate::state::Query::decode(&query) else {
-                return answer(out, bad_request("the query does not decode"));
-            };
-            let waits = wait_ms > 0 && matches!(query, crate::state::Query::ReadLedger { .. });
-            if !waits {
-                let (out, addrs) = (out.clone(), Arc::clone(addrs));
-                node.query_with(
-                    group,
-                    query,
-                    Box::new(move |r| {
-                        let _ = out.send(Out::Answer(id, answer_response(r, &addrs)));
-                    }),
-                );
-                return;
-            }
-            // A long poll for entries past the LAC: the leader's loop keeps
-            // it and answers as soon as an entry is confirmed; no thread
-            // waits here. It holds one of the `TAILS_MAX` slots until then.
-            let Some(slot) = Slot::take(tails, TAILS_MAX) else {
-                let why = ProposeError::Busy("too many long polls waiting".into());
-                return answer(out, error_response(why, addrs));
-            };
-            let wait = (Duration::from_millis(u64::from(wait_ms)).min(TAIL_WAIT_MAX)).as_millis();
-            let (out, addrs) = (out.clone(), Arc::clone(addrs));
-            node.query_waiting(
-                group,
-                query,
-                wait as u32,
-                Box::new(move |r| {
-                    drop(slot);
-                    let _ = out.send(Out::Answer(id, answer_response(r, &addrs)));
-                }),
-            );
-        }
-        Request::Hello { .. } => {} // handled by the session
-    }
-}
-
-fn request_group(req: &Request) -> Option<u32> {
-    match req {
-        Request::Append { group, .. }
-        | Request::AppendBatch { group, .. }
-        | Request::Read { group, .. }
-        | Request::Tail { group, .. }
-        | Request::Command { group, .. }
-        | Request::Query { group, .. } => Some(*group),
-        _ => None,
-    }
-}
-
-fn answer_response(
-    r: Result<crate::state::Answer, ProposeError>,
-    addrs: &BTreeMap<NodeId, String>,
-) -> Response {
-    match r {
-        Ok(a) => Response::Answer { answer: a.encode() },
-        Err(e) => error_response(e, addrs),
-    }
-}
-
-fn entries_response(
-    r: Result<Vec<(u64, u64, Vec<u8>)>, ProposeError>,
-    addrs: &BTreeMap<NodeId, String>,
-) -> Response {
-    match r {
-        Ok(v) => Response::Entries {
-            entries: v
-                .into_iter()
-                .map(|(index, term, data)| crate::api::Entry { index, term, data })
-                .collect(),
-        },
-        Err(e) => error_response(e, addrs),
+            wait_ms,
+        } => node.query_waiting(
+            group,
+            query,
+            wait_ms,
+            Box::new(move |r| done(answer_response(r, &addrs))),
+        ),
+        NodeCall::Leaders => done(leaders_response(node.status().as_ref(), &addrs)),
+        NodeCall::Status => done(match node.status() {
+            Some(s) => Response::StatusJson {
+                json: status_json(&s).to_string(),
+            },
+            None => error_response(ProposeError::Stopping, &addrs),
+        }),
     }
 }

@@ -13,7 +13,7 @@ use crossbeam_channel::Sender;
 /// Why a proposal (or a read) was not confirmed. Each condition a caller
 /// must tell apart has its own variant: whether retrying can help, here
 /// or on another node, is in its doc and in the client code it maps to
-/// (`client_server::error_response`).
+/// (`client_dispatch::error_response`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProposeError {
     /// This node does not lead the group; the leader it knows, if any.

@@ -37,7 +37,7 @@
 //! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`: leaves
 //! 2. `status`, `errors`, `admin_auth`, `client_gate`, `processes`: status views, start errors, the client server's admission
 //! 3. `command`, `mesh`, `config_file`: commands and replies, the inter-core mesh, the daemon's config file
-//! 4. `replica`, `control`: one group's glue; the control plane (serial ports, detector, heartbeat)
+//! 4. `replica`, `control`, `client_dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
 //! 5. `event_loop`: one core's loop, driving its replicas and (control loop) the control plane
 //! 6. `handle`: `NodeHandle`, which starts the loops and talks to them
 //! 7. `local`, `admin`: clusters in one process; the admin endpoint
@@ -49,6 +49,7 @@
 pub mod admin;
 mod admin_auth;
 pub mod client_admission;
+pub mod client_dispatch;
 mod client_gate;
 pub mod client_server;
 pub mod client_stats;
