@@ -110,8 +110,12 @@ struct Device {
     /// Tokens of the writing requests submitted in this life that have
     /// not completed with their writes synced (a failed one stays).
     unsynced: std::collections::BTreeSet<u64>,
+    /// The highest token of a writing request of this life that completed
+    /// with its writes synced (0: none).
+    synced_max: u64,
     done: VecDeque<IoCompletion>,
     fail_next_sync: bool,
+    fail_next_create: bool,
     capacity_bytes: Option<u64>,
 }
 
@@ -204,6 +208,11 @@ impl Device {
         }
         if wrote && result.is_ok() && unsynced_files.is_empty() {
             self.unsynced.remove(&req.token);
+            // u64::MAX is a blocking call's request (a superblock written
+            // at once), not a flush of a ticket.
+            if req.token != u64::MAX {
+                self.synced_max = self.synced_max.max(req.token);
+            }
         }
         IoCompletion {
             token: req.token,
@@ -217,6 +226,7 @@ impl Device {
         self.queued.clear();
         self.done.clear();
         self.unsynced.clear();
+        self.synced_max = 0;
         // A fault planted for the next sync was for the life that ended.
         self.fail_next_sync = false;
         for i in 0..self.inodes.len() {
@@ -281,8 +291,10 @@ impl SimDir {
             latency: None,
             stalled_until_us: 0,
             unsynced: std::collections::BTreeSet::new(),
+            synced_max: 0,
             done: VecDeque::new(),
             fail_next_sync: false,
+            fail_next_create: false,
             capacity_bytes: None,
         };
         SimDir {
@@ -338,14 +350,32 @@ impl SimDir {
         self.dev().unsynced.first().copied()
     }
 
+    /// The highest token of a writing request of this life that the
+    /// device completed with its writes synced (0: none): a flush the WAL
+    /// dropped before submitting it never gets below this.
+    pub fn highest_synced_token(&self) -> u64 {
+        self.dev().synced_max
+    }
+
     /// The next sync (of any file) fails with EIO.
     pub fn fail_next_sync(&self) {
         self.dev().fail_next_sync = true;
     }
 
+    /// The next file created for writing (`create_new`: a segment being
+    /// prepared) fails with EIO.
+    pub fn fail_next_create(&self) {
+        self.dev().fail_next_create = true;
+    }
+
     /// Cancels a pending [`SimDir::fail_next_sync`].
     pub fn clear_fail_next_sync(&self) {
         self.dev().fail_next_sync = false;
+    }
+
+    /// Bytes the directory's files hold now.
+    pub fn used_bytes(&self) -> u64 {
+        self.dev().used_bytes()
     }
 
     /// Limits the bytes the directory's files may hold (`None`: no limit).
@@ -509,6 +539,9 @@ impl LogDir for SimDir {
     fn create_new(&self, name: &str) -> io::Result<SimFile> {
         let i = {
             let mut d = self.dev();
+            if std::mem::take(&mut d.fail_next_create) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
             d.inodes.push(Inode::default());
             let i = d.inodes.len() - 1;
             d.rename_name(name, Some(i));

@@ -131,6 +131,10 @@ struct Suspect {
     /// The commit the trusted log recorded (batches after it may be
     /// discarded with their commits).
     commit: Index,
+    /// The highest commit the trusted log's own batches recorded (not the
+    /// superblock's): entries up to it were committed when the damaged
+    /// batch was written, so it cannot have rewritten them.
+    batch_commit: Index,
     batches_before: usize,
     /// Where the trusted log ended: appends continue, and zeroing starts, here.
     start: (u64, u64),
@@ -160,6 +164,8 @@ pub fn scan(
     let mut suspect: Option<Suspect> = None;
     // Unhealed damage: trusted log end and the highest index seen since.
     let mut hole: Option<usize> = None;
+    // The highest commit a batch applied so far recorded.
+    let mut batch_commit: Index = 0;
     let trusted_end = |log: &Vec<Entry>| base + log.len() as u64;
 
     for seg in segments {
@@ -175,7 +181,16 @@ pub fn scan(
                     only_zeros = false;
                     old_life = true;
                     let reason = FormatError::Recycled;
-                    note_suspect(&mut suspect, seg.id, off, reason, false, &log, &r);
+                    note_suspect(
+                        &mut suspect,
+                        batch_commit,
+                        seg.id,
+                        off,
+                        reason,
+                        false,
+                        &log,
+                        &r,
+                    );
                     off += b.disk_bytes;
                     continue;
                 }
@@ -185,7 +200,16 @@ pub fn scan(
                     // here unless something wrote where it should not.
                     only_zeros = false;
                     let reason = FormatError::BadField;
-                    note_suspect(&mut suspect, seg.id, off, reason, true, &log, &r);
+                    note_suspect(
+                        &mut suspect,
+                        batch_commit,
+                        seg.id,
+                        off,
+                        reason,
+                        true,
+                        &log,
+                        &r,
+                    );
                     off += BLOCK_BYTES;
                     continue;
                 }
@@ -194,7 +218,7 @@ pub fn scan(
                     // In a recycled file an undecodable block is most
                     // likely the inside of an older life's batch.
                     let dirty = e != FormatError::Zeroed && !recycled && !old_life;
-                    note_suspect(&mut suspect, seg.id, off, e, dirty, &log, &r);
+                    note_suspect(&mut suspect, batch_commit, seg.id, off, e, dirty, &log, &r);
                     off += BLOCK_BYTES;
                     continue;
                 }
@@ -217,7 +241,19 @@ pub fn scan(
                     // stray bytes in free space) between two batches.
                     suspect = None;
                 } else if jump > window || s.seq + 1 < life_start {
-                    let start = base + s.trusted_len as u64 + 1;
+                    // The damaged batch may have rewritten the log's end
+                    // (a truncation by a new leader): past what was
+                    // committed when it was written, the trusted entries
+                    // may be stale, and applying one would diverge. They
+                    // count as lost too, fetched again in repair.
+                    let held = base + log.len() as u64;
+                    let committed = s.batch_commit.max(base) - base;
+                    let certain = s.trusted_len.min(committed as usize);
+                    log.truncate(certain);
+                    if held > base + certain as u64 {
+                        r.repair_until = Some(r.repair_until.unwrap_or(0).max(held));
+                    }
+                    let start = base + certain as u64 + 1;
                     let healed = batch.first_index <= start;
                     r.corruption.push(Corruption {
                         segment: s.segment,
@@ -227,7 +263,7 @@ pub fn scan(
                         healed,
                     });
                     if !healed && hole.is_none() {
-                        hole = Some(s.trusted_len);
+                        hole = Some(certain);
                     }
                     suspect = None;
                 }
@@ -254,6 +290,7 @@ pub fn scan(
                 }
             }
             if hole.is_none() {
+                batch_commit = batch_commit.max(batch.commit);
                 apply(&mut log, base, batch.first_index, batch.entries);
             } else {
                 let last = batch.first_index + loc.count;
@@ -316,8 +353,10 @@ pub fn scan(
 
 /// Records a block that holds no batch of the log. `dirty` blocks may be
 /// a torn write and are zeroed with a torn tail; others are free space.
+#[allow(clippy::too_many_arguments)]
 fn note_suspect(
     suspect: &mut Option<Suspect>,
+    batch_commit: Index,
     segment: u64,
     off: usize,
     reason: FormatError,
@@ -335,6 +374,7 @@ fn note_suspect(
                 trusted_len: log.len(),
                 seq: r.last_seq,
                 commit: r.commit,
+                batch_commit,
                 batches_before: r.batches.len(),
                 start: (segment, off as u64),
                 dirty_until: dirty,
@@ -492,6 +532,31 @@ mod tests {
         assert_eq!(r.corruption.len(), 1, "{:?}", r.corruption);
         assert_eq!(r.entries.len(), 40);
         assert_eq!(r.repair_until, Some(100));
+    }
+
+    #[test]
+    fn entries_past_the_commit_before_damage_are_not_trusted() {
+        // Batch 2 (11..=20) recorded commit 10; the damaged batch 3 may
+        // have rewritten 15.. in a new term, so the old 15..=20 may be
+        // stale. The trusted log ends at 10, and everything held past it
+        // is repaired; the commit recovered is not above it.
+        let batches = [(1, 10, 1), (11, 10, 1), (15, 10, 2), (25, 5, 2)];
+        let (mut segs, places) = layout_committing(&batches, &|seq, last| match seq {
+            1 => 10,
+            _ => last,
+        });
+        let (s, at) = places[2];
+        segs[s][at + 3000] ^= 0x40;
+        let images = segs.iter().enumerate().map(|(i, b)| SegmentImage {
+            id: i as u64,
+            bytes: b.clone(),
+        });
+        let r = scan(images, 0, 29, 1, 0);
+        assert_eq!(r.corruption.len(), 1, "{:?}", r.corruption);
+        assert_eq!(r.entries.len(), 10);
+        assert_eq!(r.corruption[0].lost.0, 11);
+        assert!(r.commit <= 10, "commit {}", r.commit);
+        assert_eq!(r.repair_until, Some(29));
     }
 
     #[test]

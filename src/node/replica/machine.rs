@@ -121,9 +121,20 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             });
             return;
         }
-        if let Err(WalError::DiskFull) = self.wal.admit() {
-            reply.fail(ProposeError::DiskFull);
-            return;
+        match self.wal.admit() {
+            Ok(()) => {}
+            Err(WalError::DiskFull) => {
+                reply.fail(ProposeError::DiskFull);
+                return;
+            }
+            Err(e) => {
+                // The log failed (retrying a segment hit an I/O error):
+                // this group stops here, as when a flush fails.
+                let why = format!("{e}");
+                reply.fail(ProposeError::LogStopped(why.clone()));
+                self.stop(why);
+                return;
+            }
         }
         match self.raft.propose(data) {
             Ok((index, term)) => {

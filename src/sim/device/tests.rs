@@ -160,6 +160,44 @@ fn a_failed_sync_stops_the_log_and_loses_nothing_acknowledged_before() {
     check_recovered(&dir, 10, 3);
 }
 
+/// An I/O error while preparing a segment for a flush loses that flush's
+/// batch: the log must stop there, or a later flush completing would
+/// report the lost batch's entries durable (found by the cluster sweep
+/// under the production glue: seed 39 on 5 nodes).
+#[test]
+fn an_io_error_preparing_a_segment_stops_the_log() {
+    let dir = SimDir::new("g0", 5);
+    let cfg = WalConfig {
+        segments_ahead: 0, // every roll prepares its segment then
+        ..cfg()
+    };
+    let (mut wal, _) = Wal::open_in(dir.clone(), cfg).unwrap();
+    wal.append(None, &[entry(1)]).unwrap();
+    wal.sync().unwrap();
+    dir.fail_next_create();
+    let mut next = 2;
+    let err = loop {
+        wal.append(None, &[entry(next)]).unwrap();
+        next += 1;
+        match wal.sync() {
+            Ok(()) => assert!(next < 500, "no segment was ever prepared"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(wal.state(), DiskState::Failed(_)), "{err}");
+    let durable = wal.durable().0;
+    assert!(durable < next - 1, "the failed batch is not durable");
+    assert!(
+        wal.append(None, &[entry(next)]).is_err(),
+        "a stopped log takes nothing"
+    );
+    assert!(wal.sync().is_err());
+    assert_eq!(wal.durable().0, durable);
+    drop(wal);
+    dir.crash();
+    check_recovered(&dir, durable, 5);
+}
+
 #[test]
 fn a_full_device_refuses_new_appends_and_keeps_what_it_holds() {
     let dir = SimDir::new("g0", 4);

@@ -274,9 +274,22 @@ impl<D: LogDir> Wal<D> {
             let Some(s) = next else {
                 return Ok(());
             };
-            if let Err(back) = self.submit_flush(s)? {
-                self.sealed.push_front(back); // no room yet: retried later
-                return Ok(());
+            match self.submit_flush(s) {
+                Ok(Ok(())) => {}
+                Ok(Err(back)) => {
+                    self.sealed.push_front(back); // no room yet: retried later
+                    return Ok(());
+                }
+                Err(e) => {
+                    // The batch is gone with the error: a later flush
+                    // completing would report its entries durable, never
+                    // written. So the log stops here, as after a failed
+                    // flush (an I/O error preparing a segment is the
+                    // disk's too).
+                    self.metrics.io_errors += 1;
+                    self.state = DiskState::Failed(format!("{e}"));
+                    return Err(e);
+                }
             }
         }
     }
