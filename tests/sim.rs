@@ -124,8 +124,7 @@ fn production_glue_keeps_every_invariant_on_three_and_five_nodes() {
 
 /// Each planted glue bug is caught within 200 seeds on both topologies,
 /// by the invariant named here; so are the core's planted bugs run
-/// through the production glue (vote-while-repairing on 3 nodes: on 5 the
-/// rot the device plants, where recovery can tell it, shows it later).
+/// through the production glue.
 #[test]
 fn planted_bugs_in_the_production_glue_are_caught() {
     let expected = [
@@ -155,12 +154,7 @@ fn planted_bugs_in_the_production_glue_are_caught() {
         }
     }
     for (name, bug) in BUGS {
-        let topologies: &[usize] = if name == "vote-while-repairing" {
-            &[3]
-        } else {
-            &[3, 5]
-        };
-        for &nodes in topologies {
+        for nodes in [3, 5] {
             let opts = SimOptions {
                 nodes,
                 glue: Glue::Node,

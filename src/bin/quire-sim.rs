@@ -52,6 +52,11 @@ struct Args {
     /// Print one line per seed.
     #[arg(long)]
     verbose: bool,
+    /// Seeds run at once, on threads of their own (default: one per CPU).
+    /// Reports stay in seed order, and the first failing seed is the one
+    /// reported, as with one thread.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    jobs: Option<u64>,
     /// Run the scripted failover scenarios with serial cables instead
     /// (kill the leader, cut its UDP to a follower, cut a serial cable,
     /// stall its disk) and print how fast the cluster reacted.
@@ -140,9 +145,13 @@ fn main() -> ExitCode {
         return failover(first, count, &opts, args.verbose || single);
     }
 
+    let jobs = args.jobs.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |j| j as usize,
+    );
     let mut totals = Totals::default();
-    for seed in first..first.saturating_add(count) {
-        match sim::run(seed, &opts) {
+    for (seed, result) in run_seeds(first, count, jobs, &opts) {
+        match result {
             Ok(r) => {
                 if single || args.verbose {
                     println!(
@@ -174,6 +183,43 @@ fn main() -> ExitCode {
     }
     totals.print(started, &opts);
     ExitCode::SUCCESS
+}
+
+/// Runs `count` seeds from `first` on `jobs` threads; the results in seed
+/// order, ending at the lowest failing seed (seeds above it that were
+/// already running are dropped, so the output is what one thread gives).
+fn run_seeds(
+    first: u64,
+    count: u64,
+    jobs: usize,
+    opts: &SimOptions,
+) -> Vec<(u64, Result<sim::RunReport, Box<sim::Failure>>)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let end = first.saturating_add(count);
+    let next = AtomicU64::new(first);
+    let lowest_failure = AtomicU64::new(u64::MAX);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= end || seed > lowest_failure.load(Ordering::Relaxed) {
+                    return;
+                }
+                let r = sim::run(seed, opts);
+                if r.is_err() {
+                    lowest_failure.fetch_min(seed, Ordering::Relaxed);
+                }
+                results.lock().expect("results").push((seed, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("results");
+    results.sort_by_key(|(seed, _)| *seed);
+    let cut = lowest_failure.into_inner();
+    results.retain(|(seed, _)| *seed <= cut);
+    results
 }
 
 #[derive(Default)]
@@ -227,11 +273,20 @@ impl Totals {
         };
         let f = &self.faults;
         println!(
-            "runs:        {} passed ({} nodes x {} groups, {} workload{}{})",
+            "runs:        {} passed ({} nodes x {} groups, {} workload{}{}{}{})",
             self.runs,
             opts.nodes,
             opts.groups,
             opts.workload.name(),
+            if opts.glue == Glue::Node {
+                ", production glue"
+            } else {
+                ""
+            },
+            opts.glue_bug.map_or(String::new(), |b| format!(
+                ", planted bug {}",
+                sim::glue_bug_name(b)
+            )),
             opts.bug.map_or(String::new(), |b| format!(
                 ", planted bug {}",
                 sim::bug_name(b)
@@ -256,8 +311,8 @@ impl Totals {
             self.commits, self.confirmed, self.failed, self.unknown
         );
         println!(
-            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers, {} serial cables cut, {} made noisy, {} disk stalls; {} messages dropped",
-            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, f.serial_cuts, f.serial_noise, f.disk_stalls, self.dropped
+            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers, {} serial cables cut, {} made noisy, {} disk stalls, {} disks full; {} messages dropped",
+            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, f.serial_cuts, f.serial_noise, f.disk_stalls, f.disks_full, self.dropped
         );
         println!(
             "detectors:   {} link, peer and disk-stall transitions; {} serial frames rejected",

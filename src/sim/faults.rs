@@ -45,6 +45,8 @@ pub struct FaultCounts {
     pub serial_noise: u64,
     /// Disks stalled (nothing completes for seconds).
     pub disk_stalls: u64,
+    /// Disks filled up for a while (`ENOSPC`; production glue only).
+    pub disks_full: u64,
 }
 
 impl FaultCounts {
@@ -63,6 +65,7 @@ impl FaultCounts {
             + self.eio
             + self.corruptions
             + self.misdirected_writes
+            + self.disks_full
             + self.transfers
             + self.serial_cuts
             + self.serial_noise
@@ -84,6 +87,7 @@ impl FaultCounts {
         self.eio += o.eio;
         self.corruptions += o.corruptions;
         self.misdirected_writes += o.misdirected_writes;
+        self.disks_full += o.disks_full;
         self.transfers += o.transfers;
         self.serial_cuts += o.serial_cuts;
         self.serial_noise += o.serial_noise;
@@ -191,7 +195,11 @@ impl World {
             }
             82..=86 => {
                 let g = self.rng.gen_range(0..self.opts.groups);
-                if self.nodes[n].runs(g) {
+                if self.opts.glue == Glue::Node && self.rng.gen_bool(0.5) {
+                    // The production log's disk fills up for a while.
+                    let until = self.now + self.rng.gen_range(300..=2_000);
+                    self.fill_disk(n, g, until);
+                } else if self.nodes[n].runs(g) {
                     self.faults.eio += 1;
                     self.record(n, g, What::Fault("eio"));
                     if self.opts.glue == Glue::Node {
@@ -286,6 +294,7 @@ impl World {
                 self.nodes[n].disks[g].fail_next_write = false;
                 if let Some(dev) = self.nodes[n].devices.get(g) {
                     dev.clear_fail_next_sync();
+                    dev.set_capacity_bytes(None);
                 }
             }
             if !self.nodes[n].alive {

@@ -8,7 +8,8 @@
 //!
 //! The oracle never asks the WAL what is durable. The replica's tap
 //! reports what it asked its log to write under which ticket; the device
-//! reports which flushes it really synced ([`SimDir::oldest_unsynced_token`]).
+//! reports which flushes it really synced ([`SimDir::oldest_unsynced_token`],
+//! [`SimDir::highest_synced_token`]).
 //! A write is in the node's *shadow* (`disk::Durable`, what the checkers
 //! hold the node to) once every flush up to its ticket is synced on the
 //! device and none is still queued in the WAL. At a restart the real
@@ -44,6 +45,14 @@ pub(crate) struct Hosted {
     /// than this many flushes from the end, or recovery rightly takes it
     /// for a torn tail.
     window: u64,
+}
+
+/// Where damage strikes a log: a batch of a segment file.
+pub(crate) struct Damage {
+    file: String,
+    offset: u64,
+    bytes: u64,
+    first_index: Index,
 }
 
 /// A client append waiting for its answer from a production replica.
@@ -137,12 +146,11 @@ impl World {
         Ok(())
     }
 
-    /// Where bit rot may strike group `g`'s log on node `n` so that
+    /// Where damage may strike group `g`'s log on node `n` so that
     /// recovery can tell it from a torn tail: a synced batch above the
     /// snapshot followed by a durable batch more than the in-flight
-    /// window later. Returns the segment file, a byte inside the batch,
-    /// and the batch's first index.
-    pub(crate) fn rot_target(&mut self, n: usize, g: usize) -> Option<(String, u64, Index)> {
+    /// window later.
+    pub(crate) fn damage_target(&mut self, n: usize, g: usize) -> Option<Damage> {
         let h = self.nodes[n].hosted[g].as_ref()?;
         let (lo, hi) = (h.replica.raft.first_index(), h.replica.wal.durable().0);
         if lo > hi {
@@ -158,26 +166,50 @@ impl World {
         if candidates.is_empty() {
             return None;
         }
-        let (name, loc) = candidates[self.rng.gen_range(0..candidates.len())].clone();
-        // Past the batch header, inside its entries.
-        let at = loc.offset + self.rng.gen_range(64..loc.disk_bytes.max(65));
-        Some((name, at, loc.first_index))
+        let (file, loc) = candidates[self.rng.gen_range(0..candidates.len())].clone();
+        Some(Damage {
+            file,
+            offset: loc.offset,
+            bytes: loc.disk_bytes,
+            first_index: loc.first_index,
+        })
     }
 
-    /// Rots one byte of group `g`'s log on node `n` (after a crash): the
-    /// next recovery finds it, and the shadow expects repair from `from`.
-    pub(crate) fn rot(&mut self, n: usize, g: usize, (name, at, from): (String, u64, Index)) {
+    /// Damages group `g`'s log on node `n` (after a crash) at `d`: one
+    /// byte rots inside the batch, or (`misdirected`) the batch is zeros,
+    /// as where a write reported durable never landed. The next recovery
+    /// finds it; the shadow expects repair from the batch's first index.
+    pub(crate) fn damage(&mut self, n: usize, g: usize, d: Damage, misdirected: bool) {
         let dev = &self.nodes[n].devices[g];
-        let Some(byte) = dev
-            .contents(&name)
-            .and_then(|b| b.get(at as usize).copied())
-        else {
-            return;
-        };
-        dev.rot(&name, at, &[byte ^ 0x5a]);
-        self.faults.corruptions += 1;
-        self.record(n, g, What::Fault("bit-rot"));
-        self.nodes[n].disks[g].durable.damage_from(from);
+        if misdirected {
+            dev.rot(&d.file, d.offset, &vec![0u8; d.bytes as usize]);
+            self.faults.misdirected_writes += 1;
+            self.record(n, g, What::Fault("misdirected-write"));
+        } else {
+            // Past the batch header, inside its entries.
+            let at = d.offset + self.rng.gen_range(64..d.bytes.max(65));
+            let Some(byte) = dev
+                .contents(&d.file)
+                .and_then(|b| b.get(at as usize).copied())
+            else {
+                return;
+            };
+            dev.rot(&d.file, at, &[byte ^ 0x5a]);
+            self.faults.corruptions += 1;
+            self.record(n, g, What::Fault("bit-rot"));
+        }
+        self.nodes[n].disks[g].durable.damage_from(d.first_index);
+    }
+
+    /// Fills group `g`'s device on node `n` until `until_ms`: nothing
+    /// that needs more space succeeds (`ENOSPC`), so the log refuses new
+    /// appends (`DiskFull`) until space returns.
+    pub(crate) fn fill_disk(&mut self, n: usize, g: usize, until_ms: u64) {
+        let dev = &self.nodes[n].devices[g];
+        dev.set_capacity_bytes(Some(dev.used_bytes()));
+        self.faults.disks_full += 1;
+        self.record(n, g, What::Fault("disk-full"));
+        self.schedule(until_ms, Event::DiskSpace { node: n, group: g });
     }
 
     fn chain_or_fail(&self, g: usize, index: Index) -> Result<u64, Violation> {
@@ -227,9 +259,9 @@ impl World {
             .into_iter()
             .chain(shadow.damaged.iter().map(|&(i, _)| i))
             .min();
-        let repairing = |i: Index| {
-            damaged_from.is_some_and(|d| i >= d) && r.repair_until.is_some_and(|u| i <= u)
-        };
+        // (Recovery may also distrust entries below the damaged batch: it
+        // cannot tell how far back a rotten batch rewrote the log.)
+        let repairing = |i: Index| damaged_from.is_some() && r.repair_until.is_some_and(|u| i <= u);
         for (k, e) in shadow.entries.iter().enumerate() {
             let i = s_base + 1 + k as u64;
             if i <= r_base || replaced_from.is_some_and(|f| i >= f) || repairing(i) {
@@ -478,12 +510,16 @@ impl World {
             return Ok(());
         };
         let wal = &h.replica.wal;
-        let device = self.nodes[n].devices[g].oldest_unsynced_token();
-        let mut through = wal.current_ticket();
-        for t in [device, wal.oldest_unsubmitted_ticket()]
-            .into_iter()
-            .flatten()
-        {
+        // Positive evidence only: a ticket is durable once the device
+        // synced a flush at or above it, and none below it is unsynced or
+        // still queued in the WAL (a batch the WAL lost never counts).
+        let device = &self.nodes[n].devices[g];
+        let mut through = wal.current_ticket().min(device.highest_synced_token());
+        let pending = [
+            device.oldest_unsynced_token(),
+            wal.oldest_unsubmitted_ticket(),
+        ];
+        for t in pending.into_iter().flatten() {
             through = through.min(t.saturating_sub(1));
         }
         let disk = &mut self.nodes[n].disks[g];

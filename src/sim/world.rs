@@ -116,6 +116,11 @@ pub(crate) enum Event {
         until_ms: u64,
     },
     Heal,
+    /// Space returns on a production replica's device (`Glue::Node`).
+    DiskSpace {
+        node: usize,
+        group: usize,
+    },
     /// A production replica's device completes a request, or one of its
     /// jobs is due (`Glue::Node`).
     Wake {
@@ -601,6 +606,10 @@ impl World {
             Event::CrashLoop { node, until_ms } => self.crash_loop_step(node, until_ms),
             Event::Heal => self.heal(),
             Event::Wake { node, group } => self.drive_hosted(node, group),
+            Event::DiskSpace { node, group } => {
+                self.nodes[node].devices[group].set_capacity_bytes(None);
+                self.drive_hosted(node, group)
+            }
             Event::HeartbeatSend { node } => self.heartbeat_send(node),
             Event::HeartbeatUdp { to, hb } => self.heartbeat_udp(to, &hb),
             Event::HeartbeatSerial { from, to, bytes } => self.heartbeat_serial(from, to, &bytes),
@@ -964,14 +973,16 @@ impl World {
         self.watches[n] = None;
         for g in 0..self.opts.groups {
             if self.opts.glue == Glue::Node {
-                // Bit rot on the device, where recovery can tell it.
-                let rot = (self.rng.gen_bool(self.p.corruption_probability)
+                // Damage on the device, where recovery can tell it: bit
+                // rot, or now and then a write that never landed.
+                let target = (self.rng.gen_bool(self.p.corruption_probability)
                     && self.may_damage(n, g))
-                .then(|| self.rot_target(n, g))
+                .then(|| self.damage_target(n, g))
                 .flatten();
+                let misdirected = self.rng.gen_bool(0.2);
                 self.stop_group(n, g)?;
-                if let Some(target) = rot {
-                    self.rot(n, g, target);
+                if let Some(target) = target {
+                    self.damage(n, g, target, misdirected);
                 }
                 continue;
             }
