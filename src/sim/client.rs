@@ -147,13 +147,7 @@ impl World {
                 self.drive(n, g)
             }
             Err(RaftError::NotLeader { leader }) => {
-                let guess = match leader {
-                    Some(l) => idx(l),
-                    None => self.rng.gen_range(0..self.nodes.len()),
-                };
-                self.clients[c].guess = guess;
-                let backoff = self.rng.gen_range(2..=15);
-                self.client_later(c, backoff);
+                self.redirect(c, leader);
                 Ok(())
             }
             Err(_) => {
@@ -197,6 +191,17 @@ impl World {
         Ok(())
     }
 
+    /// Not the leader: try the one named (or any node), after a backoff.
+    fn redirect(&mut self, c: usize, leader: Option<crate::consensus::NodeId>) {
+        let guess = match leader {
+            Some(l) => idx(l),
+            None => self.rng.gen_range(0..self.nodes.len()),
+        };
+        self.clients[c].guess = guess;
+        let backoff = self.rng.gen_range(2..=15);
+        self.client_later(c, backoff);
+    }
+
     /// A production replica answered a client's append.
     pub(crate) fn client_answered(&mut self, a: Answer) -> Result<(), Violation> {
         let c = a.client;
@@ -229,16 +234,8 @@ impl World {
                 let think = self.rng.gen_range(0..=10);
                 self.client_later(c, think);
             }
-            Err(ProposeError::NotLeader(leader)) => {
-                // Refused before it was proposed: nothing to record.
-                let guess = match leader {
-                    Some(l) => idx(l),
-                    None => self.rng.gen_range(0..self.nodes.len()),
-                };
-                self.clients[c].guess = guess;
-                let backoff = self.rng.gen_range(2..=15);
-                self.client_later(c, backoff);
-            }
+            // Refused before it was proposed: nothing to record.
+            Err(ProposeError::NotLeader(leader)) => self.redirect(c, leader),
             Err(ProposeError::Lost) => {
                 // Another leader's entry took its index: a definite failure.
                 self.complete(c, p, Outcome::Failed);

@@ -464,11 +464,22 @@ mod tests {
 
     /// Scans with the log starting after `base` (a snapshot or trim point).
     fn run_from(segs: &[Vec<u8>], base: Index, window: u64) -> ScanResult {
+        scan_with(segs, base, base, window, 0)
+    }
+
+    /// Scans segment images numbered from 0, with every input of `scan`.
+    fn scan_with(
+        segs: &[Vec<u8>],
+        base: Index,
+        commit: Index,
+        window: u64,
+        life_start: u64,
+    ) -> ScanResult {
         let images = segs.iter().enumerate().map(|(i, b)| SegmentImage {
             id: i as u64,
             bytes: b.clone(),
         });
-        scan(images, base, base, window, 0)
+        scan(images, base, commit, window, life_start)
     }
 
     fn indexes(r: &ScanResult) -> Vec<(Index, Term)> {
@@ -513,21 +524,12 @@ mod tests {
         let (mut segs, places) = layout(&ten_batches());
         let (s, at) = places[4];
         segs[s][at + 3000] ^= 0x40;
-        let images = |segs: &[Vec<u8>]| {
-            segs.iter()
-                .enumerate()
-                .map(|(i, b)| SegmentImage {
-                    id: i as u64,
-                    bytes: b.clone(),
-                })
-                .collect::<Vec<_>>()
-        };
-        let torn = scan(images(&segs), 0, 0, 8, 0);
+        let torn = scan_with(&segs, 0, 0, 8, 0);
         assert!(
             torn.torn_tail.is_some(),
             "without the life start: the old rule"
         );
-        let r = scan(images(&segs), 0, 0, 8, 8);
+        let r = scan_with(&segs, 0, 0, 8, 8);
         assert!(r.torn_tail.is_none());
         assert_eq!(r.corruption.len(), 1, "{:?}", r.corruption);
         assert_eq!(r.entries.len(), 40);
@@ -547,11 +549,7 @@ mod tests {
         });
         let (s, at) = places[2];
         segs[s][at + 3000] ^= 0x40;
-        let images = segs.iter().enumerate().map(|(i, b)| SegmentImage {
-            id: i as u64,
-            bytes: b.clone(),
-        });
-        let r = scan(images, 0, 29, 1, 0);
+        let r = scan_with(&segs, 0, 29, 1, 0);
         assert_eq!(r.corruption.len(), 1, "{:?}", r.corruption);
         assert_eq!(r.entries.len(), 10);
         assert_eq!(r.corruption[0].lost.0, 11);
