@@ -121,7 +121,7 @@ pub struct ScanResult {
     pub append_recycled: bool,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Suspect {
     segment: u64,
     offset: u64,
@@ -140,6 +140,33 @@ struct Suspect {
     start: (u64, u64),
     /// End of the last non-zero block or batch seen since, if any.
     dirty_until: Option<(u64, u64)>,
+    /// The trusted entries from `replaced_from` to `trusted_len` that a
+    /// batch applied tentatively since replaced (a rewrite): put back if
+    /// the suspect turns out to be a torn tail or damage.
+    replaced_from: usize,
+    replaced: Vec<Entry>,
+}
+
+impl Suspect {
+    /// Keeps the trusted entries a tentative batch applied from `keep`
+    /// is about to replace.
+    fn save_before_apply(&mut self, log: &[Entry], keep: usize) {
+        let keep = keep.min(log.len());
+        if keep < self.replaced_from {
+            // Below `replaced_from` the log is still the trusted one.
+            let mut head = log[keep..self.replaced_from].to_vec();
+            head.append(&mut self.replaced);
+            self.replaced = head;
+            self.replaced_from = keep;
+        }
+    }
+
+    /// Puts the trusted log back as it was when this suspect was noted.
+    fn restore(&mut self, log: &mut Vec<Entry>) {
+        log.truncate(self.replaced_from.min(log.len()));
+        log.append(&mut self.replaced);
+        log.truncate(self.trusted_len);
+    }
 }
 
 /// Rebuilds the log from segments in order. `base` is the index the log
@@ -234,7 +261,7 @@ pub fn scan(
             if let Some(s) = suspect.as_mut() {
                 s.dirty_until = Some((seg.id, (off + batch.disk_bytes) as u64));
             }
-            if let Some(s) = suspect {
+            if let Some(mut s) = suspect.take() {
                 let jump = batch.seq - s.seq;
                 if jump == 1 {
                     // Nothing missing: unused space at a segment's end (or
@@ -249,6 +276,7 @@ pub fn scan(
                     let held = base + log.len() as u64;
                     let committed = s.batch_commit.max(base) - base;
                     let certain = s.trusted_len.min(committed as usize);
+                    s.restore(&mut log);
                     log.truncate(certain);
                     if held > base + certain as u64 {
                         r.repair_until = Some(r.repair_until.unwrap_or(0).max(held));
@@ -265,10 +293,11 @@ pub fn scan(
                     if !healed && hole.is_none() {
                         hole = Some(certain);
                     }
-                    suspect = None;
+                } else {
+                    // Still ambiguous: keep the suspect and apply the batch
+                    // tentatively; the end of the scan decides.
+                    suspect = Some(s);
                 }
-                // Otherwise still ambiguous: keep the suspect and apply the
-                // batch tentatively; the end of the scan decides.
             }
             let loc = BatchLocation {
                 segment: seg.id,
@@ -291,6 +320,10 @@ pub fn scan(
             }
             if hole.is_none() {
                 batch_commit = batch_commit.max(batch.commit);
+                if let Some(s) = suspect.as_mut() {
+                    let keep = batch.first_index.saturating_sub(base + 1) as usize;
+                    s.save_before_apply(&log, keep);
+                }
                 apply(&mut log, base, batch.first_index, batch.entries);
             } else {
                 let last = batch.first_index + loc.count;
@@ -305,14 +338,15 @@ pub fn scan(
         }
     }
 
-    if let Some(s) = suspect {
+    if let Some(mut s) = suspect {
         // Only in-flight batches after the damage: a torn tail. Zeros
         // alone are just the preallocated end of the log.
         r.append_at = Some(s.start);
         if let Some(zero_until) = s.dirty_until {
             let discarded = r.batches.len() - s.batches_before;
             r.batches.truncate(s.batches_before);
-            log.truncate(s.trusted_len);
+            // A discarded batch may have rewritten trusted entries.
+            s.restore(&mut log);
             r.last_seq = s.seq;
             // What a discarded batch recorded never became durable: a
             // later recovery, after the tail is zeroed, would not see it.
@@ -378,6 +412,8 @@ fn note_suspect(
                 batches_before: r.batches.len(),
                 start: (segment, off as u64),
                 dirty_until: dirty,
+                replaced_from: log.len(),
+                replaced: Vec::new(),
             })
         }
         Some(s) => {
@@ -555,6 +591,30 @@ mod tests {
         assert_eq!(r.corruption[0].lost.0, 11);
         assert!(r.commit <= 10, "commit {}", r.commit);
         assert_eq!(r.repair_until, Some(29));
+    }
+
+    #[test]
+    fn a_discarded_rewrite_gives_back_the_entries_it_replaced() {
+        // Two flushes in flight rewrote the log from 2 in term 2: the
+        // crash lost the first (zeros) and kept the second (from 3). It
+        // is a torn tail, and the trusted 1..=5 of term 1 come back whole,
+        // not mixed with the second's entry 3.
+        let batches = [
+            (1, 1, 1),
+            (2, 1, 1),
+            (3, 1, 1),
+            (4, 1, 1),
+            (5, 1, 1),
+            (2, 1, 2),
+            (3, 1, 2),
+        ];
+        let (mut segs, places) = layout(&batches);
+        let (s, at) = places[5];
+        let end = places[6].1;
+        segs[s][at..end].fill(0);
+        let r = run(&segs, 2);
+        assert!(r.torn_tail.is_some() && r.corruption.is_empty());
+        assert_eq!(indexes(&r), [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]);
     }
 
     #[test]
