@@ -12,7 +12,8 @@
 //!   leaves its node, and an acknowledgement claims only durable entries.
 //! - acknowledged survives recovery (production glue): what the device
 //!   synced is in what the real recovery returns, or reported for repair;
-//!   and the log reopens at all;
+//!   the log reopens at all, and a snapshot from the leader is installed
+//!   only once what was queued before it is synced;
 //! - state machines equal (ledger and queue workloads): every node's
 //!   machine has the same snapshot bytes at the same applied index, whether
 //!   it applied each entry or resumed from a snapshot.
@@ -52,9 +53,9 @@ pub const WORKLOAD_INVARIANTS: [&str; 9] = [
     "produce-not-duplicated",
 ];
 
-/// Names of the invariants, for reports (the last two: the production
-/// glue's recovery checks, `Glue::Node`).
-pub const INVARIANTS: [&str; 10] = [
+/// Names of the invariants, for reports (the last three: the production
+/// glue's log checks, `Glue::Node`).
+pub const INVARIANTS: [&str; 11] = [
     "persisted-before-sent",
     "election-safety",
     "log-matching",
@@ -65,6 +66,7 @@ pub const INVARIANTS: [&str; 10] = [
     "liveness-after-heal",
     "acknowledged-survives-recovery",
     "log-reopens",
+    "snapshot-installed-after-sync",
 ];
 
 pub(crate) struct Checker {

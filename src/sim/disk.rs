@@ -217,6 +217,11 @@ impl SimDisk {
         out
     }
 
+    /// True if ops are queued and not durable.
+    pub(crate) fn has_volatile(&self) -> bool {
+        !self.volatile.is_empty()
+    }
+
     /// Applies an op that is durable at once (a synchronous install).
     pub(crate) fn apply_now(&mut self, op: DiskOp) -> Applied {
         Self::apply(&mut self.durable, op, None)

@@ -202,11 +202,7 @@ impl World {
                 } else if self.nodes[n].runs(g) {
                     self.faults.eio += 1;
                     self.record(n, g, What::Fault("eio"));
-                    if self.opts.glue == Glue::Node {
-                        self.device_fault(n, g, None);
-                    } else {
-                        self.nodes[n].disks[g].fail_next_write = true;
-                    }
+                    self.fail_next_sync(n, g);
                 }
             }
             100..=103 => {
@@ -230,15 +226,8 @@ impl World {
                 let g = self.rng.gen_range(0..self.opts.groups);
                 self.faults.disk_stalls += 1;
                 self.record(n, g, What::Fault("disk-stall"));
-                // Stalls run their course, even past the heal (a disk does
-                // not take orders); completions keep their order.
                 let until = self.now + self.rng.gen_range(500..=3_000);
-                if self.opts.glue == Glue::Node {
-                    self.device_fault(n, g, Some(until));
-                } else {
-                    let disk = &mut self.nodes[n].disks[g];
-                    disk.stalled_until_ms = disk.stalled_until_ms.max(until);
-                }
+                self.stall_disk(n, g, until);
             }
             _ => {
                 let g = self.rng.gen_range(0..self.opts.groups);

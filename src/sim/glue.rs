@@ -455,7 +455,14 @@ impl World {
                     let index = snapshot.index;
                     let base = self.chain_or_fail(g, index)?;
                     let disk = &mut self.nodes[n].disks[g];
-                    disk.complete_through(u64::MAX);
+                    if disk.has_volatile() {
+                        return Err(Violation {
+                            invariant: "snapshot-installed-after-sync",
+                            detail: format!(
+                                "group {g}: n{id} installed the snapshot at {index} before the writes queued ahead of it were synced on its device"
+                            ),
+                        });
+                    }
                     disk.apply_now(DiskOp::Write {
                         snapshot: Some(snapshot),
                         snapshot_chain: Some(base),
@@ -540,7 +547,7 @@ impl World {
         let due = self.nodes[n].devices[g].next_due_us();
         let jobs = {
             let h = self.nodes[n].hosted[g].as_ref().expect("live");
-            !h.host.queued().is_empty() && h.jobs_wake_ms.is_none()
+            h.host.has_queued() && h.jobs_wake_ms.is_none()
         };
         let job_at = jobs.then(|| {
             if self.rng.gen_bool(0.3) {
@@ -595,15 +602,6 @@ impl World {
             self.client_answered(a)?;
         }
         Ok(())
-    }
-
-    /// Plants a device fault: EIO at the next sync, or a stall.
-    pub(crate) fn device_fault(&mut self, n: usize, g: usize, stall_until_ms: Option<u64>) {
-        let dev = &self.nodes[n].devices[g];
-        match stall_until_ms {
-            Some(t) => dev.stall_until_us(t * 1000),
-            None => dev.fail_next_sync(),
-        }
     }
 
     /// Whether group `g`'s leader on `n` must step down: its own disk has

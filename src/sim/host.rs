@@ -92,9 +92,15 @@ impl ManualHost {
     }
 
     /// The names of the jobs offloaded and not run yet, oldest first.
+    #[cfg(test)]
     pub(crate) fn queued(&self) -> Vec<String> {
         let inner = self.inner.lock().expect("host");
         inner.queue.iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    /// True if a job waits to be run.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.inner.lock().expect("host").queue.is_empty()
     }
 
     /// Runs the oldest queued job; its name, or `None` if none waits.

@@ -154,7 +154,7 @@ fn script(
             Some(f)
         }
         Scenario::StallLeaderDisk => {
-            w.nodes[l].disks[0].stalled_until_ms = t0 + 3 * WATCH_MS;
+            w.stall_disk(l, 0, t0 + 3 * WATCH_MS);
             None
         }
     };

@@ -1086,6 +1086,29 @@ impl World {
     }
 }
 
+impl World {
+    /// Group `g`'s disk on node `n` completes nothing until `until_ms`,
+    /// under either glue (a stall runs its course, even past the heal: a
+    /// disk does not take orders).
+    pub(crate) fn stall_disk(&mut self, n: usize, g: usize, until_ms: u64) {
+        match self.opts.glue {
+            Glue::Node => self.nodes[n].devices[g].stall_until_us(until_ms * 1000),
+            Glue::Model => {
+                let disk = &mut self.nodes[n].disks[g];
+                disk.stalled_until_ms = disk.stalled_until_ms.max(until_ms);
+            }
+        }
+    }
+
+    /// The next sync of group `g`'s disk on node `n` fails with EIO.
+    pub(crate) fn fail_next_sync(&mut self, n: usize, g: usize) {
+        match self.opts.glue {
+            Glue::Node => self.nodes[n].devices[g].fail_next_sync(),
+            Glue::Model => self.nodes[n].disks[g].fail_next_write = true,
+        }
+    }
+}
+
 impl Node {
     /// Group `g`'s Raft core here, under either glue, if it runs.
     pub(crate) fn raft(&self, g: usize) -> Option<&Raft> {
