@@ -14,7 +14,7 @@ use crate::consensus::{HardState, Index, Membership, Snapshot, Term};
 
 const SUPER_MAGIC: u32 = u32::from_le_bytes(*b"QSB1");
 const SNAP_MAGIC: u32 = u32::from_le_bytes(*b"QSN1");
-const SUPER_USED_BYTES: usize = 72;
+const SUPER_USED_BYTES: usize = 84;
 
 /// One copy of the superblock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,6 +36,12 @@ pub struct Superblock {
     /// them is corruption, never a torn tail, whatever the window says
     /// (the window may have been smaller when they were written).
     pub life_start_seq: u64,
+    /// The segment a snapshot install is writing the entries kept with
+    /// the snapshot into (0: none). Until the superblock names the
+    /// installed snapshot, that segment is not part of the log: it would
+    /// read as a rewrite from the kept entries, cutting off the log a
+    /// crash should leave in force, so recovery removes it.
+    pub install_segment: u64,
 }
 
 impl Superblock {
@@ -61,6 +67,10 @@ impl Superblock {
         b.extend_from_slice(&self.life_start_seq.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
+        // Likewise, later still.
+        b.extend_from_slice(&self.install_segment.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(b.len(), SUPER_USED_BYTES);
         b.resize(BLOCK_BYTES, 0);
         b
@@ -68,7 +78,8 @@ impl Superblock {
 
     /// Decodes one copy; `None` if it is damaged or was never written.
     pub fn decode(b: &[u8]) -> Option<Superblock> {
-        if b.len() < SUPER_USED_BYTES {
+        // A copy from before the later fields ends at its first checksum.
+        if b.len() < 60 {
             return None;
         }
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
@@ -77,9 +88,12 @@ impl Superblock {
             return None;
         }
         let vote = u64_at(24);
-        let life_recorded = crc32c::crc32c(&b[..68]) == u32_at(68);
+        let recorded = |end: usize| b.len() >= end + 4 && crc32c::crc32c(&b[..end]) == u32_at(end);
+        let life_recorded = recorded(68);
+        let install_recorded = life_recorded && recorded(80);
         Some(Superblock {
             life_start_seq: if life_recorded { u64_at(60) } else { 0 },
+            install_segment: if install_recorded { u64_at(72) } else { 0 },
             flushes_in_flight_max: u32_at(4),
             seq: u64_at(8),
             hard_state: HardState {
@@ -258,6 +272,21 @@ mod tests {
         let decoded = Superblock::decode(&older).expect("still valid");
         assert_eq!(decoded.life_start_seq, 0);
         assert_eq!(decoded.seq, 9);
+    }
+
+    #[test]
+    fn install_segment_survives_a_roundtrip_and_reads_as_zero_from_an_older_copy() {
+        let sb = Superblock {
+            seq: 3,
+            life_start_seq: 77,
+            install_segment: 12,
+            ..Superblock::default()
+        };
+        assert_eq!(Superblock::decode(&sb.encode()), Some(sb));
+        let mut older = sb.encode();
+        older[72..84].fill(0);
+        let decoded = Superblock::decode(&older).expect("still valid");
+        assert_eq!((decoded.install_segment, decoded.life_start_seq), (0, 77));
     }
 
     #[test]

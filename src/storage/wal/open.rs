@@ -82,6 +82,14 @@ impl<D: LogDir> Wal<D> {
             (None, None)
         };
 
+        // An install interrupted before its snapshot was recorded: its
+        // segment is not part of the log (`Superblock::install_segment`).
+        // Gone for good before this life's superblock stops naming it.
+        if sb.install_segment != 0 && dir.exists(&segment_name(sb.install_segment)) {
+            dir.remove(&segment_name(sb.install_segment))
+                .map_err(io_err("removing an unfinished install's segment"))?;
+            dir.sync().map_err(io_err("syncing the log directory"))?;
+        }
         // Segments, in order; leftovers of an interrupted preallocation go.
         let mut ids = Vec::new();
         for name in dir.list().map_err(io_err("listing the log directory"))? {
@@ -196,6 +204,7 @@ impl<D: LogDir> Wal<D> {
             sb: Superblock {
                 flushes_in_flight_max: cfg.flushes_in_flight_max,
                 life_start_seq: found.last_seq + 1,
+                install_segment: 0,
                 ..sb
             },
             segments,

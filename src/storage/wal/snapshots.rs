@@ -165,8 +165,9 @@ impl<D: LogDir> Wal<D> {
     /// log: store it and start the log afresh after it. `below` are the
     /// entries at or below the snapshot that its state refers to
     /// (consecutive, ending at most at its index): they go first into the
-    /// fresh segment, durable before the snapshot is recorded, so a crash
-    /// in between leaves the old snapshot and log in force.
+    /// fresh segment, durable before the snapshot is recorded; the
+    /// superblock names that segment as an unfinished install until then,
+    /// so a crash in between leaves the old snapshot and log in force.
     pub fn install_snapshot(&mut self, snap: &Snapshot, below: &[Entry]) -> Result<(), WalError> {
         let consecutive = below.windows(2).all(|w| w[1].index == w[0].index + 1);
         if !consecutive || below.last().is_some_and(|e| e.index > snap.index) {
@@ -177,7 +178,6 @@ impl<D: LogDir> Wal<D> {
         }
         self.check_entry_sizes(below)?;
         self.sync()?;
-        self.commit = self.commit.max(snap.index);
         // Every old segment goes; a fresh one starts the new log.
         if let Some((id, job)) = self.spare.take() {
             let _ = self.worker.wait(job);
@@ -190,6 +190,16 @@ impl<D: LogDir> Wal<D> {
         let old: Vec<u64> = self.segments.keys().copied().collect();
         // Past every existing file, spares preallocated earlier included.
         let next = old.last().map_or(self.active, |&m| m.max(self.active)) + 1;
+        if !below.is_empty() {
+            // The kept entries read as a rewrite of the log from the first
+            // of them: until the snapshot is recorded, a crash must not
+            // find them, or it would cut off the old log (entries this node
+            // acknowledged). Recovery removes the segment the superblock
+            // names here; recording the snapshot clears it.
+            self.sb.install_segment = next;
+            self.write_superblock_now()?;
+        }
+        self.commit = self.commit.max(snap.index);
         preallocate(&self.dir, next, self.cfg.segment_bytes).map_err(|e| {
             if is_enospc(&e) {
                 WalError::DiskFull
@@ -292,6 +302,8 @@ impl<D: LogDir> Wal<D> {
         let old_file = self.take_free_slot();
         self.sb.snapshot_index = index;
         self.sb.snapshot_term = term;
+        // An install's fresh segment is the log from here on.
+        self.sb.install_segment = 0;
         self.snapshot_index = index;
         self.sb_dirty = true;
         if self.open_batch.is_none() && self.sealed.is_empty() {
@@ -330,6 +342,8 @@ impl<D: LogDir> Wal<D> {
         let old_file = self.take_free_slot();
         self.sb.snapshot_index = index;
         self.sb.snapshot_term = term;
+        // An install's fresh segment is the log from here on.
+        self.sb.install_segment = 0;
         self.snapshot_index = index;
         self.write_superblock_now()?;
         if let Some(old) = old_file {
