@@ -85,10 +85,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if glue == Glue::Node && workload != Workload::Log {
-        eprintln!("quire-sim: --glue node runs the log workload only, so far");
-        return ExitCode::from(2);
-    }
     let (mut bug, mut workload_bug, mut glue_bug) = (None, None, None);
     if let Some(name) = args.bug.as_deref() {
         if let Some(b) = bug_by_name(name) {

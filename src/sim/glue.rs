@@ -134,6 +134,7 @@ impl World {
         }
         replica.tap = Some(Vec::new());
         replica.planted = self.opts.glue_bug;
+        replica.planted_workload = self.opts.workload_bug;
         self.nodes[n].hosted[g] = Some(Hosted {
             replica,
             host,
@@ -147,8 +148,8 @@ impl World {
     }
 
     /// Where damage may strike group `g`'s log on node `n` so that
-    /// recovery can tell it from a torn tail: a synced batch above the
-    /// snapshot followed by a durable batch more than the in-flight
+    /// recovery can tell it from a torn tail: a synced batch wholly above
+    /// the snapshot followed by a durable batch more than the in-flight
     /// window later.
     pub(crate) fn damage_target(&mut self, n: usize, g: usize) -> Option<Damage> {
         let h = self.nodes[n].hosted[g].as_ref()?;
@@ -161,7 +162,10 @@ impl World {
         let window = h.window;
         let candidates: Vec<_> = located
             .into_iter()
-            .filter(|(_, l)| l.seq + window < last_seq && l.count > 0)
+            // Not a batch that also holds entries below the snapshot: Raft
+            // repairs only its own log, and the entries the state keeps
+            // below it come back from no peer yet (issue 24).
+            .filter(|(_, l)| l.seq + window < last_seq && l.count > 0 && l.first_index >= lo)
             .collect();
         if candidates.is_empty() {
             return None;
@@ -370,6 +374,7 @@ impl World {
             (a, b) => a.or(b),
         };
         self.abandon_clients_on(n, g);
+        self.abandon_state_clients_on(n, g);
         let disks = super::world::durables(&self.nodes, g);
         self.checker.confirmed_still_durable(g, &disks)
     }
@@ -424,6 +429,7 @@ impl World {
         let h = self.nodes[n].hosted[g].as_mut().expect("live");
         let notes = std::mem::take(h.replica.tap.as_mut().expect("tap on"));
         let mut stopped = false;
+        let mut state_changed = false;
         for note in notes {
             match note {
                 Note::Wrote {
@@ -492,12 +498,14 @@ impl World {
                     );
                 }
                 Note::Applied { entry } => {
+                    state_changed = true;
                     let h = self.nodes[n].hosted[g].as_mut().expect("live");
                     h.chain = chain(h.chain, &entry);
                     let c = h.chain;
                     self.checker.applied(g, id, entry.index, c)?;
                 }
                 Note::Restored { index } => {
+                    state_changed = true;
                     let c = self.chain_or_fail(g, index)?;
                     let h = self.nodes[n].hosted[g].as_mut().expect("live");
                     h.chain = c;
@@ -505,6 +513,11 @@ impl World {
                 }
                 Note::Stopped => stopped = true,
             }
+        }
+        if state_changed && self.opts.workload != super::Workload::Log {
+            let h = self.nodes[n].hosted[g].as_ref().expect("live");
+            let (index, state) = (h.replica.applied, machine_hash(&h.replica.machine));
+            self.checker.machine_state(g, id, index, state)?;
         }
         Ok(stopped)
     }
@@ -601,6 +614,10 @@ impl World {
         for a in answers {
             self.client_answered(a)?;
         }
+        let answers = std::mem::take(&mut *self.state_answers.lock().expect("state answers"));
+        for a in answers {
+            self.state_client_answered(a)?;
+        }
         Ok(())
     }
 
@@ -611,6 +628,15 @@ impl World {
             .as_ref()
             .is_some_and(|h| h.replica.disk_stalled(self.now, stall_ms))
     }
+}
+
+/// A hash of a state machine's snapshot, the same in every run (SipHash
+/// with its fixed default keys).
+pub(crate) fn machine_hash(sm: &crate::state::StateMachine) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    hasher.write(&sm.snapshot());
+    hasher.finish()
 }
 
 /// The planted glue bugs by their command-line names.

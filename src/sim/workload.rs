@@ -13,14 +13,16 @@ use super::checker::Violation;
 use super::trace::What;
 use super::world::{idx, Event, SimReplica, World};
 use crate::consensus::{Entry, Index, Payload, RaftError, ReadState, Term};
+use crate::node::ProposeError;
 use crate::state::query::{decode_command, encode_command_entry};
-use crate::state::{Answer, Command, Error, Outcome, Query, StateMachine};
+use crate::state::{Answer, Command, Error, Outcome, Query};
 
 /// The log payload of a simulated client's command: the node's command
 /// entry, with no dedup id (the simulated clients retry by their own ids).
 fn encode_state_entry(cmd: &Command) -> Vec<u8> {
     encode_command_entry(0, 0, &cmd.encode())
 }
+pub use crate::node::replica::tap::WorkloadBug;
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -57,36 +59,6 @@ impl Workload {
     pub fn by_name(name: &str) -> Option<Workload> {
         Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, w)| *w)
     }
-}
-
-/// A bug planted in how the simulated nodes use the state machine, to
-/// show that a history checker catches it. Simulator only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WorkloadBug {
-    /// Open-with-recovery seals nothing and fences nobody: the writer
-    /// keeps getting confirms (breaks fencing).
-    LedgerNoFence,
-    /// Reads are answered at once by whichever node the client asked,
-    /// from its local state, without the read index (breaks
-    /// linearizability: followers and deposed leaders lag).
-    StaleLac,
-    /// The leader answers an ack at once without proposing it: the
-    /// message comes back after its visibility timeout.
-    AckNotReplicated,
-    /// The produce dedup window is bypassed: a retried (producer, seq)
-    /// is stored again under new ids.
-    ProduceNoDedup,
-    /// The produce dedup window is keyed by seq alone: another producer's
-    /// batch with a seq already seen is answered as a retry and dropped
-    /// (a confirmed produce is lost).
-    DedupIgnoresProducer,
-    /// Snapshots leave the state machine out: a node restored from one
-    /// starts from an empty machine (its state diverges).
-    SnapshotWithoutMachine,
-    /// A snapshot sent to a follower leaves out the log entries its
-    /// machine refers to: the follower cannot read back the messages it
-    /// should hand out.
-    SnapshotWithoutEntries,
 }
 
 impl WorkloadBug {
@@ -170,9 +142,35 @@ struct StatePending {
 
 #[derive(Clone, Copy, Debug)]
 enum Wait {
-    Entry { index: Index, term: Term },
-    Read { request_id: u64 },
+    Entry {
+        index: Index,
+        term: Term,
+    },
+    Read {
+        request_id: u64,
+    },
+    /// A production replica's reply, to operation `op` (`Glue::Node`).
+    Hosted {
+        op: u64,
+    },
 }
+
+/// A production replica's reply to a state client (`Glue::Node`).
+pub(crate) struct StateAnswer {
+    client: usize,
+    op: u64,
+    reply: HostedReply,
+}
+
+/// What a production replica answered: a command's outcome, or a query's.
+enum HostedReply {
+    Command(Result<Outcome, ProposeError>),
+    Query(Result<Answer, ProposeError>),
+}
+
+/// The replies of the production replicas to state clients, drained by
+/// the world after each drive.
+pub(crate) type StateAnswers = std::sync::Arc<std::sync::Mutex<Vec<StateAnswer>>>;
 
 /// A ledger client's own ledger, while it writes it.
 #[derive(Clone, Debug)]
@@ -271,68 +269,6 @@ impl StateClient {
     }
 }
 
-/// Applies one committed command the way the simulated node does,
-/// planted bugs included.
-pub(crate) fn apply_command(
-    sm: &mut StateMachine,
-    index: Index,
-    cmd: &Command,
-    bug: Option<WorkloadBug>,
-) -> Result<Outcome, Error> {
-    match (bug, cmd) {
-        (Some(WorkloadBug::LedgerNoFence), Command::OpenRecover { ledger }) => {
-            // Answers with the last entry but seals and fences nothing; the
-            // index still counts as applied (a refused no-op command).
-            let last = sm
-                .ledgers()
-                .list()
-                .into_iter()
-                .find(|l| l.id == *ledger)
-                .map(|l| l.length.checked_sub(1));
-            let _ = sm.apply(index, &Command::DeleteLedger { ledger: u64::MAX });
-            last.map(Outcome::Sealed).ok_or(Error::NoSuchLedger)
-        }
-        (
-            Some(WorkloadBug::ProduceNoDedup),
-            Command::Produce {
-                queue,
-                producer_id,
-                seq,
-                messages,
-            },
-        ) => {
-            // A fresh producer id per entry: the window never matches.
-            let cmd = Command::Produce {
-                queue: queue.clone(),
-                producer_id: producer_id ^ index.rotate_left(32),
-                seq: *seq,
-                messages: messages.clone(),
-            };
-            sm.apply(index, &cmd)
-        }
-        (
-            Some(WorkloadBug::DedupIgnoresProducer),
-            Command::Produce {
-                queue,
-                seq,
-                messages,
-                ..
-            },
-        ) => {
-            // Every producer shares one window, matched by seq alone (as
-            // before fingerprints, which would refuse the other batch).
-            let cmd = Command::Produce {
-                queue: queue.clone(),
-                producer_id: 0,
-                seq: *seq,
-                messages: messages.clone(),
-            };
-            sm.apply_without_produce_fingerprints(index, &cmd)
-        }
-        _ => sm.apply(index, cmd),
-    }
-}
-
 impl World {
     fn state_client_later(&mut self, c: usize, delay_ms: u64) {
         self.state_clients[c].generation += 1;
@@ -390,13 +326,16 @@ impl World {
             self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
         }
         let n = self.state_clients[c].guess;
-        let live = self.nodes[n].alive && self.nodes[n].replicas[g].is_some();
+        let live = self.nodes[n].runs(g);
         if !live {
             self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
             self.state_client_later(c, 10);
             return Ok(());
         }
         let invoked_ms = self.now;
+        if self.opts.glue == super::Glue::Node {
+            return self.state_request_hosted(c, n, request);
+        }
         if read && stale_reads {
             let rep = self.nodes[n].replicas[g].as_ref().expect("checked live");
             let result = answer_read(n, g, rep, &request)?;
@@ -448,6 +387,7 @@ impl World {
                     Wait::Read { request_id } => {
                         self.read_waiting.insert((n, g, request_id), c);
                     }
+                    Wait::Hosted { .. } => unreachable!("the model glue waits on its own"),
                 }
                 self.state_clients[c].pending = Some(StatePending {
                     node: n,
@@ -476,8 +416,131 @@ impl World {
         }
     }
 
+    /// Sends a state client's request to group `g`'s production replica on
+    /// node `n`; its reply comes through `state_answers`.
+    fn state_request_hosted(
+        &mut self,
+        c: usize,
+        n: usize,
+        request: StateRequest,
+    ) -> Result<(), Violation> {
+        let g = self.state_clients[c].group;
+        self.next_op += 1;
+        let op = self.next_op;
+        let answers = self.state_answers.clone();
+        let answer = move |reply| {
+            let a = StateAnswer {
+                client: c,
+                op,
+                reply,
+            };
+            answers.lock().expect("state answers").push(a);
+        };
+        let now = self.now;
+        self.state_clients[c].pending = Some(StatePending {
+            node: n,
+            wait: Wait::Hosted { op },
+            request: request.clone(),
+            invoked_ms: now,
+        });
+        self.state_client_later(c, STATE_CLIENT_TIMEOUT_MS);
+        let replica = &mut self.nodes[n].hosted[g]
+            .as_mut()
+            .expect("checked live")
+            .replica;
+        match request {
+            StateRequest::Command(cmd) => replica.propose_command(
+                0,
+                0,
+                cmd,
+                now,
+                Box::new(move |r| answer(HostedReply::Command(r))),
+            ),
+            StateRequest::ReadLac { ledger } => replica.query(
+                Query::Ledger { ledger },
+                0,
+                Box::new(move |r| answer(HostedReply::Query(r))),
+            ),
+            StateRequest::ReadEntries { ledger, from, to } => replica.query(
+                Query::ReadLedger { ledger, from, to },
+                0,
+                Box::new(move |r| answer(HostedReply::Query(r))),
+            ),
+        }
+        self.drive(n, g)
+    }
+
+    /// Hands a production replica's reply to its state client, unless it
+    /// gave up on it already.
+    pub(crate) fn state_client_answered(&mut self, a: StateAnswer) -> Result<(), Violation> {
+        let c = a.client;
+        let ours = matches!(
+            self.state_clients[c].pending,
+            Some(StatePending { wait: Wait::Hosted { op }, .. }) if op == a.op
+        );
+        if !ours {
+            return Ok(());
+        }
+        let p = self.state_clients[c].pending.take().expect("checked");
+        let g = self.state_clients[c].group;
+        let failed = match a.reply {
+            HostedReply::Command(Ok(o)) => Ok(StateResult::Applied(Ok(o))),
+            HostedReply::Command(Err(ProposeError::Refused(e))) => Ok(StateResult::Applied(Err(e))),
+            HostedReply::Command(Err(ProposeError::Lost)) => Ok(StateResult::NotApplied),
+            HostedReply::Query(Ok(Answer::Ledger(info))) => Ok(StateResult::Lac(Ok(info.lac))),
+            HostedReply::Query(Ok(Answer::Entries(es))) => Ok(StateResult::Entries(Ok(es
+                .into_iter()
+                .map(|e| (e.id, e.data))
+                .collect()))),
+            HostedReply::Query(Err(ProposeError::Refused(e))) => Ok(match p.request {
+                StateRequest::ReadLac { .. } => StateResult::Lac(Err(e)),
+                _ => StateResult::Entries(Err(e)),
+            }),
+            HostedReply::Query(Ok(other)) => {
+                unreachable!("a ledger query answers a ledger or entries, not {other:?}")
+            }
+            HostedReply::Command(Err(e)) | HostedReply::Query(Err(e)) => Err(e),
+        };
+        let result = match failed {
+            Ok(result) => result,
+            Err(ProposeError::Unreadable(why)) => {
+                return Err(Violation {
+                    invariant: "stored-bytes-readable",
+                    detail: format!("node {} group {g}: {why}", p.node + 1),
+                })
+            }
+            // Refused before it was proposed (or, for a read, before it
+            // was answered): nothing to record.
+            Err(ProposeError::NotLeader(leader)) => {
+                self.state_clients[c].guess = match leader {
+                    Some(l) => idx(l),
+                    None => self.rng.gen_range(0..self.nodes.len()),
+                };
+                let backoff = self.rng.gen_range(2..=15);
+                self.state_client_later(c, backoff);
+                return Ok(());
+            }
+            Err(
+                ProposeError::DiskFull
+                | ProposeError::TooLarge { .. }
+                | ProposeError::Busy(_)
+                | ProposeError::Invalid(_),
+            ) => {
+                let backoff = self.rng.gen_range(5..=30);
+                self.state_client_later(c, backoff);
+                return Ok(());
+            }
+            // The group stopped with it in flight, or worse: it may have
+            // taken effect.
+            Err(_) => StateResult::Unknown,
+        };
+        self.state_complete(c, p, result);
+        Ok(())
+    }
+
     fn forget_wait(&mut self, g: usize, p: &StatePending) {
         match p.wait {
+            Wait::Hosted { .. } => {}
             Wait::Entry { index, .. } => {
                 self.state_waiting.remove(&(p.node, g, index));
             }
@@ -778,7 +841,9 @@ impl World {
             return None;
         };
         let cmd = decode_command(v)?;
-        Some(apply_command(sm, e.index, &cmd, bug))
+        Some(crate::node::replica::planted::apply_command(
+            sm, e.index, &cmd, bug,
+        ))
     }
 }
 
@@ -798,6 +863,9 @@ impl World {
                     result: StateResult::Unknown,
                 });
             }
+        }
+        if self.opts.glue == super::Glue::Node {
+            return self.final_checks_hosted();
         }
         // Every replica can read back every entry its state refers to.
         for (n, node) in self.nodes.iter().enumerate() {
@@ -837,6 +905,58 @@ impl World {
                         sm,
                         &queue_name(g),
                         &mut payload_at(rep),
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl World {
+    /// `final_checks` on the production replicas: each reads back every
+    /// entry its state refers to, then the workload's history checkers.
+    fn final_checks_hosted(&mut self) -> Result<(), Violation> {
+        for (n, node) in self.nodes.iter_mut().enumerate() {
+            for (g, h) in node.hosted.iter_mut().enumerate() {
+                let Some(h) = h.as_mut() else {
+                    continue;
+                };
+                let r = &mut h.replica;
+                let mut read = crate::node::replica::payload_at(&r.raft, &mut r.wal);
+                let mut missing = None;
+                r.machine.each_stored(&mut |i| {
+                    if missing.is_none() && read(i).is_none() {
+                        missing = Some(i);
+                    }
+                });
+                drop(read);
+                if let Some(i) = missing {
+                    return Err(stored_missing(n, g, i));
+                }
+            }
+        }
+        match self.opts.workload {
+            Workload::Log => Ok(()),
+            Workload::Ledger => super::ledger_check::check_ledger_history(&self.state_history),
+            Workload::Queue => {
+                for g in 0..self.opts.groups {
+                    // The most advanced replica; all agree at equal index.
+                    let most = self
+                        .nodes
+                        .iter_mut()
+                        .filter_map(|n| n.hosted[g].as_mut())
+                        .max_by_key(|h| h.replica.applied);
+                    let Some(h) = most else {
+                        continue;
+                    };
+                    let r = &mut h.replica;
+                    super::queue_check::check_queue_history(
+                        g,
+                        &self.state_history,
+                        &r.machine,
+                        &queue_name(g),
+                        &mut crate::node::replica::payload_at(&r.raft, &mut r.wal),
                     )?;
                 }
                 Ok(())

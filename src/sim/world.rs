@@ -233,6 +233,8 @@ pub(crate) struct World {
     pub(crate) leaders: u64,
     /// Answers of the production replicas to log clients (`Glue::Node`).
     pub(crate) answers: Answers,
+    /// Replies of the production replicas to state clients (`Glue::Node`).
+    pub(crate) state_answers: super::workload::StateAnswers,
     /// The last client operation id given out.
     pub(crate) next_op: u64,
 }
@@ -309,12 +311,9 @@ impl World {
             retired_snapshots: 0,
             leaders: 0,
             answers: Answers::default(),
+            state_answers: Default::default(),
             next_op: 0,
         };
-        assert!(
-            opts.glue == Glue::Model || opts.workload == Workload::Log,
-            "the production glue runs the log workload only so far"
-        );
         for node in 0..n {
             let hosted = opts.glue == Glue::Node;
             let replicas = (0..opts.groups)

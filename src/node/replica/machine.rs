@@ -12,6 +12,7 @@
 use super::super::command::{ProposeError, Reply, StateReply};
 use super::super::host::Host;
 use super::super::log::{log_error, log_warn};
+use super::tap::WorkloadBug;
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
 use crate::state::dedup::{
@@ -104,6 +105,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 *t = now_ms
             }
             _ => {}
+        }
+        if let (Some(WorkloadBug::AckNotReplicated), Command::Ack { ids, .. }, Role::Leader) =
+            (self.planted_workload, &command, self.raft.role())
+        {
+            reply(Ok(Outcome::Acked(ids.len() as u64)));
+            return;
         }
         let entry = encode_command_entry(client_id, seq, &command.encode());
         self.propose_entry(entry, WaiterReply::State(reply));
@@ -321,8 +328,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 }
             }
         }
-        self.machine
-            .apply(index, &command)
+        super::planted::apply_command(&mut self.machine, index, &command, self.planted_workload)
             .map_err(ProposeError::Refused)
     }
 
@@ -425,7 +431,7 @@ pub(super) fn stored_missing(group: GroupId, index: Index) -> ProposeError {
 /// The payload of the log entry at an index: from Raft's log in memory,
 /// else read back from the segments (entries below the snapshot that the
 /// state refers to).
-pub(super) fn payload_at<'a, D: LogDir>(
+pub(crate) fn payload_at<'a, D: LogDir>(
     raft: &'a Raft,
     wal: &'a mut Wal<D>,
 ) -> impl FnMut(Index) -> Option<Vec<u8>> + 'a {

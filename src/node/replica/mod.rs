@@ -22,12 +22,14 @@
 //!   an entry: tails of the raw log and ledger long polls.
 
 mod machine;
+pub(crate) mod planted;
 mod reads;
 mod snapshot;
 pub(crate) mod tap;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use machine::payload_at;
 pub use machine::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 
 use super::command::{ProposeError, QueryReply, ReadReply};
@@ -46,7 +48,7 @@ use machine::Waiter;
 use reads::LinearRead;
 use snapshot::{ImageJob, SnapshotJob, SnapshotWritten};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use tap::{GlueBug, Note};
+use tap::{GlueBug, Note, WorkloadBug};
 
 /// The largest entry payload a group proposes: one its log stores (the
 /// WAL's limit counts the entry's header too) and one AppendEntries
@@ -133,6 +135,9 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     pub(crate) tap: Option<Vec<Note>>,
     /// A bug a simulator planted (`None` in the daemon).
     pub(crate) planted: Option<GlueBug>,
+    /// A bug a simulator planted in the state-machine policy (`None` in
+    /// the daemon).
+    pub(crate) planted_workload: Option<WorkloadBug>,
 }
 
 impl<D: LogDir, H: Host> Replica<D, H> {
@@ -213,6 +218,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             image_job: None,
             tap: None,
             planted: None,
+            planted_workload: None,
         }
     }
 

@@ -52,6 +52,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// entries it gets are committed, so answering from the applied state
     /// as it moves on stays linearizable.
     pub(crate) fn query(&mut self, query: Query, wait_ms: u32, reply: QueryReply) {
+        if self.planted_workload == Some(super::tap::WorkloadBug::StaleLac) {
+            // Whatever this node has applied, leader or not.
+            let answer = self.machine.query(&query).map_err(ProposeError::Refused);
+            reply(self.filled(answer));
+            return;
+        }
         self.read_linear(LinearRead::Query {
             query,
             wait_ms,

@@ -14,6 +14,7 @@
 
 use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
+use super::tap::WorkloadBug;
 use super::Replica;
 use crate::consensus::Index;
 use crate::storage::{LogDir, WalError};
@@ -125,13 +126,18 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let started_us = self.host.now_us();
         let (index, hash) = (self.applied, self.applied_hash);
         let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
+        let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutMachine);
         let capture_us = self.host.now_us().saturating_sub(started_us);
         let (dir, slot) = (self.wal.dir().clone(), self.wal.free_slot_name());
         let name = format!("quire-snap-g{}", self.group);
         let offloaded = self.host.offload(name, true, move || {
             let mut data = hash.to_le_bytes().to_vec();
             dedup.encode(&mut data);
-            data.extend_from_slice(&machine.snapshot());
+            if leave_out {
+                data.extend_from_slice(&crate::state::StateMachine::new().snapshot());
+            } else {
+                data.extend_from_slice(&machine.snapshot());
+            }
             let bytes = data.len();
             let keep_from = machine.oldest_stored();
             let snap = crate::consensus::Snapshot {
@@ -179,7 +185,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             return; // a newer snapshot since; asked again for that one
         };
         let meta = meta.data.clone();
-        let located = match self.keep_from() {
+        let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutEntries);
+        let located = match self.keep_from().filter(|_| !leave_out) {
             None => Ok(None),
             Some(from) => self.wal.locate(from, index).map(|l| Some((from, l))),
         };

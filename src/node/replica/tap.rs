@@ -41,3 +41,34 @@ pub enum GlueBug {
     /// the WAL: `WalConfig::planted_truncate_on_corruption`).
     TruncateOnCorruption,
 }
+
+/// The bugs a simulator plants in a replica's state-machine policy (its
+/// reads, its apply, its snapshots) to show a history checker catches
+/// them; never set by the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkloadBug {
+    /// Open-with-recovery seals nothing and fences nobody: the writer
+    /// keeps getting confirms (breaks fencing).
+    LedgerNoFence,
+    /// Reads are answered at once by whichever node the client asked,
+    /// from its local state, without the read index (breaks
+    /// linearizability: followers and deposed leaders lag).
+    StaleLac,
+    /// The leader answers an ack at once without proposing it: the
+    /// message comes back after its visibility timeout.
+    AckNotReplicated,
+    /// The produce dedup window is bypassed: a retried (producer, seq)
+    /// is stored again under new ids.
+    ProduceNoDedup,
+    /// The produce dedup window is keyed by seq alone: another producer's
+    /// batch with a seq already seen is answered as a retry and dropped
+    /// (a confirmed produce is lost).
+    DedupIgnoresProducer,
+    /// Snapshots leave the state machine out: a node restored from one
+    /// starts from an empty machine (its state diverges).
+    SnapshotWithoutMachine,
+    /// A snapshot sent to a follower leaves out the log entries its
+    /// machine refers to: the follower cannot read back the messages it
+    /// should hand out.
+    SnapshotWithoutEntries,
+}
