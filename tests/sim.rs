@@ -5,7 +5,7 @@
 //! QUIRE_SIM_SEEDS for a longer soak.
 
 use quire::sim::{
-    self, kill_leader_bound_ms, run_scenario, Glue, Scenario, SimOptions, StateOp, StateRequest,
+    self, kill_leader_bound_ms, run_scenario, Scenario, SimOptions, StateOp, StateRequest,
     StateResult, Workload, WorkloadBug, BUGS, GLUE_BUGS,
 };
 use quire::state::{Command, Error, Outcome};
@@ -108,23 +108,8 @@ fn five_nodes_keep_every_invariant() {
     sweep(5);
 }
 
-/// The production glue under the seed: `node::replica::Replica` over the
-/// real WAL on simulated block devices (torn writes, lost unsynced
-/// writes, bit rot, EIO, stalls), on both topologies.
-#[test]
-fn production_glue_keeps_every_invariant_on_three_and_five_nodes() {
-    for nodes in [3, 5] {
-        sweep_with(SimOptions {
-            nodes,
-            glue: Glue::Node,
-            ..SimOptions::default()
-        });
-    }
-}
-
 /// Each planted glue bug is caught within 200 seeds on both topologies,
-/// by the invariant named here; so are the core's planted bugs run
-/// through the production glue.
+/// by the invariant named here.
 #[test]
 fn planted_bugs_in_the_production_glue_are_caught() {
     let expected = [
@@ -141,7 +126,6 @@ fn planted_bugs_in_the_production_glue_are_caught() {
         for nodes in [3, 5] {
             let opts = SimOptions {
                 nodes,
-                glue: Glue::Node,
                 glue_bug: sim::glue_bug_by_name(name),
                 ..SimOptions::default()
             };
@@ -153,36 +137,6 @@ fn planted_bugs_in_the_production_glue_are_caught() {
             );
         }
     }
-    for (name, bug) in BUGS {
-        for nodes in [3, 5] {
-            let opts = SimOptions {
-                nodes,
-                glue: Glue::Node,
-                bug: Some(bug),
-                ..SimOptions::default()
-            };
-            let (seed, got, detail) = caught(&opts)
-                .unwrap_or_else(|| panic!("{name} survived 200 seeds on {nodes} nodes"));
-            assert_ne!(
-                got, "panic",
-                "{name} on {nodes} nodes, seed {seed}: {detail}"
-            );
-        }
-    }
-}
-
-#[test]
-fn same_seed_same_trace_under_the_production_glue() {
-    let opts = SimOptions {
-        glue: Glue::Node,
-        ..SimOptions::default()
-    };
-    let a = sim::run(42, &opts).expect("seed 42 passes");
-    let b = sim::run(42, &opts).expect("seed 42 passes");
-    assert_eq!(a.trace_hash, b.trace_hash);
-    assert_eq!(a.events, b.events);
-    let model = sim::run(42, &SimOptions::default()).expect("seed 42 passes");
-    assert_ne!(a.trace_hash, model.trace_hash, "the glues run differently");
 }
 
 #[test]

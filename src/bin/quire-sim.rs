@@ -5,7 +5,7 @@
 
 use clap::Parser;
 use quire::sim::{
-    self, bug_by_name, glue_bug_by_name, replay_command, workload_bug_by_name, FaultCounts, Glue,
+    self, bug_by_name, glue_bug_by_name, replay_command, workload_bug_by_name, FaultCounts,
     SimOptions, Workload, BUGS, GLUE_BUGS, INVARIANTS, WORKLOAD_BUGS, WORKLOAD_INVARIANTS,
 };
 use std::process::ExitCode;
@@ -35,16 +35,12 @@ struct Args {
     fault_phase_ms: u64,
     /// Plant a bug to see the checkers catch it (fault injection):
     /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing;
-    /// with --workload ledger: ledger-no-fence, stale-lac; with --workload
+    /// with --workload ledger: ledger-no-fence, stale-lac, snapshot-without-machine; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
-    /// snapshot-without-entries; with --glue node: release-before-durable.
+    /// snapshot-without-entries; in the production glue: release-before-durable,
+    /// truncate-on-corruption.
     #[arg(long)]
     bug: Option<String>,
-    /// The glue between the cores and the simulated disks: model (the
-    /// simulator's own) or node (the production replica over the real
-    /// WAL on simulated block devices; the log workload only, so far).
-    #[arg(long, default_value = "model")]
-    glue: String,
     /// What the clients do: log (raw appends), ledger or queue (through
     /// the replicated state machine, with history checkers).
     #[arg(long, default_value = "log")]
@@ -77,23 +73,11 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let glue = match args.glue.as_str() {
-        "model" => Glue::Model,
-        "node" => Glue::Node,
-        other => {
-            eprintln!("quire-sim: unknown glue '{other}'; known: model, node");
-            return ExitCode::from(2);
-        }
-    };
     let (mut bug, mut workload_bug, mut glue_bug) = (None, None, None);
     if let Some(name) = args.bug.as_deref() {
         if let Some(b) = bug_by_name(name) {
             bug = Some(b);
         } else if let Some(b) = glue_bug_by_name(name) {
-            if glue != Glue::Node {
-                eprintln!("quire-sim: bug '{name}' needs --glue node");
-                return ExitCode::from(2);
-            }
             glue_bug = Some(b);
         } else if let Some(b) = workload_bug_by_name(name) {
             if b.workload() != workload {
@@ -125,7 +109,6 @@ fn main() -> ExitCode {
         bug,
         workload,
         workload_bug,
-        glue,
         glue_bug,
         recent_events: std::env::var("QUIRE_SIM_RECENT")
             .ok()
@@ -269,16 +252,11 @@ impl Totals {
         };
         let f = &self.faults;
         println!(
-            "runs:        {} passed ({} nodes x {} groups, {} workload{}{}{}{})",
+            "runs:        {} passed ({} nodes x {} groups, {} workload{}{}{})",
             self.runs,
             opts.nodes,
             opts.groups,
             opts.workload.name(),
-            if opts.glue == Glue::Node {
-                ", production glue"
-            } else {
-                ""
-            },
             opts.glue_bug.map_or(String::new(), |b| format!(
                 ", planted bug {}",
                 sim::glue_bug_name(b)

@@ -1,14 +1,13 @@
 //! Simulated clients: each proposes unique values to the node it believes
 //! leads its group, waits for the outcome, and follows redirects. An append
-//! is confirmed when the proposing node applies that exact entry at the
-//! index it was given; the checker then holds the cluster to it forever.
+//! is confirmed when the production replica answers it with the index it
+//! was applied at; the checker then holds the cluster to it forever.
 
 use super::checker::Violation;
 use super::glue::Answer;
 use super::trace::What;
 use super::world::{idx, Event, World};
-use super::Glue;
-use crate::consensus::{Entry, Index, Payload, RaftError, Term};
+use crate::consensus::Index;
 use crate::node::ProposeError;
 use rand::Rng;
 
@@ -44,10 +43,8 @@ pub struct Operation {
 #[derive(Clone, Debug)]
 pub(crate) struct Pending {
     node: usize,
-    /// The operation id its answer names (the production glue's).
+    /// The operation id its answer names.
     op: u64,
-    index: Index,
-    term: Term,
     value: Vec<u8>,
     invoked_ms: u64,
 }
@@ -100,8 +97,6 @@ impl World {
         }
         if let Some(p) = self.clients[c].pending.take() {
             // Timed out: the outcome is unknown to this client.
-            self.waiting
-                .remove(&(p.node, self.clients[c].group, p.index));
             self.complete(c, p, Outcome::Unknown);
             let think = self.rng.gen_range(1..=20);
             self.client_later(c, think);
@@ -117,78 +112,15 @@ impl World {
         let cl = &mut self.clients[c];
         cl.sent += 1;
         let value = format!("g{}c{}#{}", cl.group, cl.id, cl.sent).into_bytes();
-        if self.opts.glue == Glue::Node {
-            let op = self.propose_hosted(c, n, value.clone());
-            self.clients[c].pending = Some(Pending {
-                node: n,
-                op,
-                index: 0,
-                term: 0,
-                value,
-                invoked_ms: self.now,
-            });
-            self.client_later(c, CLIENT_TIMEOUT_MS);
-            return self.drive(n, g);
-        }
-        let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
-        match rep.raft.propose(value.clone()) {
-            Ok((index, term)) => {
-                self.record(n, g, What::Propose { index });
-                self.clients[c].pending = Some(Pending {
-                    node: n,
-                    op: 0,
-                    index,
-                    term,
-                    value,
-                    invoked_ms: self.now,
-                });
-                self.waiting.insert((n, g, index), c);
-                self.client_later(c, CLIENT_TIMEOUT_MS);
-                self.drive(n, g)
-            }
-            Err(RaftError::NotLeader { leader }) => {
-                self.redirect(c, leader);
-                Ok(())
-            }
-            Err(_) => {
-                let backoff = self.rng.gen_range(5..=30);
-                self.client_later(c, backoff);
-                Ok(())
-            }
-        }
-    }
-
-    /// Node `n` applied `e` in group `g`; `h` is the applied chain hash.
-    pub(crate) fn entry_applied(
-        &mut self,
-        n: usize,
-        g: usize,
-        e: &Entry,
-        h: u64,
-    ) -> Result<(), Violation> {
-        let Some(c) = self.waiting.remove(&(n, g, e.index)) else {
-            return Ok(());
-        };
-        let p = self.clients[c]
-            .pending
-            .take()
-            .expect("a waiting client has a pending append");
-        let ours = p.term == e.term && matches!(&e.payload, Payload::Normal(v) if *v == p.value);
-        if ours {
-            self.record(n, g, What::Confirm { index: e.index });
-            if self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
-                self.recovered[g] = true;
-            }
-            self.complete(c, p, Outcome::Ok(e.index));
-            let disks = super::world::durables(&self.nodes, g);
-            self.checker.confirmed(g, e.index, h, &disks)?;
-        } else {
-            // Another leader's entry took that index: a definite failure.
-            self.complete(c, p, Outcome::Failed);
-        }
-        let think = self.rng.gen_range(0..=10);
-        self.client_later(c, think);
-        Ok(())
+        let op = self.propose_hosted(c, n, value.clone());
+        self.clients[c].pending = Some(Pending {
+            node: n,
+            op,
+            value,
+            invoked_ms: self.now,
+        });
+        self.client_later(c, CLIENT_TIMEOUT_MS);
+        self.drive(n, g)
     }
 
     /// Not the leader: try the one named (or any node), after a backoff.
@@ -276,7 +208,6 @@ impl World {
                 .is_some_and(|p| p.node == n && self.clients[c].group == g);
             if hit {
                 let p = self.clients[c].pending.take().expect("checked");
-                self.waiting.remove(&(n, g, p.index));
                 self.complete(c, p, Outcome::Unknown);
                 let retry = self.rng.gen_range(5..=30);
                 self.client_later(c, retry);

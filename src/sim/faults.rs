@@ -4,7 +4,6 @@
 use super::checker::Violation;
 use super::trace::What;
 use super::world::{Event, World};
-use super::Glue;
 use crate::consensus::Role;
 use rand::Rng;
 
@@ -195,7 +194,7 @@ impl World {
             }
             82..=86 => {
                 let g = self.rng.gen_range(0..self.opts.groups);
-                if self.opts.glue == Glue::Node && self.rng.gen_bool(0.5) {
+                if self.rng.gen_bool(0.5) {
                     // The production log's disk fills up for a while.
                     let until = self.now + self.rng.gen_range(300..=2_000);
                     self.fill_disk(n, g, until);
@@ -280,7 +279,6 @@ impl World {
         self.cables.heal();
         for n in 0..self.nodes.len() {
             for g in 0..self.opts.groups {
-                self.nodes[n].disks[g].fail_next_write = false;
                 if let Some(dev) = self.nodes[n].devices.get(g) {
                     dev.clear_fail_next_sync();
                     dev.set_capacity_bytes(None);

@@ -2,20 +2,17 @@
 //!
 //! It runs the production cores (`consensus::Raft`, the heartbeat's codec,
 //! replay guard, detector and failover policy, `state::StateMachine`)
-//! under one of two glues ([`Glue`]):
+//! through the production glue: each group's replica on each simulated
+//! node is `node::Replica`, the one `quired` runs, over the real
+//! `storage::Wal` on a simulated block device (`device::SimDir`: lost and
+//! torn unsynced writes, bit rot, misdirected writes, EIO, a full disk,
+//! stalls, latency), with its snapshot and image jobs run when the seed
+//! says (`glue`). An oracle built from what the device really synced
+//! (never from the WAL) holds it to every invariant (`disk`: the shadow).
 //!
-//! - `Glue::Node` (`glue`): the production replica, `node::Replica`, over
-//!   the real `storage::Wal` on simulated block devices (`device::SimDir`:
-//!   lost and torn unsynced writes, bit rot, EIO, stalls, latency), with
-//!   its snapshot jobs run when the seed says; an oracle built from what
-//!   the device really synced (never from the WAL) holds it to every
-//!   invariant. The log workload only, so far;
-//! - `Glue::Model` (the default, until `Node` runs every workload):
-//!   `world::SimReplica` and its disk model `disk::SimDisk`.
-//!
-//! Under both, the simulated network hands Raft messages over directly
-//! instead of through `transport::Endpoint`, and clients call the replica
-//! in process instead of through the client protocol's sessions: issue 18
+//! The simulated network still hands Raft messages over directly instead
+//! of through `transport::Endpoint`, and clients call the replica in
+//! process instead of through the client protocol's sessions: issue 18
 //! puts those under the seed next.
 //!
 //! One seed derives every parameter (timeouts, latencies, loss rates) and
@@ -89,22 +86,9 @@ pub struct SimOptions {
     /// Check the persisted-before-sent rule at every send. Switched off
     /// only to show that the end-to-end checkers catch the same bugs.
     pub check_send_rule: bool,
-    /// Which glue joins the cores to the simulated disks.
-    pub glue: Glue,
-    /// A planted bug in the production glue (`Glue::Node`), to show that
-    /// the checkers catch it.
+    /// A planted bug in the production glue, to show that the checkers
+    /// catch it.
     pub glue_bug: Option<GlueBug>,
-}
-
-/// The glue between the cores and the simulated disks and network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Glue {
-    /// The simulator's own model of a replica and its disk.
-    Model,
-    /// The production replica (`node::replica::Replica`) over the real
-    /// WAL on simulated block devices (`device::SimDir`); the log
-    /// workload only, so far.
-    Node,
 }
 
 impl Default for SimOptions {
@@ -119,7 +103,6 @@ impl Default for SimOptions {
             workload_bug: None,
             recent_events: 40,
             check_send_rule: true,
-            glue: Glue::Model,
             glue_bug: None,
         }
     }
@@ -299,9 +282,6 @@ pub fn replay_command(seed: u64, opts: &SimOptions) -> String {
     }
     if let Some(bug) = opts.workload_bug {
         cmd += &format!(" --bug {}", workload_bug_name(bug));
-    }
-    if opts.glue == Glue::Node {
-        cmd += " --glue node";
     }
     if let Some(bug) = opts.glue_bug {
         cmd += &format!(" --bug {}", glue_bug_name(bug));

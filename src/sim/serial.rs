@@ -15,7 +15,7 @@ use crate::consensus::{NodeId, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
 use crate::heartbeat::{
     encode_frame, Channel, Detector, DetectorConfig, Event as LinkEvent, FrameDecoder, Freshness,
-    GroupStatus, Heartbeat, ReplayGuard,
+    Heartbeat, ReplayGuard,
 };
 use crate::transport::ClusterKey;
 use rand::Rng;
@@ -87,13 +87,11 @@ pub(crate) struct Watch {
     decoders: Vec<FrameDecoder>,
     udp_guards: Vec<ReplayGuard>,
     serial_guards: Vec<ReplayGuard>,
-    /// Per group: when this node's last write for it completed.
-    pub(crate) last_fsync_ms: Vec<u64>,
 }
 
 impl Watch {
     /// A node (index `n`) starting at `now` with a fresh epoch.
-    pub(crate) fn new(n: usize, nodes: usize, groups: usize, now: u64, epoch: u64) -> Self {
+    pub(crate) fn new(n: usize, nodes: usize, now: u64, epoch: u64) -> Self {
         let mut detector =
             Detector::new(detector_config(), now).expect("the default timers are valid");
         for peer in (0..nodes).filter(|&p| p != n) {
@@ -106,7 +104,6 @@ impl Watch {
             decoders: (0..nodes).map(|_| FrameDecoder::new(sim_key())).collect(),
             udp_guards: (0..nodes).map(|_| ReplayGuard::new()).collect(),
             serial_guards: (0..nodes).map(|_| ReplayGuard::new()).collect(),
-            last_fsync_ms: vec![now; groups],
         }
     }
 }
@@ -152,27 +149,9 @@ impl World {
         let watch = self.watches[n].as_mut()?;
         watch.seq += 1;
         let mut hb = Heartbeat::new(n as NodeId + 1, watch.epoch, watch.seq);
-        for (g, hosted) in self.nodes[n].hosted.iter().enumerate() {
-            // The production replica reports its own status.
-            if let Some(h) = hosted {
-                let status = h.replica.group_status();
-                hb.push_group(status).expect("groups fit a heartbeat");
-                continue;
-            }
-            let Some(rep) = &self.nodes[n].replicas[g] else {
-                continue;
-            };
-            let r = &rep.raft;
-            let status = GroupStatus {
-                group: g as u32,
-                role: r.role(),
-                term: r.term(),
-                leader: r.leader().unwrap_or(0),
-                commit: r.commit_index(),
-                persisted: r.persisted_index(),
-                last_fsync_ms: watch.last_fsync_ms[g],
-                writes_pending: rep.writes_pending(),
-            };
+        // Each production replica reports its own status.
+        for h in self.nodes[n].hosted.iter().flatten() {
+            let status = h.replica.group_status();
             hb.push_group(status).expect("groups fit a heartbeat");
         }
         for view in watch.detector.views() {
@@ -348,11 +327,7 @@ impl World {
     fn check_own_disks(&mut self, n: usize) -> Result<(), Violation> {
         let stall_ms = detector_config().disk_stall_ms;
         for g in 0..self.opts.groups {
-            let now = self.now;
-            let stalled = match &self.nodes[n].replicas[g] {
-                Some(rep) => rep.oldest_write_ms().is_some_and(|t| now >= t + stall_ms),
-                None => self.hosted_disk_stalled(n, g, stall_ms),
-            };
+            let stalled = self.hosted_disk_stalled(n, g, stall_ms);
             let leads = self.nodes[n]
                 .raft(g)
                 .is_some_and(|r| r.role() == Role::Leader);

@@ -54,16 +54,10 @@ pub(crate) enum What {
         to: u64,
         kind: &'static str,
     },
-    DiskDone {
-        write_id: u64,
-    },
     DiskEio,
     Crash,
     Restart,
     Fault(&'static str),
-    Propose {
-        index: u64,
-    },
     Confirm {
         index: u64,
     },
@@ -111,12 +105,10 @@ impl fmt::Display for Record {
                 write!(f, "recv {kind} from n{from} term {term} ({detail})")
             }
             What::Drop { from, to, kind } => write!(f, "drop {kind} n{from}->n{to}"),
-            What::DiskDone { write_id } => write!(f, "fsync done write {write_id}"),
             What::DiskEio => write!(f, "EIO: group stopped"),
             What::Crash => write!(f, "crash"),
             What::Restart => write!(f, "restart"),
             What::Fault(name) => write!(f, "fault {name}"),
-            What::Propose { index } => write!(f, "client propose -> index {index}"),
             What::Confirm { index } => write!(f, "client confirmed index {index}"),
             What::BecameLeader { term } => write!(f, "became leader of term {term}"),
             What::Link {
@@ -192,12 +184,10 @@ impl Trace {
                 term ^ detail.rotate_left(17),
             ),
             What::Drop { from, to, .. } => fold(fold(fold(h, 3), from), to),
-            What::DiskDone { write_id } => fold(fold(h, 4), write_id),
             What::DiskEio => fold(h, 5),
             What::Crash => fold(h, 6),
             What::Restart => fold(h, 7),
             What::Fault(name) => fold(fold(h, 8), name.len() as u64),
-            What::Propose { index } => fold(fold(h, 9), index),
             What::Confirm { index } => fold(fold(h, 10), index),
             What::BecameLeader { term } => fold(fold(h, 11), term),
             What::Link {

@@ -1,27 +1,18 @@
 //! The state-machine workloads: simulated ledger and queue clients that
-//! send [`Command`]s through the log (as command entries, `state::query::encode_command_entry`) and
-//! reads through the leader's read index, and record every invocation and
-//! completion, with its simulated time, for the history checkers of
-//! `ledger_check` and `queue_check`.
+//! send [`Command`]s to the production replica (`Replica::propose_command`,
+//! through the log) and reads to it (`Replica::query`, at the leader's
+//! read index), and record every invocation and completion, with its
+//! simulated time, for the history checkers of `ledger_check` and
+//! `queue_check`.
 //!
-//! The nodes' side lives here too: applying committed commands to each
-//! replica's [`StateMachine`] and serving reads once the read index is
-//! applied. The planted workload bugs ([`WorkloadBug`]) are switched here
-//! and only here, in the simulator: the product never sees them.
+//! The planted workload bugs ([`WorkloadBug`]) live in the replica
+//! (`node::replica::planted`), set only by the simulator.
 
 use super::checker::Violation;
-use super::trace::What;
-use super::world::{idx, Event, SimReplica, World};
-use crate::consensus::{Entry, Index, Payload, RaftError, ReadState, Term};
+use super::world::{idx, Event, World};
 use crate::node::ProposeError;
-use crate::state::query::{decode_command, encode_command_entry};
 use crate::state::{Answer, Command, Error, Outcome, Query};
 
-/// The log payload of a simulated client's command: the node's command
-/// entry, with no dedup id (the simulated clients retry by their own ids).
-fn encode_state_entry(cmd: &Command) -> Vec<u8> {
-    encode_command_entry(0, 0, &cmd.encode())
-}
 pub use crate::node::replica::tap::WorkloadBug;
 use rand::Rng;
 use std::collections::HashMap;
@@ -134,28 +125,13 @@ pub struct StateOp {
 #[derive(Clone, Debug)]
 struct StatePending {
     node: usize,
-    /// Where the answer comes from: the entry at (index, term), or a read.
-    wait: Wait,
+    /// The operation id the replica's reply names.
+    op: u64,
     request: StateRequest,
     invoked_ms: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Wait {
-    Entry {
-        index: Index,
-        term: Term,
-    },
-    Read {
-        request_id: u64,
-    },
-    /// A production replica's reply, to operation `op` (`Glue::Node`).
-    Hosted {
-        op: u64,
-    },
-}
-
-/// A production replica's reply to a state client (`Glue::Node`).
+/// A production replica's reply to a state client.
 pub(crate) struct StateAnswer {
     client: usize,
     op: u64,
@@ -314,7 +290,6 @@ impl World {
         }
         let g = self.state_clients[c].group;
         if let Some(p) = self.state_clients[c].pending.take() {
-            self.forget_wait(g, &p);
             self.state_complete(c, p, StateResult::Unknown);
             return Ok(());
         }
@@ -322,7 +297,8 @@ impl World {
         let read = !matches!(request, StateRequest::Command(_));
         let stale_reads = self.opts.workload_bug == Some(WorkloadBug::StaleLac);
         if read && stale_reads {
-            // The planted bug asks any node and trusts its local state.
+            // The planted bug asks any node, which answers from its own
+            // state (`node::replica::planted`).
             self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
         }
         let n = self.state_clients[c].guess;
@@ -332,88 +308,7 @@ impl World {
             self.state_client_later(c, 10);
             return Ok(());
         }
-        let invoked_ms = self.now;
-        if self.opts.glue == super::Glue::Node {
-            return self.state_request_hosted(c, n, request);
-        }
-        if read && stale_reads {
-            let rep = self.nodes[n].replicas[g].as_ref().expect("checked live");
-            let result = answer_read(n, g, rep, &request)?;
-            let p = StatePending {
-                node: n,
-                wait: Wait::Read { request_id: 0 },
-                request,
-                invoked_ms,
-            };
-            self.state_complete(c, p, result);
-            return Ok(());
-        }
-        let ack_unreplicated = self.opts.workload_bug == Some(WorkloadBug::AckNotReplicated);
-        let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
-        let submitted = match &request {
-            StateRequest::Command(Command::Ack { ids, .. })
-                if ack_unreplicated && rep.raft.role() == crate::consensus::Role::Leader =>
-            {
-                // The planted bug answers the ack without proposing it.
-                let acked = ids.len() as u64;
-                let p = StatePending {
-                    node: n,
-                    wait: Wait::Read { request_id: 0 },
-                    request,
-                    invoked_ms,
-                };
-                self.state_complete(c, p, StateResult::Applied(Ok(Outcome::Acked(acked))));
-                return Ok(());
-            }
-            StateRequest::Command(cmd) => rep
-                .raft
-                .propose(encode_state_entry(cmd))
-                .map(|(index, term)| Wait::Entry { index, term }),
-            _ => {
-                self.next_read_id += 1;
-                let request_id = self.next_read_id;
-                rep.raft
-                    .read_index(request_id)
-                    .map(|()| Wait::Read { request_id })
-            }
-        };
-        match submitted {
-            Ok(wait) => {
-                match wait {
-                    Wait::Entry { index, .. } => {
-                        self.record(n, g, What::Propose { index });
-                        self.state_waiting.insert((n, g, index), c);
-                    }
-                    Wait::Read { request_id } => {
-                        self.read_waiting.insert((n, g, request_id), c);
-                    }
-                    Wait::Hosted { .. } => unreachable!("the model glue waits on its own"),
-                }
-                self.state_clients[c].pending = Some(StatePending {
-                    node: n,
-                    wait,
-                    request,
-                    invoked_ms,
-                });
-                self.state_client_later(c, STATE_CLIENT_TIMEOUT_MS);
-                self.drive(n, g)
-            }
-            Err(RaftError::NotLeader { leader }) => {
-                let guess = match leader {
-                    Some(l) => idx(l),
-                    None => self.rng.gen_range(0..self.nodes.len()),
-                };
-                self.state_clients[c].guess = guess;
-                let backoff = self.rng.gen_range(2..=15);
-                self.state_client_later(c, backoff);
-                Ok(())
-            }
-            Err(_) => {
-                let backoff = self.rng.gen_range(5..=30);
-                self.state_client_later(c, backoff);
-                Ok(())
-            }
-        }
+        self.state_request_hosted(c, n, request)
     }
 
     /// Sends a state client's request to group `g`'s production replica on
@@ -439,7 +334,7 @@ impl World {
         let now = self.now;
         self.state_clients[c].pending = Some(StatePending {
             node: n,
-            wait: Wait::Hosted { op },
+            op,
             request: request.clone(),
             invoked_ms: now,
         });
@@ -476,7 +371,7 @@ impl World {
         let c = a.client;
         let ours = matches!(
             self.state_clients[c].pending,
-            Some(StatePending { wait: Wait::Hosted { op }, .. }) if op == a.op
+            Some(StatePending { op, .. }) if op == a.op
         );
         if !ours {
             return Ok(());
@@ -536,18 +431,6 @@ impl World {
         };
         self.state_complete(c, p, result);
         Ok(())
-    }
-
-    fn forget_wait(&mut self, g: usize, p: &StatePending) {
-        match p.wait {
-            Wait::Hosted { .. } => {}
-            Wait::Entry { index, .. } => {
-                self.state_waiting.remove(&(p.node, g, index));
-            }
-            Wait::Read { request_id } => {
-                self.read_waiting.remove(&(p.node, g, request_id));
-            }
-        }
     }
 
     /// The client's next request, from its role and what it knows.
@@ -749,69 +632,6 @@ impl World {
         }
     }
 
-    /// Node `n` applied state entry `e` in group `g` with `result`.
-    pub(crate) fn state_entry_applied(
-        &mut self,
-        n: usize,
-        g: usize,
-        e: &Entry,
-        result: Option<Result<Outcome, Error>>,
-    ) -> Result<(), Violation> {
-        let Some(c) = self.state_waiting.remove(&(n, g, e.index)) else {
-            return Ok(());
-        };
-        let p = self.state_clients[c]
-            .pending
-            .take()
-            .expect("a waiting client has a pending operation");
-        let Wait::Entry { term, .. } = p.wait else {
-            unreachable!("entry waits are keyed by index")
-        };
-        let ours = term == e.term
-            && matches!((&e.payload, &p.request), (Payload::Normal(v), StateRequest::Command(cmd)) if *v == encode_state_entry(cmd));
-        let result = match (ours, result) {
-            (true, Some(mut r)) => {
-                if let Ok(outcome) = &mut r {
-                    let rep = self.nodes[n].replicas[g].as_ref().expect("live");
-                    outcome
-                        .fill(&mut payload_at(rep))
-                        .map_err(|i| stored_missing(n, g, i))?;
-                }
-                self.record(n, g, What::Confirm { index: e.index });
-                StateResult::Applied(r)
-            }
-            _ => StateResult::NotApplied,
-        };
-        self.state_complete(c, p, result);
-        Ok(())
-    }
-
-    /// Serves the reads whose read index node `n` has now applied.
-    pub(crate) fn serve_reads(&mut self, n: usize, g: usize) -> Result<(), Violation> {
-        let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
-            return Ok(());
-        };
-        let applied = rep.sm_index;
-        let (due, later): (Vec<ReadState>, Vec<ReadState>) = rep
-            .granted_reads
-            .drain(..)
-            .partition(|r| r.index <= applied);
-        rep.granted_reads = later;
-        for r in due {
-            let Some(c) = self.read_waiting.remove(&(n, g, r.request_id)) else {
-                continue;
-            };
-            let p = self.state_clients[c]
-                .pending
-                .take()
-                .expect("a waiting client has a pending read");
-            let rep = self.nodes[n].replicas[g].as_ref().expect("live");
-            let result = answer_read(n, g, rep, &p.request)?;
-            self.state_complete(c, p, result);
-        }
-        Ok(())
-    }
-
     /// Clients waiting on a replica that crashed will never hear back.
     pub(crate) fn abandon_state_clients_on(&mut self, n: usize, g: usize) {
         for c in 0..self.state_clients.len() {
@@ -821,29 +641,9 @@ impl World {
                 .is_some_and(|p| p.node == n && self.state_clients[c].group == g);
             if hit {
                 let p = self.state_clients[c].pending.take().expect("checked");
-                self.forget_wait(g, &p);
                 self.state_complete(c, p, StateResult::Unknown);
             }
         }
-    }
-
-    /// Decodes and applies a committed entry on node `n`'s machine.
-    pub(crate) fn apply_state_entry(
-        &mut self,
-        n: usize,
-        g: usize,
-        e: &Entry,
-    ) -> Option<Result<Outcome, Error>> {
-        let bug = self.opts.workload_bug;
-        let rep = self.nodes[n].replicas[g].as_mut()?;
-        let sm = rep.sm.as_mut()?;
-        let Payload::Normal(v) = &e.payload else {
-            return None;
-        };
-        let cmd = decode_command(v)?;
-        Some(crate::node::replica::planted::apply_command(
-            sm, e.index, &cmd, bug,
-        ))
     }
 }
 
@@ -864,52 +664,7 @@ impl World {
                 });
             }
         }
-        if self.opts.glue == super::Glue::Node {
-            return self.final_checks_hosted();
-        }
-        // Every replica can read back every entry its state refers to.
-        for (n, node) in self.nodes.iter().enumerate() {
-            for (g, rep) in node.replicas.iter().enumerate() {
-                let Some((rep, sm)) = rep.as_ref().and_then(|r| Some((r, r.sm.as_ref()?))) else {
-                    continue;
-                };
-                let mut missing = None;
-                let mut read = payload_at(rep);
-                sm.each_stored(&mut |i| {
-                    if missing.is_none() && read(i).is_none() {
-                        missing = Some(i);
-                    }
-                });
-                if let Some(i) = missing {
-                    return Err(stored_missing(n, g, i));
-                }
-            }
-        }
-        match self.opts.workload {
-            Workload::Log => Ok(()),
-            Workload::Ledger => super::ledger_check::check_ledger_history(&self.state_history),
-            Workload::Queue => {
-                for g in 0..self.opts.groups {
-                    // The most advanced replica; all agree at equal index.
-                    let rep = self
-                        .nodes
-                        .iter()
-                        .filter_map(|n| n.replicas[g].as_ref())
-                        .max_by_key(|r| r.sm_index);
-                    let Some((rep, sm)) = rep.and_then(|r| Some((r, r.sm.as_ref()?))) else {
-                        continue;
-                    };
-                    super::queue_check::check_queue_history(
-                        g,
-                        &self.state_history,
-                        sm,
-                        &queue_name(g),
-                        &mut payload_at(rep),
-                    )?;
-                }
-                Ok(())
-            }
-        }
+        self.final_checks_hosted()
     }
 }
 
@@ -961,55 +716,6 @@ impl World {
                 }
                 Ok(())
             }
-        }
-    }
-}
-
-/// A read answered from a replica's state, the bytes read from its log.
-fn answer_read(
-    n: usize,
-    g: usize,
-    rep: &SimReplica,
-    request: &StateRequest,
-) -> Result<StateResult, Violation> {
-    let sm = rep.sm.as_ref().expect("state workloads keep a machine");
-    Ok(match request {
-        StateRequest::ReadLac { ledger } => StateResult::Lac(sm.ledgers().lac(*ledger)),
-        StateRequest::ReadEntries { ledger, from, to } => {
-            let query = Query::ReadLedger {
-                ledger: *ledger,
-                from: *from,
-                to: *to,
-            };
-            let entries = match sm.query(&query) {
-                Ok(mut answer) => {
-                    answer
-                        .fill(&mut payload_at(rep))
-                        .map_err(|i| stored_missing(n, g, i))?;
-                    let Answer::Entries(es) = answer else {
-                        unreachable!("a ledger read answers entries")
-                    };
-                    Ok(es.into_iter().map(|e| (e.id, e.data)).collect())
-                }
-                Err(e) => Err(e),
-            };
-            StateResult::Entries(entries)
-        }
-        StateRequest::Command(_) => unreachable!("commands go through the log"),
-    })
-}
-
-/// The payload of the log entry at an index, as a replica holds it: in
-/// its log, or among the entries kept below its snapshot.
-pub(crate) fn payload_at(rep: &SimReplica) -> impl FnMut(u64) -> Option<Vec<u8>> + '_ {
-    move |i| {
-        let kept = || {
-            let at = rep.retained.binary_search_by_key(&i, |e| e.index).ok()?;
-            Some(&rep.retained[at])
-        };
-        match &rep.raft.entry(i).or_else(kept)?.payload {
-            Payload::Normal(v) => Some(v.clone()),
-            _ => None,
         }
     }
 }

@@ -5,26 +5,21 @@
 use super::checker::{Checker, Violation};
 use super::client::{Client, Operation, Outcome};
 use super::device::SimDir;
-use super::disk::{snapshot_chain, DiskOp, Durable, SimDisk};
+use super::disk::{Durable, SimDisk};
 use super::faults::FaultCounts;
 use super::glue::{Answers, Hosted};
 use super::net::Network;
 use super::serial::{Cables, Watch};
-use super::trace::{chain, describe, Record, Trace, What};
+use super::trace::{describe, Record, Trace, What};
 use super::workload::{
-    StateClient, StateOp, StateResult, Workload, WorkloadBug, LEDGER_CLIENTS_PER_GROUP,
-    QUEUE_CLIENTS_PER_GROUP,
+    StateClient, StateOp, StateResult, Workload, LEDGER_CLIENTS_PER_GROUP, QUEUE_CLIENTS_PER_GROUP,
 };
-use super::{Glue, RunReport, SimOptions};
-use crate::consensus::{
-    Body, Entry, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term,
-};
+use super::{RunReport, SimOptions};
+use crate::consensus::{Body, Message, NodeId, Raft, RaftConfig};
 use crate::heartbeat::Heartbeat;
-use crate::state::StateMachine;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::Hasher;
+use std::collections::BTreeMap;
 
 /// Everything a seed decides about the environment.
 #[derive(Clone, Debug)]
@@ -87,12 +82,6 @@ pub(crate) enum Event {
         group: usize,
         msg: Message,
     },
-    DiskDone {
-        node: usize,
-        group: usize,
-        epoch: u64,
-        write_id: u64,
-    },
     Client {
         client: usize,
         generation: u64,
@@ -116,13 +105,13 @@ pub(crate) enum Event {
         until_ms: u64,
     },
     Heal,
-    /// Space returns on a production replica's device (`Glue::Node`).
+    /// Space returns on a production replica's device.
     DiskSpace {
         node: usize,
         group: usize,
     },
     /// A production replica's device completes a request, or one of its
-    /// jobs is due (`Glue::Node`).
+    /// jobs is due.
     Wake {
         node: usize,
         group: usize,
@@ -144,44 +133,11 @@ pub(crate) enum Event {
     },
 }
 
-/// A write submitted to a simulated disk and not yet durable.
-#[derive(Clone, Copy, Debug)]
-struct PendingWrite {
-    id: u64,
-    /// The (index, term) to report as persisted when it completes.
-    report: Option<(Index, Term)>,
-    submitted_ms: u64,
-}
-
-/// One group's replica on one simulated node, with its driver state (the
-/// simulator's own glue; the daemon's is `node::replica::Replica`).
-pub(crate) struct SimReplica {
-    pub(crate) raft: Raft,
-    /// The state machine: applied index and chain hash of the applied log.
-    pub(crate) sm_index: Index,
-    pub(crate) sm_chain: u64,
-    /// The ledgers and queues, in the state-machine workloads only.
-    pub(crate) sm: Option<StateMachine>,
-    /// Reads the read index granted, waiting until `sm_index` reaches them.
-    pub(crate) granted_reads: Vec<ReadState>,
-    /// Writes submitted and not yet durable, oldest first.
-    in_flight: VecDeque<PendingWrite>,
-    /// Messages waiting for a write to become durable.
-    held: VecDeque<(u64, Vec<Message>)>,
-    /// Last term in which this replica was seen leading.
-    led_term: Term,
-    /// Entries at or below the snapshot that the machine refers to (the
-    /// bytes of ledger entries and messages), consecutive.
-    pub(crate) retained: Vec<Entry>,
-}
-
 pub(crate) struct Node {
     pub(crate) alive: bool,
-    /// The model glue's replicas (`Glue::Model`).
-    pub(crate) replicas: Vec<Option<SimReplica>>,
-    /// The model's disks; under `Glue::Node`, the shadows of the real logs.
+    /// The shadows of the real logs: what the checkers hold each to.
     pub(crate) disks: Vec<SimDisk>,
-    /// The production replicas (`Glue::Node`), and their devices.
+    /// The production replicas, and their devices.
     pub(crate) hosted: Vec<Option<Hosted>>,
     pub(crate) devices: Vec<SimDir>,
 }
@@ -205,8 +161,6 @@ pub(crate) struct World {
     pub(crate) observed: Option<Vec<Record>>,
     pub(crate) checker: Checker,
     pub(crate) clients: Vec<Client>,
-    /// (node, group, index) -> client waiting for that entry to apply.
-    pub(crate) waiting: HashMap<(usize, usize, Index), usize>,
     pub(crate) trace: Trace,
     pub(crate) faults: FaultCounts,
     pub(crate) healed_at: Option<u64>,
@@ -217,12 +171,6 @@ pub(crate) struct World {
     pub(crate) state_clients: Vec<StateClient>,
     /// Their completed operations, in completion order.
     pub(crate) state_history: Vec<StateOp>,
-    /// (node, group, index) -> state client waiting for that entry.
-    pub(crate) state_waiting: HashMap<(usize, usize, Index), usize>,
-    /// (node, group, read request id) -> state client waiting for it.
-    pub(crate) read_waiting: HashMap<(usize, usize, u64), usize>,
-    /// The last read request id given to the read index (unique per run).
-    pub(crate) next_read_id: u64,
     /// Per group: ids of the ledgers created, in creation order (the
     /// metadata store through which readers find others' ledgers).
     pub(crate) ledger_directory: Vec<Vec<u64>>,
@@ -231,9 +179,9 @@ pub(crate) struct World {
     pub(crate) retired_elections: u64,
     pub(crate) retired_snapshots: u64,
     pub(crate) leaders: u64,
-    /// Answers of the production replicas to log clients (`Glue::Node`).
+    /// Answers of the production replicas to log clients.
     pub(crate) answers: Answers,
-    /// Replies of the production replicas to state clients (`Glue::Node`).
+    /// Replies of the production replicas to state clients.
     pub(crate) state_answers: super::workload::StateAnswers,
     /// The last client operation id given out.
     pub(crate) next_op: u64,
@@ -294,7 +242,6 @@ impl World {
             observed: None,
             checker: Checker::new(opts.groups, n),
             clients: Vec::new(),
-            waiting: HashMap::new(),
             trace: Trace::new(opts.recent_events),
             faults: FaultCounts::default(),
             healed_at: None,
@@ -302,9 +249,6 @@ impl World {
             history: Vec::new(),
             state_clients: Vec::new(),
             state_history: Vec::new(),
-            state_waiting: HashMap::new(),
-            read_waiting: HashMap::new(),
-            next_read_id: 0,
             ledger_directory: vec![Vec::new(); opts.groups],
             dropped: 0,
             retired_elections: 0,
@@ -315,44 +259,21 @@ impl World {
             next_op: 0,
         };
         for node in 0..n {
-            let hosted = opts.glue == Glue::Node;
-            let replicas = (0..opts.groups)
-                .map(|g| {
-                    if hosted {
-                        return None;
-                    }
-                    let seed = w.rng.gen();
-                    let sm = (opts.workload != Workload::Log).then(StateMachine::new);
-                    Some(SimReplica::new(
-                        Raft::new(w.raft_config(node, g), seed, 0)
-                            .expect("the simulator draws valid timers and limits"),
-                        sm,
-                    ))
-                })
-                .collect();
-            let devices = if hosted {
-                (0..opts.groups).map(|g| w.new_device(node, g)).collect()
-            } else {
-                Vec::new()
-            };
+            let devices = (0..opts.groups).map(|g| w.new_device(node, g)).collect();
             w.nodes.push(Node {
                 alive: true,
-                replicas,
                 disks: (0..opts.groups).map(|_| SimDisk::default()).collect(),
                 hosted: (0..opts.groups).map(|_| None).collect(),
                 devices,
             });
-            if hosted {
-                for g in 0..opts.groups {
-                    w.start_hosted(node, g)
-                        .expect("an empty device opens as an empty log");
-                }
+            for g in 0..opts.groups {
+                w.start_hosted(node, g)
+                    .expect("an empty device opens as an empty log");
             }
         }
         for node in 0..n {
             let epoch = w.rng.gen();
-            w.watches
-                .push(Some(Watch::new(node, n, opts.groups, 0, epoch)));
+            w.watches.push(Some(Watch::new(node, n, 0, epoch)));
             let at = w.rng.gen_range(0..50);
             w.schedule(at, Event::HeartbeatSend { node });
         }
@@ -539,7 +460,7 @@ impl World {
             if !node.alive {
                 continue;
             }
-            for g in 0..node.replicas.len() {
+            for g in 0..node.hosted.len() {
                 if let Some(raft) = node.raft(g) {
                     let t = raft.poll_timeout();
                     if t < best.0 {
@@ -576,12 +497,6 @@ impl World {
                 raft.step(now, msg);
                 self.drive(n, group)
             }
-            Event::DiskDone {
-                node,
-                group,
-                epoch,
-                write_id,
-            } => self.disk_done(node, group, epoch, write_id),
             Event::Client { client, generation } => self.client_event(client, generation),
             Event::StateClient { client, generation } => {
                 self.state_client_event(client, generation)
@@ -615,256 +530,9 @@ impl World {
         }
     }
 
-    /// Runs the `Ready` loop of one replica until it has nothing to say.
+    /// Runs one replica until it has nothing to say (`drive_hosted`).
     pub(crate) fn drive(&mut self, n: usize, g: usize) -> Result<(), Violation> {
-        if self.opts.glue == Glue::Node {
-            return self.drive_hosted(n, g);
-        }
-        loop {
-            let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
-                return Ok(());
-            };
-            let rd = rep.raft.ready();
-            let became_leader = rep.raft.role() == Role::Leader && rep.led_term != rep.raft.term();
-            if became_leader {
-                rep.led_term = rep.raft.term();
-                let term = rep.led_term;
-                self.leaders += 1;
-                self.record(n, g, What::BecameLeader { term });
-                self.checker.leader(g, term, n as u64 + 1)?;
-                let rep = self.nodes[n].replicas[g].as_ref().expect("live");
-                self.checker.leader_complete(g, &rep.raft)?;
-            }
-            if rd.is_empty() {
-                return Ok(());
-            }
-            for m in rd.messages {
-                self.send(g, m)?;
-            }
-            let write = if rd.snapshot.is_some()
-                || rd.truncate_from.is_some()
-                || !rd.entries.is_empty()
-                || rd.hard_state.is_some()
-            {
-                let report = rd
-                    .entries
-                    .last()
-                    .map(|e| (e.index, e.term))
-                    .or(rd.snapshot.as_ref().map(|s| (s.index, s.term)));
-                let op = DiskOp::Write {
-                    snapshot: rd.snapshot.clone(),
-                    snapshot_chain: None,
-                    snapshot_entries: rd.snapshot_entries.clone(),
-                    truncate_from: rd.truncate_from,
-                    entries: rd.entries,
-                    hard_state: rd.hard_state,
-                };
-                Some(self.submit_write(n, g, op, report))
-            } else {
-                None
-            };
-            let rep = self.nodes[n].replicas[g].as_mut().expect("live");
-            if !rd.messages_after_persist.is_empty() {
-                match write.or(rep.in_flight.back().map(|w| w.id)) {
-                    Some(id) => rep.held.push_back((id, rd.messages_after_persist)),
-                    None => {
-                        for m in rd.messages_after_persist {
-                            self.send(g, m)?;
-                        }
-                    }
-                }
-            }
-            let rep = self.nodes[n].replicas[g].as_mut().expect("live");
-            rep.granted_reads.extend(rd.read_states);
-            if let Some(s) = &rd.snapshot {
-                rep.retained = rd.snapshot_entries;
-                rep.sm_index = s.index;
-                rep.sm_chain = snapshot_chain(s);
-                if rep.sm.is_some() {
-                    rep.sm = Some(restore_machine(s, self.opts.workload_bug));
-                }
-                let (index, h) = (rep.sm_index, rep.sm_chain);
-                self.checker.applied(g, n as u64 + 1, index, h)?;
-                self.check_machine(n, g)?;
-            }
-            for e in rd.committed {
-                let rep = self.nodes[n].replicas[g].as_mut().expect("live");
-                assert_eq!(e.index, rep.sm_index + 1, "entries are applied in order");
-                rep.sm_chain = chain(rep.sm_chain, &e);
-                rep.sm_index = e.index;
-                let h = rep.sm_chain;
-                self.checker.applied(g, n as u64 + 1, e.index, h)?;
-                let result = self.apply_state_entry(n, g, &e);
-                if result.is_some() {
-                    self.check_machine(n, g)?;
-                }
-                self.entry_applied(n, g, &e, h)?;
-                self.state_entry_applied(n, g, &e, result)?;
-            }
-            self.serve_reads(n, g)?;
-            let Some(rep) = self.nodes[n].replicas[g].as_mut() else {
-                return Ok(());
-            };
-            if rep.sm_index > rep.raft.applied_index() {
-                rep.raft.applied(rep.sm_index);
-            }
-            if let Some(index) = rd.snapshot_entries_wanted {
-                let leave_out = self.opts.workload_bug == Some(WorkloadBug::SnapshotWithoutEntries);
-                let entries = if leave_out { &[][..] } else { &rep.retained };
-                if let Some(s) = rep.raft.snapshot().filter(|s| s.index == index) {
-                    let image = crate::consensus::encode_image(&s.data, entries);
-                    rep.raft.set_snapshot_image(index, image);
-                }
-            }
-            if rd.snapshot_wanted {
-                // The chain hash first (the log checkers' view), then the
-                // machine's own snapshot, which a restored node resumes from.
-                let mut data = rep.sm_chain.to_le_bytes().to_vec();
-                let leave_out = self.opts.workload_bug == Some(WorkloadBug::SnapshotWithoutMachine);
-                if let (Some(sm), false) = (&rep.sm, leave_out) {
-                    data.extend(sm.snapshot());
-                }
-                let at = rep.sm_index;
-                // Entries the machine still refers to stay, below the
-                // snapshot; the rest go with the log.
-                let keep_from = rep.sm.as_ref().and_then(|sm| sm.oldest_stored());
-                let retained: Vec<Entry> = match keep_from {
-                    None => Vec::new(),
-                    Some(k) => {
-                        let from_log = k.max(rep.raft.first_index());
-                        rep.retained
-                            .iter()
-                            .filter(|e| e.index >= k)
-                            .chain(rep.raft.entries_from(from_log))
-                            .take_while(|e| e.index <= at)
-                            .cloned()
-                            .collect()
-                    }
-                };
-                if let Ok(snap) = rep.raft.compact(at, data) {
-                    rep.retained = retained.clone();
-                    let op = DiskOp::Compact {
-                        snapshot: snap,
-                        snapshot_chain: None,
-                        retained,
-                    };
-                    self.submit_write(n, g, op, None);
-                }
-            }
-        }
-    }
-
-    pub(crate) fn submit_write(
-        &mut self,
-        n: usize,
-        g: usize,
-        op: DiskOp,
-        report: Option<(Index, Term)>,
-    ) -> u64 {
-        let mut latency =
-            self.p.disk_latency_min_ms + self.rng.gen_range(0..=self.p.disk_jitter_ms);
-        if self.rng.gen_bool(self.p.disk_spike_probability) {
-            latency += self.rng.gen_range(20..=200);
-        }
-        let disk = &mut self.nodes[n].disks[g];
-        let id = disk.submit(op);
-        // During a stall, after every write deferred to its end.
-        let done = (self.now + latency)
-            .max(disk.busy_until_ms)
-            .max(disk.stalled_until_ms + 1);
-        disk.busy_until_ms = done;
-        let epoch = disk.epoch;
-        let rep = self.nodes[n].replicas[g]
-            .as_mut()
-            .expect("writes come from a live replica");
-        rep.in_flight.push_back(PendingWrite {
-            id,
-            report,
-            submitted_ms: self.now,
-        });
-        self.schedule(
-            done,
-            Event::DiskDone {
-                node: n,
-                group: g,
-                epoch,
-                write_id: id,
-            },
-        );
-        id
-    }
-
-    fn disk_done(
-        &mut self,
-        n: usize,
-        g: usize,
-        epoch: u64,
-        write_id: u64,
-    ) -> Result<(), Violation> {
-        if self.nodes[n].disks[g].epoch != epoch || self.nodes[n].replicas[g].is_none() {
-            return Ok(()); // the write died with a crash
-        }
-        let stalled_until = self.nodes[n].disks[g].stalled_until_ms;
-        if self.now < stalled_until {
-            // The disk is stalled: nothing completes until it recovers.
-            let ev = Event::DiskDone {
-                node: n,
-                group: g,
-                epoch,
-                write_id,
-            };
-            self.schedule(stalled_until, ev);
-            return Ok(());
-        }
-        if let Some(w) = self.watches[n].as_mut() {
-            w.last_fsync_ms[g] = self.now;
-        }
-        if self.nodes[n].disks[g].fail_next_write {
-            // fsync failed: its errors cannot be retried, so the group stops
-            // on this node, as the storage layer will.
-            self.record(n, g, What::DiskEio);
-            return self.stop_group(n, g);
-        }
-        self.record(n, g, What::DiskDone { write_id });
-        let applied = self.nodes[n].disks[g].complete(write_id);
-        if let Some(&(first, _, _)) = applied.new_entries.first() {
-            if self.rng.gen_bool(self.p.misdirected_write_probability) && self.may_damage(n, g) {
-                // Reported durable, but it landed elsewhere: found at recovery.
-                self.faults.misdirected_writes += 1;
-                self.record(n, g, What::Fault("misdirected-write"));
-                self.nodes[n].disks[g].durable.damage_from(first);
-            }
-        }
-        self.check_durable(n, g, &applied)?;
-        let rep = self.nodes[n].replicas[g].as_mut().expect("checked live");
-        let PendingWrite { id, report, .. } =
-            rep.in_flight.pop_front().expect("a write was in flight");
-        assert_eq!(id, write_id);
-        let mut release = Vec::new();
-        while rep.held.front().is_some_and(|&(w, _)| w <= write_id) {
-            release.extend(rep.held.pop_front().expect("front exists").1);
-        }
-        if let Some((index, term)) = report {
-            rep.raft.persisted(index, term);
-        }
-        for m in release {
-            self.send(g, m)?;
-        }
-        self.drive(n, g)
-    }
-
-    fn check_durable(
-        &mut self,
-        n: usize,
-        g: usize,
-        a: &super::disk::Applied,
-    ) -> Result<(), Violation> {
-        let id = n as u64 + 1;
-        for &(index, term, prefix) in &a.new_entries {
-            self.checker.durable_entry(g, id, index, term, prefix)?;
-        }
-        self.checker
-            .durable_commit(g, id, a.commit_before, a.commit_after)
+        self.drive_hosted(n, g)
     }
 
     /// Sends a message through the simulated network.
@@ -921,49 +589,12 @@ impl World {
     /// Crashes one group's replica on a node: its unsynced writes are
     /// partly lost or torn, and waiting clients learn nothing.
     pub(crate) fn stop_group(&mut self, n: usize, g: usize) -> Result<(), Violation> {
-        if self.opts.glue == Glue::Node {
-            return self.stop_hosted(n, g);
-        }
-        let Some(rep) = self.nodes[n].replicas[g].take() else {
-            return Ok(());
-        };
-        let stats = rep.raft.stats();
-        self.retired_elections += stats.elections_started;
-        self.retired_snapshots += stats.snapshots_sent;
-        let survived = self.nodes[n].disks[g].crash(&mut self.rng);
-        for a in &survived {
-            self.check_durable(n, g, a)?;
-        }
-        self.abandon_clients_on(n, g);
-        self.abandon_state_clients_on(n, g);
-        let disks = durables(&self.nodes, g);
-        self.checker.confirmed_still_durable(g, &disks)
+        self.stop_hosted(n, g)
     }
 
-    /// Restarts one group's replica from its disk.
+    /// Restarts one group's replica from its device.
     pub(crate) fn start_group(&mut self, n: usize, g: usize) -> Result<(), Violation> {
-        if self.opts.glue == Glue::Node {
-            return self.start_hosted(n, g);
-        }
-        if self.nodes[n].replicas[g].is_some() {
-            return Ok(());
-        }
-        let restored = self.nodes[n].disks[g].durable.recover();
-        let seed = self.rng.gen();
-        let raft = Raft::restore(self.raft_config(n, g), seed, self.now, restored)
-            .expect("the simulator draws valid timers and limits");
-        let sm = (self.opts.workload != Workload::Log).then(StateMachine::new);
-        let mut rep = SimReplica::new(raft, sm);
-        rep.retained = self.nodes[n].disks[g].durable.retained.clone();
-        if let Some(s) = self.nodes[n].disks[g].durable.snapshot.as_ref() {
-            rep.sm_index = s.index;
-            rep.sm_chain = snapshot_chain(s);
-            if rep.sm.is_some() {
-                rep.sm = Some(restore_machine(s, self.opts.workload_bug));
-            }
-        }
-        self.nodes[n].replicas[g] = Some(rep);
-        Ok(())
+        self.start_hosted(n, g)
     }
 
     pub(crate) fn crash_node(&mut self, n: usize) -> Result<(), Violation> {
@@ -971,29 +602,16 @@ impl World {
         self.nodes[n].alive = false;
         self.watches[n] = None;
         for g in 0..self.opts.groups {
-            if self.opts.glue == Glue::Node {
-                // Damage on the device, where recovery can tell it: bit
-                // rot, or now and then a write that never landed.
-                let target = (self.rng.gen_bool(self.p.corruption_probability)
-                    && self.may_damage(n, g))
-                .then(|| self.damage_target(n, g))
-                .flatten();
-                let misdirected = self.rng.gen_bool(0.2);
-                self.stop_group(n, g)?;
-                if let Some(target) = target {
-                    self.damage(n, g, target, misdirected);
-                }
-                continue;
-            }
+            // Damage on the device, where recovery can tell it: bit rot,
+            // or now and then a write that never landed.
+            let target = (self.rng.gen_bool(self.p.corruption_probability)
+                && self.may_damage(n, g))
+            .then(|| self.damage_target(n, g))
+            .flatten();
+            let misdirected = self.rng.gen_bool(0.2);
             self.stop_group(n, g)?;
-            if self.rng.gen_bool(self.p.corruption_probability) && self.may_damage(n, g) {
-                let (lo, hi) = self.nodes[n].disks[g].durable.range();
-                if lo <= hi {
-                    let at = self.rng.gen_range(lo..=hi);
-                    self.faults.corruptions += 1;
-                    self.record(n, g, What::Fault("bit-rot"));
-                    self.nodes[n].disks[g].durable.damage_from(at);
-                }
+            if let Some(target) = target {
+                self.damage(n, g, target, misdirected);
             }
         }
         Ok(())
@@ -1013,8 +631,8 @@ impl World {
         self.record(n, 0, What::Restart);
         self.nodes[n].alive = true;
         let epoch = self.rng.gen();
-        let (nodes, groups) = (self.nodes.len(), self.opts.groups);
-        self.watches[n] = Some(Watch::new(n, nodes, groups, self.now, epoch));
+        let nodes = self.nodes.len();
+        self.watches[n] = Some(Watch::new(n, nodes, self.now, epoch));
         self.schedule(self.now, Event::HeartbeatSend { node: n });
         for g in 0..self.opts.groups {
             self.start_group(n, g)?;
@@ -1031,7 +649,7 @@ impl World {
         let mut elections = self.retired_elections;
         let mut snapshots = self.retired_snapshots;
         for node in &self.nodes {
-            for g in 0..node.replicas.len() {
+            for g in 0..node.hosted.len() {
                 if let Some(raft) = node.raft(g) {
                     elections += raft.stats().elections_started;
                     snapshots += raft.stats().snapshots_sent;
@@ -1086,98 +704,32 @@ impl World {
 }
 
 impl World {
-    /// Group `g`'s disk on node `n` completes nothing until `until_ms`,
-    /// under either glue (a stall runs its course, even past the heal: a
-    /// disk does not take orders).
+    /// Group `g`'s disk on node `n` completes nothing until `until_ms` (a
+    /// stall runs its course, even past the heal: a disk does not take
+    /// orders).
     pub(crate) fn stall_disk(&mut self, n: usize, g: usize, until_ms: u64) {
-        match self.opts.glue {
-            Glue::Node => self.nodes[n].devices[g].stall_until_us(until_ms * 1000),
-            Glue::Model => {
-                let disk = &mut self.nodes[n].disks[g];
-                disk.stalled_until_ms = disk.stalled_until_ms.max(until_ms);
-            }
-        }
+        self.nodes[n].devices[g].stall_until_us(until_ms * 1000);
     }
 
     /// The next sync of group `g`'s disk on node `n` fails with EIO.
     pub(crate) fn fail_next_sync(&mut self, n: usize, g: usize) {
-        match self.opts.glue {
-            Glue::Node => self.nodes[n].devices[g].fail_next_sync(),
-            Glue::Model => self.nodes[n].disks[g].fail_next_write = true,
-        }
+        self.nodes[n].devices[g].fail_next_sync();
     }
 }
 
 impl Node {
-    /// Group `g`'s Raft core here, under either glue, if it runs.
+    /// Group `g`'s Raft core here, if it runs.
     pub(crate) fn raft(&self, g: usize) -> Option<&Raft> {
-        match &self.hosted[g] {
-            Some(h) => Some(&h.replica.raft),
-            None => self.replicas[g].as_ref().map(|r| &r.raft),
-        }
+        self.hosted[g].as_ref().map(|h| &h.replica.raft)
     }
 
     /// Group `g`'s Raft core here, to step or tick it.
     pub(crate) fn raft_mut(&mut self, g: usize) -> Option<&mut Raft> {
-        match &mut self.hosted[g] {
-            Some(h) => Some(&mut h.replica.raft),
-            None => self.replicas[g].as_mut().map(|r| &mut r.raft),
-        }
+        self.hosted[g].as_mut().map(|h| &mut h.replica.raft)
     }
 
     /// True if group `g` runs here (its log has not stopped).
     pub(crate) fn runs(&self, g: usize) -> bool {
         self.alive && self.raft(g).is_some()
-    }
-}
-
-impl SimReplica {
-    /// True while writes are submitted and not yet durable.
-    pub(crate) fn writes_pending(&self) -> bool {
-        !self.in_flight.is_empty()
-    }
-
-    /// When the oldest write still pending was submitted.
-    pub(crate) fn oldest_write_ms(&self) -> Option<u64> {
-        self.in_flight.front().map(|w| w.submitted_ms)
-    }
-
-    fn new(raft: Raft, sm: Option<StateMachine>) -> Self {
-        SimReplica {
-            raft,
-            sm_index: 0,
-            sm_chain: 0,
-            sm,
-            granted_reads: Vec::new(),
-            in_flight: VecDeque::new(),
-            held: VecDeque::new(),
-            led_term: 0,
-            retained: Vec::new(),
-        }
-    }
-}
-
-/// The state machine a snapshot carries after its 8-byte chain hash.
-fn restore_machine(s: &crate::consensus::Snapshot, bug: Option<WorkloadBug>) -> StateMachine {
-    if bug == Some(WorkloadBug::SnapshotWithoutMachine) && s.data.len() == 8 {
-        return StateMachine::new(); // the planted bug's snapshot has none
-    }
-    StateMachine::restore(&s.data[8..]).expect("the simulator's snapshots hold a valid machine")
-}
-
-impl World {
-    /// State-machine equality: node `n`'s machine in group `g` must equal
-    /// every other node's at the same applied index, restored or not.
-    fn check_machine(&mut self, n: usize, g: usize) -> Result<(), Violation> {
-        let rep = self.nodes[n].replicas[g].as_ref().expect("live");
-        let Some(sm) = &rep.sm else {
-            return Ok(());
-        };
-        // SipHash with its fixed default keys: the same bytes give the same
-        // hash in every run.
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        hasher.write(&sm.snapshot());
-        let h = hasher.finish();
-        self.checker.machine_state(g, n as u64 + 1, rep.sm_index, h)
     }
 }
