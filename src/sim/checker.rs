@@ -53,9 +53,9 @@ pub const WORKLOAD_INVARIANTS: [&str; 9] = [
     "produce-not-duplicated",
 ];
 
-/// Names of the invariants, for reports (the last three: the production
+/// Names of the invariants, for reports (the last four: the production
 /// glue's log checks, against the device).
-pub const INVARIANTS: [&str; 11] = [
+pub const INVARIANTS: [&str; 12] = [
     "persisted-before-sent",
     "election-safety",
     "log-matching",
@@ -67,6 +67,7 @@ pub const INVARIANTS: [&str; 11] = [
     "acknowledged-survives-recovery",
     "log-reopens",
     "snapshot-installed-after-sync",
+    "snapshot-adopted-after-durable",
 ];
 
 pub(crate) struct Checker {
