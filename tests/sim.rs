@@ -115,7 +115,6 @@ fn planted_bugs_in_the_production_glue_are_caught() {
     let expected = [
         ("release-before-durable", "persisted-before-sent"),
         ("truncate-on-corruption", "acknowledged-survives-recovery"),
-        ("adopt-before-durable", "snapshot-adopted-after-durable"),
     ];
     assert_eq!(expected.len(), GLUE_BUGS.len(), "every glue bug is tested");
     let caught = |opts: &SimOptions| {

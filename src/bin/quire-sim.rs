@@ -38,7 +38,7 @@ struct Args {
     /// with --workload ledger: ledger-no-fence, stale-lac, snapshot-without-machine; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
     /// snapshot-without-entries; in the production glue: release-before-durable,
-    /// truncate-on-corruption, adopt-before-durable.
+    /// truncate-on-corruption.
     #[arg(long)]
     bug: Option<String>,
     /// What the clients do: log (raw appends), ledger or queue (through

@@ -76,7 +76,6 @@ fn wal_config(w: &mut World) -> WalConfig {
         read_cache_bytes: 64 << 10,
         segments_recycled_max: 2,
         planted_truncate_on_corruption: w.opts.glue_bug == Some(GlueBug::TruncateOnCorruption),
-        planted_adopt_before_durable: w.opts.glue_bug == Some(GlueBug::AdoptBeforeDurable),
         ..WalConfig::default()
     }
 }
@@ -480,18 +479,6 @@ impl World {
                     });
                 }
                 Note::Adopted { index, ticket } => {
-                    // Its state may refer to any entry up to its index:
-                    // the device must hold them all before the log names it.
-                    self.advance_shadow(n, g)?;
-                    let durable_to = self.nodes[n].disks[g].durable.last_index();
-                    if durable_to < index {
-                        return Err(Violation {
-                            invariant: "snapshot-adopted-after-durable",
-                            detail: format!(
-                                "group {g}: n{id} adopted its snapshot at {index} with its log synced on its device only up to {durable_to}"
-                            ),
-                        });
-                    }
                     let Some(snapshot) = self.nodes[n].hosted[g]
                         .as_ref()
                         .and_then(|h| h.replica.raft.snapshot().cloned())
@@ -653,8 +640,7 @@ pub(crate) fn machine_hash(sm: &crate::state::StateMachine) -> u64 {
 }
 
 /// The planted glue bugs by their command-line names.
-pub const GLUE_BUGS: [(&str, GlueBug); 3] = [
+pub const GLUE_BUGS: [(&str, GlueBug); 2] = [
     ("release-before-durable", GlueBug::ReleaseBeforeDurable),
     ("truncate-on-corruption", GlueBug::TruncateOnCorruption),
-    ("adopt-before-durable", GlueBug::AdoptBeforeDurable),
 ];

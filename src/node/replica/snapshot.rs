@@ -14,7 +14,7 @@
 
 use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
-use super::tap::{GlueBug, WorkloadBug};
+use super::tap::WorkloadBug;
 use super::Replica;
 use crate::consensus::Index;
 use crate::storage::{LogDir, WalError};
@@ -80,9 +80,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // Adopted once the log is durable up to the snapshot: its state may
         // refer to those entries, and Raft forgets them from memory then.
         let durable = self.wal.durable().0;
-        let early = self.planted == Some(GlueBug::AdoptBeforeDurable);
         if let Some(((snap, _, _), _)) = &self.snapshot_written {
-            if durable >= snap.index || early {
+            if durable >= snap.index {
                 let ((snap, bytes, keep_from), started_us) =
                     self.snapshot_written.take().expect("checked above");
                 let (index, term) = (snap.index, snap.term);

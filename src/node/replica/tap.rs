@@ -40,11 +40,6 @@ pub enum GlueBug {
     /// if it were a torn tail, instead of reporting it for repair (set on
     /// the WAL: `WalConfig::planted_truncate_on_corruption`).
     TruncateOnCorruption,
-    /// A snapshot of the replica's own is adopted as soon as it is
-    /// written, before the log is durable up to it (the WAL's own guard
-    /// is off too: `WalConfig::planted_adopt_before_durable`): a crash may
-    /// leave the superblock naming it without the entries its state needs.
-    AdoptBeforeDurable,
 }
 
 /// The bugs a simulator plants in a replica's state-machine policy (its

@@ -36,10 +36,6 @@ pub struct WalConfig {
     /// file: recovery truncates the log at damage in its middle, as if it
     /// were a torn tail, instead of reporting it for repair.
     pub planted_truncate_on_corruption: bool,
-    /// A planted bug for the simulator's checkers, never set by a config
-    /// file: a snapshot is adopted without the log being durable up to it
-    /// first (the superblock may name it before the entries it needs).
-    pub planted_adopt_before_durable: bool,
 }
 
 impl Default for WalConfig {
@@ -56,7 +52,6 @@ impl Default for WalConfig {
             segments_ahead: 1,
             segments_recycled_max: 4,
             planted_truncate_on_corruption: false,
-            planted_adopt_before_durable: false,
         }
     }
 }

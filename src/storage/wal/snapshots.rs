@@ -287,8 +287,7 @@ impl<D: LogDir> Wal<D> {
         if index <= self.snapshot_index {
             return Ok(()); // its slot is simply written over next time
         }
-        let planted = self.cfg.planted_adopt_before_durable;
-        if (self.durable.0 < index || self.adopting.is_some()) && !planted {
+        if self.durable.0 < index || self.adopting.is_some() {
             // The state may refer to entries up to `index`: they must be
             // durable before the superblock names a snapshot that needs them.
             self.sync()?;
@@ -296,7 +295,7 @@ impl<D: LogDir> Wal<D> {
         // The snapshot's state may refer to entries up to `index`: naming it
         // before they are durable would lose them in a crash.
         assert!(
-            self.durable.0 >= index || planted,
+            self.durable.0 >= index,
             "adopting a snapshot at {index} with the log durable to {}",
             self.durable.0
         );
