@@ -239,17 +239,14 @@ impl Endpoint {
             self.stats.peers_over_limit_dropped += 1;
             return Err(DropReason::TooManyPeers);
         };
-        match self.peers[p].check_epoch(h.epoch, self.cfg.retired_epochs_max) {
-            EpochCheck::Current | EpochCheck::First => {}
-            EpochCheck::Restarted => self.peer_restarted(p),
-            EpochCheck::Retired => {
-                self.peers[p].stats.stale_epoch_dropped += 1;
-                return Err(DropReason::StaleEpoch);
-            }
-        }
         if h.peer_epoch != 0 && h.peer_epoch != self.epoch {
             // Meant for an earlier life of ours. Say who we are now, or a
             // peer that never hears from us would keep sending into the void.
+            // Checked before the sender's epoch is looked at: such a
+            // datagram may be a straggler (or a replay) of one of the
+            // sender's dead lives, and taking its epoch as a restart would
+            // retire the live one, whose datagrams would then be dropped
+            // for good.
             let peer = &mut self.peers[p];
             peer.stats.stale_epoch_dropped += 1;
             if now_us >= peer.announce_allowed_us {
@@ -257,6 +254,14 @@ impl Endpoint {
                 peer.announce_allowed_us = now_us + self.cfg.nack_interval_ms * 1000;
             }
             return Err(DropReason::StaleEpoch);
+        }
+        match self.peers[p].check_epoch(h.epoch, self.cfg.retired_epochs_max) {
+            EpochCheck::Current | EpochCheck::First => {}
+            EpochCheck::Restarted => self.peer_restarted(p),
+            EpochCheck::Retired => {
+                self.peers[p].stats.stale_epoch_dropped += 1;
+                return Err(DropReason::StaleEpoch);
+            }
         }
         let peer = &mut self.peers[p];
         peer.stats.datagrams_received += 1;
