@@ -6,6 +6,7 @@ use super::checker::{Checker, Violation};
 use super::client::{Client, Operation, Outcome};
 use super::device::SimDir;
 use super::disk::{snapshot_chain, DiskOp, Durable, SimDisk};
+use super::endpoint_net::EndpointNet;
 use super::faults::FaultCounts;
 use super::glue::{Answers, Hosted};
 use super::net::Network;
@@ -15,7 +16,7 @@ use super::workload::{
     StateClient, StateOp, StateResult, Workload, WorkloadBug, LEDGER_CLIENTS_PER_GROUP,
     QUEUE_CLIENTS_PER_GROUP,
 };
-use super::{Glue, RunReport, SimOptions};
+use super::{Glue, Net, RunReport, SimOptions};
 use crate::consensus::{
     Body, Entry, Index, Message, NodeId, Raft, RaftConfig, ReadState, Role, Term,
 };
@@ -86,6 +87,18 @@ pub(crate) enum Event {
     Deliver {
         group: usize,
         msg: Message,
+    },
+    /// A transport datagram arrives (`Net::Endpoint`).
+    Datagram {
+        from: usize,
+        to: usize,
+        bytes: Vec<u8>,
+    },
+    /// A node's endpoint asked to be woken at `at_ms` (`Net::Endpoint`);
+    /// stale once a sooner wake-up replaced it or the node crashed.
+    EndpointTimer {
+        node: usize,
+        at_ms: u64,
     },
     DiskDone {
         node: usize,
@@ -226,7 +239,9 @@ pub(crate) struct World {
     /// Per group: ids of the ledgers created, in creation order (the
     /// metadata store through which readers find others' ledgers).
     pub(crate) ledger_directory: Vec<Vec<u64>>,
-    dropped: u64,
+    pub(crate) dropped: u64,
+    /// The nodes' transport endpoints (`Net::Endpoint` only).
+    pub(crate) endpoint_net: Option<EndpointNet>,
     /// Stats of replicas that crashed, so counters survive restarts.
     pub(crate) retired_elections: u64,
     pub(crate) retired_snapshots: u64,
@@ -305,6 +320,7 @@ impl World {
             next_read_id: 0,
             ledger_directory: vec![Vec::new(); opts.groups],
             dropped: 0,
+            endpoint_net: None,
             retired_elections: 0,
             retired_snapshots: 0,
             leaders: 0,
@@ -404,6 +420,14 @@ impl World {
             w.schedule(first_fault, Event::Fault);
             w.schedule(opts.fault_phase_ms, Event::Heal);
         }
+        if opts.net == Net::Endpoint {
+            // Drawn last, so the seed's parameters and schedule above are
+            // the same under both nets.
+            w.endpoint_net = Some(EndpointNet::new(seed, n));
+            for node in 0..n {
+                w.endpoint_start(node);
+            }
+        }
         w
     }
 
@@ -502,8 +526,16 @@ impl World {
             .min(self.next_detector_tick().0)
     }
 
-    /// Handles the next event or timer.
+    /// Handles the next event or timer, then hands what the endpoints
+    /// have to send to the network (`Net::Endpoint`): the messages of one
+    /// step share datagrams, as a daemon's drive does.
     fn step(&mut self) -> Result<(), Violation> {
+        let r = self.step_one();
+        self.endpoint_flush_all();
+        r
+    }
+
+    fn step_one(&mut self) -> Result<(), Violation> {
         let next_event = self
             .queue
             .first_key_value()
@@ -554,29 +586,9 @@ impl World {
 
     fn handle(&mut self, ev: Event) -> Result<(), Violation> {
         match ev {
-            Event::Deliver { group, msg } => {
-                let n = idx(msg.to);
-                let live = self.nodes[n].alive && self.nodes[n].raft(group).is_some();
-                if !live {
-                    return Ok(());
-                }
-                let (kind, detail) = describe(&msg);
-                let (from, term) = (msg.from, msg.term);
-                self.record(
-                    n,
-                    group,
-                    What::Deliver {
-                        from,
-                        kind,
-                        term,
-                        detail,
-                    },
-                );
-                let now = self.now;
-                let raft = self.nodes[n].raft_mut(group).expect("checked live");
-                raft.step(now, msg);
-                self.drive(n, group)
-            }
+            Event::Deliver { group, msg } => self.deliver(group, msg),
+            Event::Datagram { from, to, bytes } => self.datagram_arrived(from, to, &bytes),
+            Event::EndpointTimer { node, at_ms } => self.endpoint_timer(node, at_ms),
             Event::DiskDone {
                 node,
                 group,
@@ -614,6 +626,31 @@ impl World {
             Event::HeartbeatUdp { to, hb } => self.heartbeat_udp(to, &hb),
             Event::HeartbeatSerial { from, to, bytes } => self.heartbeat_serial(from, to, &bytes),
         }
+    }
+
+    /// Steps the receiver's Raft with a message that arrived, and drives it.
+    pub(crate) fn deliver(&mut self, group: usize, msg: Message) -> Result<(), Violation> {
+        let n = idx(msg.to);
+        let live = self.nodes[n].alive && self.nodes[n].raft(group).is_some();
+        if !live {
+            return Ok(());
+        }
+        let (kind, detail) = describe(&msg);
+        let (from, term) = (msg.from, msg.term);
+        self.record(
+            n,
+            group,
+            What::Deliver {
+                from,
+                kind,
+                term,
+                detail,
+            },
+        );
+        let now = self.now;
+        let raft = self.nodes[n].raft_mut(group).expect("checked live");
+        raft.step(now, msg);
+        self.drive(n, group)
     }
 
     /// Runs the `Ready` loop of one replica until it has nothing to say.
@@ -888,7 +925,12 @@ impl World {
             let at = self.now + self.rng.gen_range(0..=3);
             self.schedule(at, Event::CrashRestart { node: from });
         }
-        if self.net.is_blocked(from, to) || self.rng.gen_bool(self.net.loss) {
+        if self.opts.net == Net::Endpoint {
+            self.endpoint_send(g, &msg);
+            return Ok(());
+        }
+        let arrivals = self.path_arrivals(from, to);
+        if arrivals.times().is_empty() {
             self.dropped += 1;
             let kind = describe(&msg).0;
             self.record(
@@ -902,17 +944,7 @@ impl World {
             );
             return Ok(());
         }
-        let copies = if self.rng.gen_bool(self.net.duplication) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let mut delay = self.p.net_delay_min_ms + self.rng.gen_range(0..=self.p.net_jitter_ms);
-            if self.rng.gen_bool(self.p.net_clog_probability) {
-                delay += self.rng.gen_range(0..=2 * self.p.election_timeout_ms);
-            }
-            let at = (self.now + delay).max(self.net.clogged_until(from, to) + delay);
+        for &at in arrivals.times() {
             let msg = msg.clone();
             self.schedule(at, Event::Deliver { group: g, msg });
         }
@@ -971,6 +1003,7 @@ impl World {
         self.record(n, 0, What::Crash);
         self.nodes[n].alive = false;
         self.watches[n] = None;
+        self.endpoint_crash(n);
         for g in 0..self.opts.groups {
             if self.opts.glue == Glue::Node {
                 // Damage on the device, where recovery can tell it: bit
@@ -1017,6 +1050,8 @@ impl World {
         let (nodes, groups) = (self.nodes.len(), self.opts.groups);
         self.watches[n] = Some(Watch::new(n, nodes, groups, self.now, epoch));
         self.schedule(self.now, Event::HeartbeatSend { node: n });
+        // A new process: a new endpoint, with a new session epoch.
+        self.endpoint_start(n);
         for g in 0..self.opts.groups {
             self.start_group(n, g)?;
             self.drive(n, g)?;
@@ -1039,7 +1074,7 @@ impl World {
                 }
             }
         }
-        RunReport {
+        let mut report = RunReport {
             seed: self.seed,
             trace_hash: self.trace.hash(),
             sim_time_ms: self.now,
@@ -1059,7 +1094,10 @@ impl World {
             serial_frame_errors: self.serial_frame_errors,
             invariant_checks: self.checker.checks,
             recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
-        }
+            ..RunReport::default()
+        };
+        self.endpoint_report(&mut report);
+        report
     }
 
     /// Client operations whose outcome `pred` accepts; in the ledger and
