@@ -5,7 +5,7 @@
 //! QUIRE_SIM_SEEDS for a longer soak.
 
 use quire::sim::{
-    self, kill_leader_bound_ms, run_scenario, Scenario, SimOptions, StateOp, StateRequest,
+    self, kill_leader_bound_ms, run_scenario, Net, Scenario, SimOptions, StateOp, StateRequest,
     StateResult, Workload, WorkloadBug, BUGS, GLUE_BUGS,
 };
 use quire::state::{Command, Error, Outcome};
@@ -106,6 +106,89 @@ fn three_nodes_keep_every_invariant() {
 #[test]
 fn five_nodes_keep_every_invariant() {
     sweep(5);
+}
+
+/// The transport under the seed: every node's Raft messages go through a
+/// production `transport::Endpoint` (fragments, NACKs, retransmissions,
+/// session epochs across restarts) as datagrams through the simulated
+/// network, on both topologies: half the seeds of the other sweeps (two
+/// sweeps in one test), with floors on what the transport did.
+#[test]
+fn endpoint_net_keeps_every_invariant_on_three_and_five_nodes() {
+    let seeds = (seeds() / 2).max(5);
+    {
+        for nodes in [3, 5] {
+            let opts = SimOptions {
+                nodes,
+                net: Net::Endpoint,
+                ..SimOptions::default()
+            };
+            let (mut confirmed, mut datagrams, mut refused, mut nacks, mut rexmits) =
+                (0, 0, 0, 0, 0);
+            for seed in 0..seeds {
+                let r = sim::run(seed, &opts).unwrap_or_else(|f| {
+                    panic!(
+                        "seed {seed} broke {}: {}\nlast events:\n  {}\nreplay with: {}",
+                        f.invariant,
+                        f.detail,
+                        f.recent_events.join("\n  "),
+                        sim::replay_command(seed, &opts)
+                    )
+                });
+                confirmed += r.confirmed;
+                datagrams += r.datagrams;
+                refused += r.datagrams_refused;
+                nacks += r.nacks_sent;
+                rexmits += r.retransmits;
+            }
+            // A sweep whose transport did nothing tests nothing: seeds
+            // lose datagrams (NACKs, retransmissions) and restart nodes
+            // (datagrams of an earlier session refused).
+            let what = format!("{nodes} nodes, {seeds} seeds");
+            assert!(
+                confirmed > seeds * 50,
+                "{what}: only {confirmed} appends confirmed"
+            );
+            assert!(
+                datagrams > seeds * 1_000,
+                "{what}: only {datagrams} datagrams"
+            );
+            assert!(nacks > seeds * 20, "{what}: only {nacks} NACKs");
+            assert!(
+                rexmits > seeds * 20,
+                "{what}: only {rexmits} retransmissions"
+            );
+            assert!(refused > seeds, "{what}: only {refused} datagrams refused");
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_trace_over_the_endpoint() {
+    {
+        let opts = SimOptions {
+            net: Net::Endpoint,
+            ..SimOptions::default()
+        };
+        let a = sim::run(42, &opts).expect("seed 42 passes");
+        let b = sim::run(42, &opts).expect("seed 42 passes");
+        assert_eq!(a.trace_hash, b.trace_hash);
+        assert_eq!(a.events, b.events);
+        assert_eq!(a.datagrams, b.datagrams);
+        assert!(a.datagrams > 0, "the endpoint carried nothing");
+        let direct = sim::run(
+            42,
+            &SimOptions {
+                net: Net::Direct,
+                ..opts
+            },
+        )
+        .expect("seed 42 passes");
+        assert_ne!(a.trace_hash, direct.trace_hash, "the nets run differently");
+        assert_eq!(direct.datagrams, 0, "Net::Direct has no endpoint");
+        assert!(sim::replay_command(42, &opts).ends_with(" --net endpoint"));
+        assert!(!sim::replay_command(42, &SimOptions::default()).contains("--net"));
+    }
 }
 
 /// Each planted glue bug is caught within 200 seeds on both topologies,

@@ -5,7 +5,7 @@
 
 use clap::Parser;
 use quire::sim::{
-    self, bug_by_name, glue_bug_by_name, replay_command, workload_bug_by_name, FaultCounts,
+    self, bug_by_name, glue_bug_by_name, replay_command, workload_bug_by_name, FaultCounts, Net,
     SimOptions, Workload, BUGS, GLUE_BUGS, INVARIANTS, WORKLOAD_BUGS, WORKLOAD_INVARIANTS,
 };
 use std::process::ExitCode;
@@ -41,6 +41,11 @@ struct Args {
     /// truncate-on-corruption.
     #[arg(long)]
     bug: Option<String>,
+    /// How Raft messages cross the simulated network: direct (handed
+    /// over as messages) or endpoint (encoded, through the production
+    /// transport endpoint of each node, as datagrams).
+    #[arg(long, default_value = "direct")]
+    net: String,
     /// What the clients do: log (raw appends), ledger or queue (through
     /// the replicated state machine, with history checkers).
     #[arg(long, default_value = "log")]
@@ -70,6 +75,13 @@ fn main() -> ExitCode {
         eprintln!(
             "quire-sim: unknown workload '{}'; known: log, ledger, queue",
             args.workload
+        );
+        return ExitCode::from(2);
+    };
+    let Some(net) = Net::by_name(&args.net) else {
+        eprintln!(
+            "quire-sim: unknown net '{}'; known: direct, endpoint",
+            args.net
         );
         return ExitCode::from(2);
     };
@@ -110,6 +122,7 @@ fn main() -> ExitCode {
         workload,
         workload_bug,
         glue_bug,
+        net,
         recent_events: std::env::var("QUIRE_SIM_RECENT")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -216,6 +229,11 @@ struct Totals {
     dropped: u64,
     detector_transitions: u64,
     serial_frame_errors: u64,
+    datagrams: u64,
+    datagrams_refused: u64,
+    retransmits: u64,
+    nacks_sent: u64,
+    sends_refused: u64,
     checks: u64,
     recovery_ms: Vec<u64>,
     faults: FaultCounts,
@@ -236,6 +254,11 @@ impl Totals {
         self.dropped += r.messages_dropped;
         self.detector_transitions += r.detector_transitions;
         self.serial_frame_errors += r.serial_frame_errors;
+        self.datagrams += r.datagrams;
+        self.datagrams_refused += r.datagrams_refused;
+        self.retransmits += r.retransmits;
+        self.nacks_sent += r.nacks_sent;
+        self.sends_refused += r.sends_refused;
         self.checks += r.invariant_checks;
         self.recovery_ms.push(r.recovery_ms);
         self.faults.add(&r.faults);
@@ -252,11 +275,16 @@ impl Totals {
         };
         let f = &self.faults;
         println!(
-            "runs:        {} passed ({} nodes x {} groups, {} workload{}{}{})",
+            "runs:        {} passed ({} nodes x {} groups, {} workload{}{}{}{})",
             self.runs,
             opts.nodes,
             opts.groups,
             opts.workload.name(),
+            if opts.net == Net::Endpoint {
+                ", through the transport endpoint"
+            } else {
+                ""
+            },
             opts.glue_bug.map_or(String::new(), |b| format!(
                 ", planted bug {}",
                 sim::glue_bug_name(b)
@@ -292,6 +320,12 @@ impl Totals {
             "detectors:   {} link, peer and disk-stall transitions; {} serial frames rejected",
             self.detector_transitions, self.serial_frame_errors
         );
+        if opts.net == Net::Endpoint {
+            println!(
+                "transport:   {} datagrams received, {} refused (an earlier session's), {} NACKs sent, {} frames retransmitted, {} messages refused by a full window",
+                self.datagrams, self.datagrams_refused, self.nacks_sent, self.retransmits, self.sends_refused
+            );
+        }
         println!(
             "recovery:    after healing, every group confirmed again within p50 {} ms, max {} ms",
             pct(0.5),
@@ -332,8 +366,10 @@ fn failover(first: u64, count: u64, opts: &SimOptions, verbose: bool) -> ExitCod
                 Err(why) => {
                     println!("{} seed {seed}: FAILED: {why}", scenario.name());
                     println!(
-                        "  replay with: cargo run --release --bin quire-sim -- --failover --seed {seed} --nodes {} --groups {}",
-                        opts.nodes, opts.groups
+                        "  replay with: cargo run --release --bin quire-sim -- --failover --seed {seed} --nodes {} --groups {}{}",
+                        opts.nodes,
+                        opts.groups,
+                        if opts.net == Net::Direct { String::new() } else { format!(" --net {}", opts.net.name()) }
                     );
                     return ExitCode::from(1);
                 }

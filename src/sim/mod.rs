@@ -10,10 +10,13 @@
 //! says (`glue`). An oracle built from what the device really synced
 //! (never from the WAL) holds it to every invariant (`disk`: the shadow).
 //!
-//! The simulated network still hands Raft messages over directly instead
-//! of through `transport::Endpoint`, and clients call the replica in
-//! process instead of through the client protocol's sessions: issue 18
-//! puts those under the seed next.
+//! Raft messages cross the simulated network in one of two ways
+//! ([`Net`]): handed over directly (`Net::Direct`, the default for now),
+//! or encoded with `transport::raft_codec` and carried by one production
+//! `transport::Endpoint` per node as datagrams (`Net::Endpoint`,
+//! `endpoint_net`). Clients call the replica in process instead of
+//! through the client protocol's sessions: issue 18 puts those under the
+//! seed next.
 //!
 //! One seed derives every parameter (timeouts, latencies, loss rates) and
 //! every fault (crashes, partitions, loss, duplication, EIO, leadership
@@ -37,6 +40,7 @@ mod checker;
 mod client;
 pub mod device;
 mod disk;
+mod endpoint_net;
 mod faults;
 mod glue;
 pub(crate) mod host;
@@ -89,6 +93,37 @@ pub struct SimOptions {
     /// A planted bug in the production glue, to show that the checkers
     /// catch it.
     pub glue_bug: Option<GlueBug>,
+    /// How Raft messages cross the simulated network.
+    pub net: Net,
+}
+
+/// How Raft messages cross the simulated network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Net {
+    /// Handed over as `Message`s, each through the network's rules.
+    #[default]
+    Direct,
+    /// Encoded with `transport::raft_codec` and sent through one
+    /// `transport::Endpoint` per node (the daemon's transport); its
+    /// datagrams go through the network's rules.
+    Endpoint,
+}
+
+impl Net {
+    /// Command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Net::Direct => "direct",
+            Net::Endpoint => "endpoint",
+        }
+    }
+
+    /// By command-line name.
+    pub fn by_name(name: &str) -> Option<Net> {
+        [Net::Direct, Net::Endpoint]
+            .into_iter()
+            .find(|n| n.name() == name)
+    }
 }
 
 impl Default for SimOptions {
@@ -104,6 +139,7 @@ impl Default for SimOptions {
             recent_events: 40,
             check_send_rule: true,
             glue_bug: None,
+            net: Net::Direct,
         }
     }
 }
@@ -145,6 +181,18 @@ pub struct RunReport {
     pub invariant_checks: u64,
     /// Time from healing until every group confirmed again, in ms.
     pub recovery_ms: u64,
+    /// `Net::Endpoint`: datagrams that reached a live node's endpoint.
+    pub datagrams: u64,
+    /// `Net::Endpoint`: of those, datagrams the endpoint dropped whole
+    /// (bad MAC, misaddressed, an earlier session's).
+    pub datagrams_refused: u64,
+    /// `Net::Endpoint`: frames the endpoints retransmitted on request.
+    pub retransmits: u64,
+    /// `Net::Endpoint`: NACK frames the endpoints sent.
+    pub nacks_sent: u64,
+    /// `Net::Endpoint`: Raft messages refused by a full window
+    /// (`WouldBlock`) and dropped, as the daemon does: Raft resends.
+    pub sends_refused: u64,
 }
 
 /// A failed run: which invariant broke, where, and how to replay it.
@@ -285,6 +333,9 @@ pub fn replay_command(seed: u64, opts: &SimOptions) -> String {
     }
     if let Some(bug) = opts.glue_bug {
         cmd += &format!(" --bug {}", glue_bug_name(bug));
+    }
+    if opts.net != Net::default() {
+        cmd += &format!(" --net {}", opts.net.name());
     }
     cmd
 }

@@ -80,6 +80,27 @@ pub(crate) enum What {
         peer: u64,
         stalled: bool,
     },
+    /// A transport datagram reached this node's endpoint.
+    Datagram {
+        from: u64,
+        len: u64,
+    },
+    /// A transport datagram to `to` was blocked or lost on the way.
+    DatagramDrop {
+        to: u64,
+    },
+    /// This node's endpoint dropped a datagram whole, and why.
+    DatagramRefused {
+        from: u64,
+        why: &'static str,
+    },
+    /// This node's endpoint ran its timers.
+    EndpointTimer,
+    /// A full window refused a Raft message to `to` (dropped: Raft resends).
+    SendRefused {
+        to: u64,
+        kind: &'static str,
+    },
 }
 
 /// One event of the run.
@@ -120,6 +141,13 @@ impl fmt::Display for Record {
             What::PeerDiskStall { peer, stalled } => {
                 write!(f, "peer n{peer} disk stalled: {stalled}")
             }
+            What::Datagram { from, len } => write!(f, "datagram from n{from}, {len} bytes"),
+            What::DatagramDrop { to } => write!(f, "datagram to n{to} lost"),
+            What::DatagramRefused { from, why } => {
+                write!(f, "datagram from n{from} refused: {why}")
+            }
+            What::EndpointTimer => write!(f, "endpoint timers"),
+            What::SendRefused { to, kind } => write!(f, "window full: {kind} to n{to} dropped"),
         }
     }
 }
@@ -200,6 +228,11 @@ impl Trace {
             ),
             What::PeerStatus { peer, status } => fold(fold(fold(h, 13), peer), status.len() as u64),
             What::PeerDiskStall { peer, stalled } => fold(fold(fold(h, 14), peer), stalled as u64),
+            What::Datagram { from, len } => fold(fold(fold(h, 15), from), len),
+            What::DatagramDrop { to } => fold(fold(h, 16), to),
+            What::DatagramRefused { from, why } => fold(fold(fold(h, 17), from), why.len() as u64),
+            What::EndpointTimer => fold(h, 18),
+            What::SendRefused { to, kind } => fold(fold(fold(h, 19), to), kind.len() as u64),
         };
         self.hash = h;
         if self.keep > 0 {

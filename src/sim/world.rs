@@ -6,6 +6,7 @@ use super::checker::{Checker, Violation};
 use super::client::{Client, Operation, Outcome};
 use super::device::SimDir;
 use super::disk::{Durable, SimDisk};
+use super::endpoint_net::EndpointNet;
 use super::faults::FaultCounts;
 use super::glue::{Answers, Hosted};
 use super::net::Network;
@@ -14,7 +15,7 @@ use super::trace::{describe, Record, Trace, What};
 use super::workload::{
     StateClient, StateOp, StateResult, Workload, LEDGER_CLIENTS_PER_GROUP, QUEUE_CLIENTS_PER_GROUP,
 };
-use super::{RunReport, SimOptions};
+use super::{Net, RunReport, SimOptions};
 use crate::consensus::{Body, Message, NodeId, Raft, RaftConfig};
 use crate::heartbeat::Heartbeat;
 use rand::{Rng, SeedableRng};
@@ -81,6 +82,18 @@ pub(crate) enum Event {
     Deliver {
         group: usize,
         msg: Message,
+    },
+    /// A transport datagram arrives (`Net::Endpoint`).
+    Datagram {
+        from: usize,
+        to: usize,
+        bytes: Vec<u8>,
+    },
+    /// A node's endpoint asked to be woken at `at_ms` (`Net::Endpoint`);
+    /// stale once a sooner wake-up replaced it or the node crashed.
+    EndpointTimer {
+        node: usize,
+        at_ms: u64,
     },
     Client {
         client: usize,
@@ -174,7 +187,9 @@ pub(crate) struct World {
     /// Per group: ids of the ledgers created, in creation order (the
     /// metadata store through which readers find others' ledgers).
     pub(crate) ledger_directory: Vec<Vec<u64>>,
-    dropped: u64,
+    pub(crate) dropped: u64,
+    /// The nodes' transport endpoints (`Net::Endpoint` only).
+    pub(crate) endpoint_net: Option<EndpointNet>,
     /// Stats of replicas that crashed, so counters survive restarts.
     pub(crate) retired_elections: u64,
     pub(crate) retired_snapshots: u64,
@@ -251,6 +266,7 @@ impl World {
             state_history: Vec::new(),
             ledger_directory: vec![Vec::new(); opts.groups],
             dropped: 0,
+            endpoint_net: None,
             retired_elections: 0,
             retired_snapshots: 0,
             leaders: 0,
@@ -323,6 +339,14 @@ impl World {
             let first_fault = w.rng.gen_range(100..=w.p.fault_gap_ms_max);
             w.schedule(first_fault, Event::Fault);
             w.schedule(opts.fault_phase_ms, Event::Heal);
+        }
+        if opts.net == Net::Endpoint {
+            // Drawn last, so the seed's parameters and schedule above are
+            // the same under both nets.
+            w.endpoint_net = Some(EndpointNet::new(seed, n));
+            for node in 0..n {
+                w.endpoint_start(node);
+            }
         }
         w
     }
@@ -422,8 +446,16 @@ impl World {
             .min(self.next_detector_tick().0)
     }
 
-    /// Handles the next event or timer.
+    /// Handles the next event or timer, then hands what the endpoints
+    /// have to send to the network (`Net::Endpoint`): the messages of one
+    /// step share datagrams, as a daemon's drive does.
     fn step(&mut self) -> Result<(), Violation> {
+        let r = self.step_one();
+        self.endpoint_flush_all();
+        r
+    }
+
+    fn step_one(&mut self) -> Result<(), Violation> {
         let next_event = self
             .queue
             .first_key_value()
@@ -474,29 +506,9 @@ impl World {
 
     fn handle(&mut self, ev: Event) -> Result<(), Violation> {
         match ev {
-            Event::Deliver { group, msg } => {
-                let n = idx(msg.to);
-                let live = self.nodes[n].alive && self.nodes[n].raft(group).is_some();
-                if !live {
-                    return Ok(());
-                }
-                let (kind, detail) = describe(&msg);
-                let (from, term) = (msg.from, msg.term);
-                self.record(
-                    n,
-                    group,
-                    What::Deliver {
-                        from,
-                        kind,
-                        term,
-                        detail,
-                    },
-                );
-                let now = self.now;
-                let raft = self.nodes[n].raft_mut(group).expect("checked live");
-                raft.step(now, msg);
-                self.drive(n, group)
-            }
+            Event::Deliver { group, msg } => self.deliver(group, msg),
+            Event::Datagram { from, to, bytes } => self.datagram_arrived(from, to, &bytes),
+            Event::EndpointTimer { node, at_ms } => self.endpoint_timer(node, at_ms),
             Event::Client { client, generation } => self.client_event(client, generation),
             Event::StateClient { client, generation } => {
                 self.state_client_event(client, generation)
@@ -530,6 +542,31 @@ impl World {
         }
     }
 
+    /// Steps the receiver's Raft with a message that arrived, and drives it.
+    pub(crate) fn deliver(&mut self, group: usize, msg: Message) -> Result<(), Violation> {
+        let n = idx(msg.to);
+        let live = self.nodes[n].alive && self.nodes[n].raft(group).is_some();
+        if !live {
+            return Ok(());
+        }
+        let (kind, detail) = describe(&msg);
+        let (from, term) = (msg.from, msg.term);
+        self.record(
+            n,
+            group,
+            What::Deliver {
+                from,
+                kind,
+                term,
+                detail,
+            },
+        );
+        let now = self.now;
+        let raft = self.nodes[n].raft_mut(group).expect("checked live");
+        raft.step(now, msg);
+        self.drive(n, group)
+    }
+
     /// Runs one replica until it has nothing to say (`drive_hosted`).
     pub(crate) fn drive(&mut self, n: usize, g: usize) -> Result<(), Violation> {
         self.drive_hosted(n, g)
@@ -555,7 +592,12 @@ impl World {
             let at = self.now + self.rng.gen_range(0..=3);
             self.schedule(at, Event::CrashRestart { node: from });
         }
-        if self.net.is_blocked(from, to) || self.rng.gen_bool(self.net.loss) {
+        if self.opts.net == Net::Endpoint {
+            self.endpoint_send(g, &msg);
+            return Ok(());
+        }
+        let arrivals = self.path_arrivals(from, to);
+        if arrivals.times().is_empty() {
             self.dropped += 1;
             let kind = describe(&msg).0;
             self.record(
@@ -569,17 +611,7 @@ impl World {
             );
             return Ok(());
         }
-        let copies = if self.rng.gen_bool(self.net.duplication) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let mut delay = self.p.net_delay_min_ms + self.rng.gen_range(0..=self.p.net_jitter_ms);
-            if self.rng.gen_bool(self.p.net_clog_probability) {
-                delay += self.rng.gen_range(0..=2 * self.p.election_timeout_ms);
-            }
-            let at = (self.now + delay).max(self.net.clogged_until(from, to) + delay);
+        for &at in arrivals.times() {
             let msg = msg.clone();
             self.schedule(at, Event::Deliver { group: g, msg });
         }
@@ -601,6 +633,7 @@ impl World {
         self.record(n, 0, What::Crash);
         self.nodes[n].alive = false;
         self.watches[n] = None;
+        self.endpoint_crash(n);
         for g in 0..self.opts.groups {
             // Damage on the device, where recovery can tell it: bit rot,
             // or now and then a write that never landed.
@@ -634,6 +667,8 @@ impl World {
         let nodes = self.nodes.len();
         self.watches[n] = Some(Watch::new(n, nodes, self.now, epoch));
         self.schedule(self.now, Event::HeartbeatSend { node: n });
+        // A new process: a new endpoint, with a new session epoch.
+        self.endpoint_start(n);
         for g in 0..self.opts.groups {
             self.start_group(n, g)?;
             self.drive(n, g)?;
@@ -656,7 +691,7 @@ impl World {
                 }
             }
         }
-        RunReport {
+        let mut report = RunReport {
             seed: self.seed,
             trace_hash: self.trace.hash(),
             sim_time_ms: self.now,
@@ -676,7 +711,10 @@ impl World {
             serial_frame_errors: self.serial_frame_errors,
             invariant_checks: self.checker.checks,
             recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
-        }
+            ..RunReport::default()
+        };
+        self.endpoint_report(&mut report);
+        report
     }
 
     /// Client operations whose outcome `pred` accepts; in the ledger and

@@ -77,6 +77,10 @@ pub struct TransportConfig {
     /// Past session epochs remembered per peer, so that datagrams of a
     /// restarted peer's earlier lives are recognised and dropped.
     pub retired_epochs_max: usize,
+    /// A peer's epoch we retired comes back once it vouches for us (sends
+    /// a datagram addressed to our epoch) and the epoch that replaced it
+    /// has been silent this long: that one was a straggler of a dead life.
+    pub epoch_silence_ms: u64,
 }
 
 impl Default for TransportConfig {
@@ -102,6 +106,7 @@ impl Default for TransportConfig {
             peers_max: 16,
             channels_max: 256,
             retired_epochs_max: 8,
+            epoch_silence_ms: 500,
         }
     }
 }
@@ -191,8 +196,10 @@ impl TransportConfig {
         if self.nack_delay_min_us > self.nack_delay_max_us {
             return err("nack_delay_min_us exceeds nack_delay_max_us".into());
         }
-        if self.nack_interval_ms == 0 || self.probe_interval_ms == 0 {
-            return err("nack_interval_ms and probe_interval_ms must be positive".into());
+        if self.nack_interval_ms == 0 || self.probe_interval_ms == 0 || self.epoch_silence_ms == 0 {
+            return err(
+                "nack_interval_ms, probe_interval_ms and epoch_silence_ms must be positive".into(),
+            );
         }
         if self.nack_ranges_max == 0 || self.nack_ranges_max > NACK_RANGES_MAX {
             return err(format!("nack_ranges_max must be in 1..={NACK_RANGES_MAX}"));

@@ -11,7 +11,7 @@ use super::config::{ConfigError, TransportConfig};
 use super::events::{DropReason, Event, SendError, Transmit};
 use super::history::HistoryLedger;
 use super::mac::ClusterKey;
-use super::peer::{EpochCheck, Peer};
+use super::peer::{Addressed, EpochCheck, EpochLimits, Peer};
 use super::receiver::{RxHalf, RxItem};
 use super::sender::{NackBudget, TxHalf};
 use super::stats::{ChannelState, ChannelStats, EndpointStats, PeerStats};
@@ -239,23 +239,33 @@ impl Endpoint {
             self.stats.peers_over_limit_dropped += 1;
             return Err(DropReason::TooManyPeers);
         };
-        match self.peers[p].check_epoch(h.epoch, self.cfg.retired_epochs_max) {
+        let to = match h.peer_epoch {
+            0 => Addressed::Unknown,
+            e if e == self.epoch => Addressed::Us,
+            _ => Addressed::Earlier,
+        };
+        let limits = EpochLimits {
+            retired_max: self.cfg.retired_epochs_max,
+            silence_us: self.cfg.epoch_silence_ms * 1000,
+        };
+        match self.peers[p].check_epoch(now_us, h.epoch, to, limits) {
             EpochCheck::Current | EpochCheck::First => {}
             EpochCheck::Restarted => self.peer_restarted(p),
             EpochCheck::Retired => {
                 self.peers[p].stats.stale_epoch_dropped += 1;
                 return Err(DropReason::StaleEpoch);
             }
+            EpochCheck::Unconfirmed => {
+                // A new life of the peer that does not know ours yet, or a
+                // dead one: the announcement lets a new life vouch.
+                self.refuse_and_announce(p, now_us);
+                return Err(DropReason::StaleEpoch);
+            }
         }
-        if h.peer_epoch != 0 && h.peer_epoch != self.epoch {
+        if to == Addressed::Earlier {
             // Meant for an earlier life of ours. Say who we are now, or a
             // peer that never hears from us would keep sending into the void.
-            let peer = &mut self.peers[p];
-            peer.stats.stale_epoch_dropped += 1;
-            if now_us >= peer.announce_allowed_us {
-                peer.announce = true;
-                peer.announce_allowed_us = now_us + self.cfg.nack_interval_ms * 1000;
-            }
+            self.refuse_and_announce(p, now_us);
             return Err(DropReason::StaleEpoch);
         }
         let peer = &mut self.peers[p];
@@ -272,6 +282,17 @@ impl Endpoint {
         }
         self.sweep_history();
         Ok(())
+    }
+
+    /// Counts a datagram of peer `p` dropped for its epochs, and has our
+    /// epoch announced to it (at most once per `nack_interval_ms`).
+    fn refuse_and_announce(&mut self, p: usize, now_us: u64) {
+        let peer = &mut self.peers[p];
+        peer.stats.stale_epoch_dropped += 1;
+        if now_us >= peer.announce_allowed_us {
+            peer.announce = true;
+            peer.announce_allowed_us = now_us + self.cfg.nack_interval_ms * 1000;
+        }
     }
 
     fn handle_frame(&mut self, now_us: u64, p: usize, frame: Frame<'_>, budget: &mut NackBudget) {

@@ -9,8 +9,8 @@
 //! The socket driver (`crate::net`: one UDP socket per group,
 //! `base_port + group`, `sendmmsg`/`recvmmsg`, GSO/GRO, `ppoll`) is the
 //! caller, and tests and benchmarks drive endpoints directly; nothing here
-//! imports them. (The simulator does not run the endpoint yet: it hands
-//! Raft messages over directly, issue 18.)
+//! imports them. The simulator runs one endpoint per simulated node under
+//! `quire-sim --net endpoint` (`sim::endpoint_net`).
 //!
 //! # The loop a driver runs (quinn's)
 //!

@@ -10,6 +10,24 @@
 //! datagram that survives that many restarts of its sender would reset the
 //! channels once more; on a LAN, where a datagram lives milliseconds and a
 //! restart takes seconds, that cannot happen by accident.
+//!
+//! An unknown epoch may also be a dead life we never heard of: we
+//! restarted too, and a straggler (or a replay) of the peer's life before
+//! the one we know arrives late. Taking it for a restart would retire the
+//! live epoch, and every later datagram of the live peer would be dropped
+//! for good. So once the peer's current epoch has *vouched* for our life
+//! (sent a datagram addressed to our epoch: it is alive, and knows us), a
+//! new epoch replaces it only through a datagram that vouches for us too.
+//! A new life's first datagrams, which know no epoch of ours, are dropped
+//! then and answered with an announcement; its next ones vouch. And a
+//! retired epoch comes back when it vouches for us while the one that
+//! replaced it never did, or has been silent for `epoch_silence_ms`: a
+//! dead life's straggler that slipped in (before the live one had heard
+//! from us, or having heard from us itself) is replaced within that time.
+//! The sessions then start over on our side only: the peer's receiving
+//! half drops our first frames as duplicates of what it already had from
+//! us, as many frames as we sent it while the straggler was on its way
+//! (consensus resends), and its history answers our requests "too old".
 
 use super::stats::PeerStats;
 use super::wire::Echo;
@@ -40,6 +58,30 @@ pub(super) enum EpochCheck {
     Restarted,
     /// An epoch the peer had before: drop the datagram.
     Retired,
+    /// A new epoch that does not vouch for our life while the current
+    /// one has: drop the datagram and announce ourselves (a new life
+    /// answers with a datagram that vouches; a dead one never does).
+    Unconfirmed,
+}
+
+/// The bounds `Peer::check_epoch` works within (from the config).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct EpochLimits {
+    /// Retired epochs remembered (`retired_epochs_max`).
+    pub(super) retired_max: usize,
+    /// `epoch_silence_ms`, in µs.
+    pub(super) silence_us: u64,
+}
+
+/// Which of our lives a datagram is addressed to (its `peer_epoch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Addressed {
+    /// Our current epoch.
+    Us,
+    /// None: the sender knows no epoch of ours.
+    Unknown,
+    /// An earlier life of ours.
+    Earlier,
 }
 
 /// One peer.
@@ -48,6 +90,10 @@ pub(super) struct Peer {
     pub(super) id: NodeId,
     /// Its current session epoch; 0 until we hear from it.
     pub(super) epoch: u64,
+    /// The current epoch has sent a datagram addressed to our epoch.
+    vouched: bool,
+    /// When a datagram of the current epoch last arrived.
+    heard_us: u64,
     retired: VecDeque<u64>,
     /// Indexes of its channels in the endpoint, in creation order.
     pub(super) channels: Vec<usize>,
@@ -83,6 +129,8 @@ impl Peer {
         Peer {
             id,
             epoch: 0,
+            vouched: false,
+            heard_us: 0,
             retired: VecDeque::new(),
             channels: Vec::new(),
             rerequest_allowed_us: 0,
@@ -99,20 +147,41 @@ impl Peer {
         }
     }
 
-    /// Classifies `epoch` and adopts it if it is new.
-    pub(super) fn check_epoch(&mut self, epoch: u64, retired_max: usize) -> EpochCheck {
+    /// Classifies `epoch`, of a datagram addressed to `to` arriving at
+    /// `now_us`, and adopts it if it is new (see the module documentation).
+    pub(super) fn check_epoch(
+        &mut self,
+        now_us: u64,
+        epoch: u64,
+        to: Addressed,
+        limits: EpochLimits,
+    ) -> EpochCheck {
+        let vouches = to == Addressed::Us;
         if epoch == self.epoch {
+            self.vouched |= vouches;
+            self.heard_us = now_us;
             return EpochCheck::Current;
         }
         if self.retired.contains(&epoch) {
-            return EpochCheck::Retired;
+            // Retired for an epoch that never vouched for us, or that has
+            // fallen silent: that one was a straggler of a dead life,
+            // most likely, and this one is alive and knows us.
+            let silent = now_us >= self.heard_us.saturating_add(limits.silence_us);
+            if !(vouches && (!self.vouched || silent)) {
+                return EpochCheck::Retired;
+            }
+            self.retired.retain(|&e| e != epoch);
+        } else if self.vouched && !vouches {
+            return EpochCheck::Unconfirmed;
         }
+        self.heard_us = now_us;
+        self.vouched = vouches;
         if self.epoch == 0 {
             self.epoch = epoch;
             return EpochCheck::First;
         }
         self.retired.push_back(self.epoch);
-        while self.retired.len() > retired_max {
+        while self.retired.len() > limits.retired_max {
             self.retired.pop_front();
         }
         self.epoch = epoch;
@@ -214,19 +283,84 @@ impl Peer {
 mod tests {
     use super::*;
 
+    const LIMITS: EpochLimits = EpochLimits {
+        retired_max: 2,
+        silence_us: 500_000,
+    };
+
     #[test]
     fn epochs_first_restart_retired() {
+        use Addressed::Unknown;
         let mut p = Peer::new(2);
-        assert_eq!(p.check_epoch(10, 2), EpochCheck::First);
-        assert_eq!(p.check_epoch(10, 2), EpochCheck::Current);
-        assert_eq!(p.check_epoch(11, 2), EpochCheck::Restarted);
-        assert_eq!(p.check_epoch(10, 2), EpochCheck::Retired);
-        assert_eq!(p.check_epoch(12, 2), EpochCheck::Restarted);
-        assert_eq!(p.check_epoch(13, 2), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(0, 10, Unknown, LIMITS), EpochCheck::First);
+        assert_eq!(p.check_epoch(0, 10, Unknown, LIMITS), EpochCheck::Current);
+        assert_eq!(p.check_epoch(0, 11, Unknown, LIMITS), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(0, 10, Unknown, LIMITS), EpochCheck::Retired);
+        assert_eq!(p.check_epoch(0, 12, Unknown, LIMITS), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(0, 13, Unknown, LIMITS), EpochCheck::Restarted);
         // Only two are remembered: 10 has been forgotten.
-        assert_eq!(p.check_epoch(11, 2), EpochCheck::Retired);
-        assert_eq!(p.check_epoch(12, 2), EpochCheck::Retired);
+        assert_eq!(p.check_epoch(0, 11, Unknown, LIMITS), EpochCheck::Retired);
+        assert_eq!(p.check_epoch(0, 12, Unknown, LIMITS), EpochCheck::Retired);
         assert_eq!(p.retired.len(), 2);
+    }
+
+    #[test]
+    fn once_vouched_only_a_vouching_epoch_replaces_it() {
+        use Addressed::{Earlier, Unknown, Us};
+        const T: u64 = 1_000;
+        let mut p = Peer::new(2);
+        assert_eq!(p.check_epoch(T, 10, Unknown, LIMITS), EpochCheck::First);
+        // Not vouched yet: anything new is a restart, as before.
+        assert_eq!(p.check_epoch(T, 11, Earlier, LIMITS), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(T, 11, Us, LIMITS), EpochCheck::Current);
+        // 11 knows us: an epoch that does not is not taken for a restart.
+        assert_eq!(
+            p.check_epoch(T, 12, Unknown, LIMITS),
+            EpochCheck::Unconfirmed
+        );
+        assert_eq!(
+            p.check_epoch(T, 13, Earlier, LIMITS),
+            EpochCheck::Unconfirmed
+        );
+        assert_eq!(p.epoch, 11);
+        // A new life that has heard from us is.
+        assert_eq!(p.check_epoch(T, 12, Us, LIMITS), EpochCheck::Restarted);
+        assert_eq!(p.check_epoch(T, 11, Us, LIMITS), EpochCheck::Retired);
+        // The datagram that brought 12 vouched for us already.
+        assert_eq!(
+            p.check_epoch(T, 14, Unknown, LIMITS),
+            EpochCheck::Unconfirmed
+        );
+    }
+
+    #[test]
+    fn a_retired_epoch_that_vouches_comes_back_from_a_silent_one() {
+        use Addressed::{Earlier, Unknown, Us};
+        let mut p = Peer::new(2);
+        // 10 is live, but we heard of it before it heard of us; a
+        // straggler of a dead life, 11, replaces it.
+        assert_eq!(p.check_epoch(0, 10, Unknown, LIMITS), EpochCheck::First);
+        assert_eq!(p.check_epoch(1, 11, Earlier, LIMITS), EpochCheck::Restarted);
+        // 10 now vouches for us, and 11 never did: 10 comes back at once.
+        assert_eq!(p.check_epoch(2, 10, Us, LIMITS), EpochCheck::Restarted);
+        assert_eq!(p.epoch, 10);
+        // A dead life that had vouched too (12) replaces the live one...
+        assert_eq!(p.check_epoch(3, 12, Us, LIMITS), EpochCheck::Restarted);
+        // ...which is refused while 12 is heard from,
+        assert_eq!(p.check_epoch(4, 12, Us, LIMITS), EpochCheck::Current);
+        assert_eq!(p.check_epoch(5, 10, Us, LIMITS), EpochCheck::Retired);
+        let quiet = 4 + LIMITS.silence_us;
+        assert_eq!(
+            p.check_epoch(quiet - 1, 10, Us, LIMITS),
+            EpochCheck::Retired
+        );
+        // and comes back once 12 has been silent for epoch_silence_ms.
+        assert_eq!(p.check_epoch(quiet, 10, Us, LIMITS), EpochCheck::Restarted);
+        // One that does not vouch does not.
+        assert_eq!(
+            p.check_epoch(quiet + LIMITS.silence_us, 12, Unknown, LIMITS),
+            EpochCheck::Retired
+        );
     }
 
     #[test]

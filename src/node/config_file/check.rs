@@ -439,7 +439,7 @@ pub(super) fn transport(raw: RawTransport, peers: usize) -> Result<TransportConf
         message_bytes_max, holdback_bytes_max, holdback_frames_max, events_bytes_max,
         nack_delay_min_us, nack_delay_max_us, nack_interval_ms, nack_ranges_max,
         rexmit_batch_max, rexmit_min_interval_ms, ack_delay_us, ack_every_bytes,
-        probe_interval_ms, peers_max, channels_max, retired_epochs_max);
+        probe_interval_ms, peers_max, channels_max, retired_epochs_max, epoch_silence_ms);
     transport
         .validate()
         .map_err(|e| in_section("transport", e.0))?;

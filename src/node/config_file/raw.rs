@@ -141,6 +141,7 @@ pub(super) struct RawTransport {
     pub(super) peers_max: Option<usize>,
     pub(super) channels_max: Option<usize>,
     pub(super) retired_epochs_max: Option<usize>,
+    pub(super) epoch_silence_ms: Option<u64>,
 }
 
 #[derive(Default, Deserialize)]
