@@ -36,11 +36,12 @@ pub struct Superblock {
     /// them is corruption, never a torn tail, whatever the window says
     /// (the window may have been smaller when they were written).
     pub life_start_seq: u64,
-    /// The segment a snapshot install is writing the entries kept with
-    /// the snapshot into (0: none). Until the superblock names the
-    /// installed snapshot, that segment is not part of the log: it would
-    /// read as a rewrite from the kept entries, cutting off the log a
-    /// crash should leave in force, so recovery removes it.
+    /// The first segment a snapshot install is writing the entries kept
+    /// with the snapshot into (0: none); they may fill more, each later.
+    /// Until the superblock names the installed snapshot, those segments
+    /// are not part of the log: they would read as a rewrite from the
+    /// kept entries, cutting off the log a crash should leave in force,
+    /// so recovery removes them.
     pub install_segment: u64,
 }
 

@@ -240,9 +240,11 @@ fn an_install_cut_short_before_its_snapshot_is_recorded_keeps_the_old_log() {
         .unwrap();
     wal.sync().unwrap();
     let acked = wal.durable().0;
-    // Room for the fresh segment, not for a first snapshot file (1 MiB).
-    dir.set_capacity_bytes(Some(dir.used_bytes() + (128 << 10)));
-    let below: Vec<Entry> = (5..=12).map(entry).collect();
+    // Room for the fresh segments, not for a first snapshot file (1 MiB).
+    dir.set_capacity_bytes(Some(dir.used_bytes() + (256 << 10)));
+    // More than a segment holds: the install fills two (seed 1642 of the
+    // queue sweep on 3 nodes, where only the first was removed).
+    let below: Vec<Entry> = (5..=40).map(entry).collect();
     let err = wal
         .install_snapshot(&snapshot(100), &below)
         .expect_err("no room for the snapshot file");

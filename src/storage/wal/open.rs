@@ -83,12 +83,25 @@ impl<D: LogDir> Wal<D> {
         };
 
         // An install interrupted before its snapshot was recorded: its
-        // segment is not part of the log (`Superblock::install_segment`).
-        // Gone for good before this life's superblock stops naming it.
-        if sb.install_segment != 0 && dir.exists(&segment_name(sb.install_segment)) {
-            dir.remove(&segment_name(sb.install_segment))
-                .map_err(io_err("removing an unfinished install's segment"))?;
-            dir.sync().map_err(io_err("syncing the log directory"))?;
+        // segments (the one the superblock names and every later one: the
+        // kept entries may fill several) are not part of the log
+        // (`Superblock::install_segment`). Gone for good before this
+        // life's superblock stops naming them.
+        if sb.install_segment != 0 {
+            let mut removed = false;
+            for name in dir.list().map_err(io_err("listing the log directory"))? {
+                let id = name
+                    .strip_suffix(".seg")
+                    .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+                if id.is_some_and(|id| id >= sb.install_segment) {
+                    dir.remove(&name)
+                        .map_err(io_err("removing an unfinished install's segment"))?;
+                    removed = true;
+                }
+            }
+            if removed {
+                dir.sync().map_err(io_err("syncing the log directory"))?;
+            }
         }
         // Segments, in order; leftovers of an interrupted preallocation go.
         let mut ids = Vec::new();

@@ -195,7 +195,8 @@ impl<D: LogDir> Wal<D> {
             // of them: until the snapshot is recorded, a crash must not
             // find them, or it would cut off the old log (entries this node
             // acknowledged). Recovery removes the segment the superblock
-            // names here; recording the snapshot clears it.
+            // names here and every later one (the kept entries may fill
+            // several); recording the snapshot clears it.
             self.sb.install_segment = next;
             self.write_superblock_now()?;
         }
