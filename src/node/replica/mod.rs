@@ -22,7 +22,7 @@
 //!   an entry: tails of the raw log and ledger long polls.
 
 mod machine;
-pub(crate) mod planted;
+mod planted;
 mod reads;
 mod snapshot;
 pub(crate) mod tap;

@@ -9,7 +9,7 @@ use crate::state::{Command, Error, Outcome, StateMachine};
 
 /// Applies a committed command to the machine, with the bug planted in
 /// applying, if any.
-pub(crate) fn apply_command(
+pub(super) fn apply_command(
     sm: &mut StateMachine,
     index: Index,
     cmd: &Command,
