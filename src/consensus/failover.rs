@@ -33,6 +33,14 @@ impl Raft {
         if self.role == Role::Leader || self.leader.is_some_and(|l| l != peer) {
             return;
         }
+        if self.role == Role::PreCandidate {
+            // Its own timer fired first, before the detector spoke: its
+            // pre-vote is off the rank order, and granted it would collide
+            // with the rank-0 node's campaign (a split vote costs a whole
+            // election timeout). It waits for its rank like the others.
+            // Only a pre-vote is given up: a candidate has voted already.
+            self.become_follower(self.term, None);
+        }
         self.leader = None;
         self.leader_contact_ms = None;
         self.stats.fast_campaigns += 1;
