@@ -17,6 +17,8 @@ fn seeds() -> u64 {
         .unwrap_or(200)
 }
 
+/// A sweep of the default options (the production glue, storage on
+/// simulated devices, the transport endpoint) on `nodes` nodes.
 fn sweep(nodes: usize) {
     sweep_with(SimOptions {
         nodes,
@@ -29,9 +31,16 @@ fn sweep_with(opts: SimOptions) {
     let mut faults = 0;
     let mut serial_faults = 0;
     let mut transitions = 0;
+    let (mut datagrams, mut refused, mut nacks, mut rexmits) = (0, 0, 0, 0);
+    let mut glue = sim::GlueCounts::default();
     for seed in 0..seeds() {
         match sim::run(seed, &opts) {
             Ok(r) => {
+                glue.add(&r.glue);
+                datagrams += r.datagrams;
+                refused += r.datagrams_refused;
+                nacks += r.nacks_sent;
+                rexmits += r.retransmits;
                 confirmed += r.confirmed;
                 faults += r.faults.total();
                 serial_faults +=
@@ -61,6 +70,39 @@ fn sweep_with(opts: SimOptions) {
         transitions > seeds() * 10,
         "the failure detectors saw only {transitions} transitions"
     );
+    // Every path of the production glue the faults aim at was taken:
+    // recovery after crashes (torn tails, mid-log damage for repair),
+    // group commits, a full disk refusing appends, snapshots installed
+    // from a leader and adopted from the replica's own.
+    let seeds = seeds();
+    let floors = [
+        ("log recoveries", glue.recoveries, seeds * 20),
+        ("torn tails discarded", glue.torn_tails, seeds / 100),
+        ("damaged batches found", glue.corruptions_found, seeds * 3),
+        ("group commits", glue.flushes, seeds * 300),
+        (
+            "appends refused for a full disk",
+            glue.disk_full_refusals,
+            seeds / 20,
+        ),
+        ("snapshots installed", glue.snapshots_installed, seeds / 10),
+        ("snapshots adopted", glue.snapshots_adopted, seeds * 3),
+    ];
+    for (what, seen, floor) in floors {
+        assert!(
+            seen >= floor,
+            "only {seen} {what} in {seeds} seeds (floor {floor})"
+        );
+    }
+    // The transport under the seed (the default net) must have worked:
+    // seeds lose datagrams (NACKs, retransmissions) and restart nodes
+    // (datagrams of an earlier session refused).
+    if opts.net == Net::Endpoint {
+        assert!(datagrams > seeds * 1_000, "only {datagrams} datagrams");
+        assert!(nacks > seeds * 20, "only {nacks} NACKs");
+        assert!(rexmits > seeds * 20, "only {rexmits} retransmissions");
+        assert!(refused > seeds, "only {refused} datagrams refused");
+    }
 }
 
 /// The serial heartbeat issue's four scenarios, scripted on the simulated
@@ -108,58 +150,25 @@ fn five_nodes_keep_every_invariant() {
     sweep(5);
 }
 
-/// The transport under the seed: every node's Raft messages go through a
-/// production `transport::Endpoint` (fragments, NACKs, retransmissions,
-/// session epochs across restarts) as datagrams through the simulated
-/// network, on both topologies: half the seeds of the other sweeps (two
-/// sweeps in one test), with floors on what the transport did.
+/// The old direct mode (Raft messages handed over, no endpoint) is kept
+/// for long hunts: it keeps every invariant too, on a quarter of the seeds.
 #[test]
-fn endpoint_net_keeps_every_invariant_on_three_and_five_nodes() {
-    let seeds = (seeds() / 2).max(5);
-    {
-        for nodes in [3, 5] {
-            let opts = SimOptions {
-                nodes,
-                net: Net::Endpoint,
-                ..SimOptions::default()
-            };
-            let (mut confirmed, mut datagrams, mut refused, mut nacks, mut rexmits) =
-                (0, 0, 0, 0, 0);
-            for seed in 0..seeds {
-                let r = sim::run(seed, &opts).unwrap_or_else(|f| {
-                    panic!(
-                        "seed {seed} broke {}: {}\nlast events:\n  {}\nreplay with: {}",
-                        f.invariant,
-                        f.detail,
-                        f.recent_events.join("\n  "),
-                        sim::replay_command(seed, &opts)
-                    )
-                });
-                confirmed += r.confirmed;
-                datagrams += r.datagrams;
-                refused += r.datagrams_refused;
-                nacks += r.nacks_sent;
-                rexmits += r.retransmits;
-            }
-            // A sweep whose transport did nothing tests nothing: seeds
-            // lose datagrams (NACKs, retransmissions) and restart nodes
-            // (datagrams of an earlier session refused).
-            let what = format!("{nodes} nodes, {seeds} seeds");
-            assert!(
-                confirmed > seeds * 50,
-                "{what}: only {confirmed} appends confirmed"
-            );
-            assert!(
-                datagrams > seeds * 1_000,
-                "{what}: only {datagrams} datagrams"
-            );
-            assert!(nacks > seeds * 20, "{what}: only {nacks} NACKs");
-            assert!(
-                rexmits > seeds * 20,
-                "{what}: only {rexmits} retransmissions"
-            );
-            assert!(refused > seeds, "{what}: only {refused} datagrams refused");
-        }
+fn direct_net_keeps_every_invariant() {
+    let seeds = (seeds() / 4).max(5);
+    let opts = SimOptions {
+        net: Net::Direct,
+        ..SimOptions::default()
+    };
+    for seed in 0..seeds {
+        let r = sim::run(seed, &opts).unwrap_or_else(|f| {
+            panic!(
+                "seed {seed} broke {}: {}\nreplay with: {}",
+                f.invariant,
+                f.detail,
+                sim::replay_command(seed, &opts)
+            )
+        });
+        assert_eq!(r.datagrams, 0, "seed {seed}: Net::Direct has no endpoint");
     }
 }
 
@@ -186,8 +195,13 @@ fn same_seed_same_trace_over_the_endpoint() {
         .expect("seed 42 passes");
         assert_ne!(a.trace_hash, direct.trace_hash, "the nets run differently");
         assert_eq!(direct.datagrams, 0, "Net::Direct has no endpoint");
-        assert!(sim::replay_command(42, &opts).ends_with(" --net endpoint"));
-        assert!(!sim::replay_command(42, &SimOptions::default()).contains("--net"));
+        assert_eq!(opts.net, Net::default(), "the endpoint is the default");
+        assert!(!sim::replay_command(42, &opts).contains("--net"));
+        let direct_opts = SimOptions {
+            net: Net::Direct,
+            ..opts
+        };
+        assert!(sim::replay_command(42, &direct_opts).ends_with(" --net direct"));
     }
 }
 

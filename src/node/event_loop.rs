@@ -27,15 +27,14 @@ use crate::heartbeat::failover::{on_event, on_group_status};
 use crate::heartbeat::{Channel, GroupStatus, Heartbeat};
 use crate::net::{PeerMap, UdpDriver};
 use crate::storage::Wal;
-use crate::transport::raft_codec::{decode_message, encode_message};
+use crate::transport::raft_codec::{
+    decode_message, encode_message, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
+};
 use crate::transport::{Endpoint, Event, GroupId};
 use crossbeam_channel::Receiver;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-/// First byte of every message on a transport channel.
-const ENVELOPE_RAFT: u8 = 0;
-const ENVELOPE_HEARTBEAT: u8 = 1;
 /// Transitions kept for `NodeStatus::transitions`.
 const TRANSITIONS_KEPT: usize = 256;
 /// Longest wait in poll(2) per turn. Work from other threads, WAL

@@ -16,7 +16,10 @@ use super::trace::{describe, What};
 use super::world::{idx, Event, World};
 use super::RunReport;
 use crate::consensus::{Message, NodeId};
-use crate::transport::raft_codec::{decode_message, encode_message};
+use crate::heartbeat::{Channel, Heartbeat};
+use crate::transport::raft_codec::{
+    decode_message, encode_message, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
+};
 use crate::transport::{
     ClusterKey, DropReason, Endpoint, Event as Delivery, GroupId, SendError, TransportConfig,
 };
@@ -118,6 +121,7 @@ impl World {
             return;
         };
         net.buf.clear();
+        net.buf.push(ENVELOPE_RAFT);
         encode_message(msg, &mut net.buf);
         match ep.send(msg.to, g as GroupId, &net.buf) {
             Ok(_) => net.dirty[from] = true,
@@ -129,6 +133,28 @@ impl World {
             // The simulator's messages are small and its peers few: any
             // other refusal is a bug in the transport or its config.
             Err(e) => panic!("n{}: the transport refused a Raft message: {e}", from + 1),
+        }
+    }
+
+    /// Node `n`'s heartbeat to every peer, on group 0's channels, as the
+    /// daemon's `send_heartbeat` sends it: a full window drops it (the
+    /// next one follows a keepalive later).
+    pub(crate) fn endpoint_send_heartbeat(&mut self, n: usize, hb: &Heartbeat) {
+        let peers = self.nodes.len();
+        let net = self.endpoint_net.as_mut().expect("Net::Endpoint");
+        let Some(ep) = net.endpoints[n].as_mut() else {
+            return;
+        };
+        net.buf.clear();
+        net.buf.push(ENVELOPE_HEARTBEAT);
+        hb.encode(&mut net.buf)
+            .expect("a heartbeat of the simulator's size encodes");
+        for to in (0..peers).filter(|&m| m != n) {
+            match ep.send(to as NodeId + 1, 0, &net.buf) {
+                Ok(_) => net.dirty[n] = true,
+                Err(SendError::WouldBlock) => net.counters.sends_refused += 1,
+                Err(e) => panic!("n{}: the transport refused a heartbeat: {e}", n + 1),
+            }
         }
     }
 
@@ -190,7 +216,24 @@ impl World {
             else {
                 continue; // restarts, skips and reopened windows: Raft copes
             };
-            let msg = decode_message(&message)
+            // Any message is a sign of life on the UDP path, as in the
+            // daemon's receive.
+            if let Some(w) = self.watches[to].as_mut() {
+                w.detector.heard(self.now, peer, Channel::Udp);
+            }
+            let (&envelope, body) = message
+                .split_first()
+                .unwrap_or_else(|| panic!("n{}: an empty message from n{peer}", to + 1));
+            if envelope == ENVELOPE_HEARTBEAT {
+                let hb = Heartbeat::decode(body).unwrap_or_else(|e| {
+                    panic!("n{}: undecodable heartbeat from n{peer}: {e}", to + 1)
+                });
+                assert_eq!(hb.node, peer, "n{}: a heartbeat in another's name", to + 1);
+                self.heartbeat_udp(to, &hb)?;
+                continue;
+            }
+            assert_eq!(envelope, ENVELOPE_RAFT, "n{}: an unknown envelope", to + 1);
+            let msg = decode_message(body)
                 .unwrap_or_else(|e| panic!("n{}: undecodable message from n{peer}: {e}", to + 1));
             assert!(
                 msg.from == peer && idx(msg.to) == to && (group as usize) < self.opts.groups,

@@ -80,6 +80,50 @@ fn wal_config(w: &mut World) -> WalConfig {
     }
 }
 
+/// What the production glue did in a run, summed over every replica and
+/// every life of it: the sweep tests hold floors on these, so a path the
+/// faults should reach and never do is noticed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlueCounts {
+    /// Log opens: the real recovery scan, one per start of a replica.
+    pub recoveries: u64,
+    /// Recoveries that discarded a torn tail.
+    pub torn_tails: u64,
+    /// Damaged batches recovery found in the middle of a log and reported
+    /// for repair (Raft re-fetches them from the leader).
+    pub corruptions_found: u64,
+    /// Group commits (WAL flushes) completed.
+    pub flushes: u64,
+    /// Appends the WAL refused for a full disk.
+    pub disk_full_refusals: u64,
+    /// Snapshots from a leader installed.
+    pub snapshots_installed: u64,
+    /// Snapshots of a replica's own adopted (its log compacted under them).
+    pub snapshots_adopted: u64,
+}
+
+impl GlueCounts {
+    /// Adds another run's (or replica's) counts.
+    pub fn add(&mut self, o: &GlueCounts) {
+        self.recoveries += o.recoveries;
+        self.torn_tails += o.torn_tails;
+        self.corruptions_found += o.corruptions_found;
+        self.flushes += o.flushes;
+        self.disk_full_refusals += o.disk_full_refusals;
+        self.snapshots_installed += o.snapshots_installed;
+        self.snapshots_adopted += o.snapshots_adopted;
+    }
+
+    /// The WAL's own counters of one replica's life.
+    fn of_wal(m: &crate::storage::WalMetrics) -> GlueCounts {
+        GlueCounts {
+            flushes: m.flushes,
+            disk_full_refusals: m.disk_full_refusals,
+            ..GlueCounts::default()
+        }
+    }
+}
+
 impl World {
     /// The device holding group `g`'s log on node `n`, set up from the seed.
     pub(crate) fn new_device(&mut self, n: usize, g: usize) -> SimDir {
@@ -107,6 +151,9 @@ impl World {
             invariant: "log-reopens",
             detail: format!("n{} g{g}: the log does not reopen: {e}", n + 1),
         })?;
+        self.glue.recoveries += 1;
+        self.glue.torn_tails += u64::from(report.torn_tail.is_some());
+        self.glue.corruptions_found += report.corruption.len() as u64;
         self.recovered_against_shadow(n, g, &report.restored)?;
         let restored = report.restored;
         let snapshot = restored.snapshot.clone();
@@ -352,6 +399,7 @@ impl World {
         let stats = h.replica.raft.stats();
         self.retired_elections += stats.elections_started;
         self.retired_snapshots += stats.snapshots_sent;
+        self.glue.add(&GlueCounts::of_wal(h.replica.wal.metrics()));
         drop(h);
         self.nodes[n].devices[g].crash();
         // A lost write that rewrote the log from an index may have reached
@@ -456,6 +504,7 @@ impl World {
                     disk.submit_as(ticket, op);
                 }
                 Note::Installed { snapshot } => {
+                    self.glue.snapshots_installed += 1;
                     // Synchronous: everything before it was synced first.
                     self.advance_shadow(n, g)?;
                     let index = snapshot.index;
@@ -479,6 +528,7 @@ impl World {
                     });
                 }
                 Note::Adopted { index, ticket } => {
+                    self.glue.snapshots_adopted += 1;
                     let Some(snapshot) = self.nodes[n].hosted[g]
                         .as_ref()
                         .and_then(|h| h.replica.raft.snapshot().cloned())
@@ -606,6 +656,15 @@ impl World {
         let h = self.nodes[n].hosted[g].as_mut().expect("checked live");
         h.replica.propose_client(client_id, seq, &value, reply);
         op
+    }
+
+    /// The glue's counts so far: the retired lives' and the live ones'.
+    pub(crate) fn glue_counts(&self) -> GlueCounts {
+        let mut counts = self.glue;
+        for h in self.nodes.iter().flat_map(|n| n.hosted.iter().flatten()) {
+            counts.add(&GlueCounts::of_wal(h.replica.wal.metrics()));
+        }
+        counts
     }
 
     /// Hands the replicas' answers to their clients.

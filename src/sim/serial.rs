@@ -121,8 +121,13 @@ impl World {
         };
         let mut frame = Vec::new();
         encode_frame(&sim_key(), &hb, &mut frame).expect("a heartbeat of this size encodes");
+        if self.endpoint_net.is_some() {
+            self.endpoint_send_heartbeat(n, &hb);
+        }
         for to in (0..self.nodes.len()).filter(|&m| m != n) {
-            if let Some(at) = self.udp_arrival(n, to) {
+            // Under `Net::Endpoint` the UDP copy went through the endpoint.
+            let direct = self.endpoint_net.is_none();
+            if let Some(at) = direct.then(|| self.udp_arrival(n, to)).flatten() {
                 let hb = Box::new(hb);
                 self.schedule(at, Event::HeartbeatUdp { to, hb });
             }

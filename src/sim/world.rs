@@ -193,6 +193,9 @@ pub(crate) struct World {
     /// Stats of replicas that crashed, so counters survive restarts.
     pub(crate) retired_elections: u64,
     pub(crate) retired_snapshots: u64,
+    /// The production glue's counts: recoveries and snapshots as they
+    /// happen, the WAL counters of replicas that have stopped.
+    pub(crate) glue: super::glue::GlueCounts,
     pub(crate) leaders: u64,
     /// Answers of the production replicas to log clients.
     pub(crate) answers: Answers,
@@ -269,6 +272,7 @@ impl World {
             endpoint_net: None,
             retired_elections: 0,
             retired_snapshots: 0,
+            glue: Default::default(),
             leaders: 0,
             answers: Answers::default(),
             state_answers: Default::default(),
@@ -711,6 +715,7 @@ impl World {
             serial_frame_errors: self.serial_frame_errors,
             invariant_checks: self.checker.checks,
             recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
+            glue: self.glue_counts(),
             ..RunReport::default()
         };
         self.endpoint_report(&mut report);

@@ -21,6 +21,13 @@
 //! snapshot ack = index received
 //! ```
 
+/// First byte of every message on a transport channel: a Raft message
+/// (this module's encoding) follows.
+pub const ENVELOPE_RAFT: u8 = 0;
+/// First byte of a message on a transport channel: a heartbeat
+/// (`heartbeat::Heartbeat::encode`) follows.
+pub const ENVELOPE_HEARTBEAT: u8 = 1;
+
 use crate::consensus::{AppendResult, Body, Entry, Membership, Message, Payload, Snapshot};
 use std::collections::BTreeSet;
 
