@@ -327,7 +327,7 @@ impl Totals {
         );
         if opts.workload == Workload::Log {
             println!(
-                "retries:     {} client retries (same client id and seq), {} caught by dedup; {} confirms checked at their index, {} not (compacted)",
+                "retries:     {} client retries (same client id and seq), {} caught by dedup; {} confirms checked at their index, {} not (not served yet)",
                 self.client_retries, self.retries_deduplicated, self.confirms_checked, self.confirms_unchecked
             );
         }

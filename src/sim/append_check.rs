@@ -1,13 +1,12 @@
 //! The log clients' end-to-end checks of dedup and answer routing, from
 //! what the replicas really serve: each applied client append is read
-//! back through the production read path (`Replica::read`, which skips
-//! what the dedup table kept out), not taken from the dedup table's word.
+//! against the production read path's decision (`Replica::serves`, which
+//! `Replica::read` skips by), not taken from the dedup table's answer.
 //!
 //! - append-applied-once: no (client id, seq) is served at two indexes of
 //!   one group, however often it was retried;
 //! - confirmed-append-at-its-index: an `Appended { index }` answer names
-//!   the index where the answering replica serves that call's value
-//!   (values are unique per (client id, seq)).
+//!   the index where the replicas serve that (client id, seq).
 
 use super::checker::Violation;
 use crate::consensus::Index;
@@ -52,33 +51,25 @@ impl AppendCheck {
     pub(crate) fn deduplicated_count(&self) -> u64 {
         self.deduplicated.len() as u64
     }
-}
 
-/// Checks the answer `Appended { index }` for `value` against what the
-/// answering replica serves from `index` on (`read`: the first entry it
-/// serves there, if any): `Ok(false)` when `index` was compacted.
-pub(crate) fn confirmed_at_its_index(
-    group: usize,
-    node: usize,
-    index: Index,
-    value: &[u8],
-    read: Result<Option<(Index, Vec<u8>)>, crate::node::ProposeError>,
-) -> Result<bool, Violation> {
-    let served = match read {
-        Ok(s) => s,
-        Err(crate::node::ProposeError::Compacted { .. }) => return Ok(false),
-        Err(e) => Some((0, format!("unreadable: {e}").into_bytes())),
-    };
-    match served {
-        Some((at, data)) if at == index && data == value => Ok(true),
-        other => Err(Violation {
-            invariant: "confirmed-append-at-its-index",
-            detail: format!(
-                "group {group}: n{} answered {:?} at {index}, where it serves {:?}",
-                node + 1,
-                String::from_utf8_lossy(value),
-                other.map(|(at, d)| (at, String::from_utf8_lossy(&d).into_owned()))
-            ),
-        }),
+    /// Checks an answer `Appended { index }` to (client, seq) against
+    /// where a replica's read path served it: `Ok(false)` if none did yet.
+    pub(crate) fn confirmed(
+        &self,
+        group: usize,
+        client: u64,
+        seq: u64,
+        index: Index,
+    ) -> Result<bool, Violation> {
+        match self.served.get(&(group, client, seq)) {
+            None => Ok(false),
+            Some(&at) if at == index => Ok(true),
+            Some(&at) => Err(Violation {
+                invariant: "confirmed-append-at-its-index",
+                detail: format!(
+                    "group {group}: client {client} seq {seq} was answered at {index}, where it is not served; it is served at {at}"
+                ),
+            }),
+        }
     }
 }

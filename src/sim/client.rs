@@ -77,7 +77,7 @@ pub(crate) struct ClientCounts {
     pub(crate) retries: u64,
     /// Confirms checked against the answering replica's log.
     pub(crate) confirms_checked: u64,
-    /// Confirms that could not be checked (compacted, or the node gone).
+    /// Confirms whose (client id, seq) no replica had served yet.
     pub(crate) confirms_unchecked: u64,
 }
 
@@ -287,7 +287,14 @@ impl World {
                 ),
             });
         };
-        self.confirmed_at_its_index(n, g, index, &p.value)?;
+        let Request::Append { client_id, seq, .. } = *p.attempts.request() else {
+            unreachable!("log clients only append")
+        };
+        if self.checker.appends.confirmed(g, client_id, seq, index)? {
+            self.client_counts.confirms_checked += 1;
+        } else {
+            self.client_counts.confirms_unchecked += 1;
+        }
         self.complete(c, p, Outcome::Ok(index));
         let disks = super::world::durables(&self.nodes, g);
         self.checker.confirmed(g, index, h, &disks)?;

@@ -201,9 +201,9 @@ pub struct RunReport {
     /// Retried appends the replicas' dedup table caught, each (group,
     /// index) once.
     pub retries_deduplicated: u64,
-    /// Confirms checked against the answering replica's read path.
+    /// Confirms checked against where the read path serves them.
     pub confirms_checked: u64,
-    /// Confirms that could not be (compacted at once, or the node gone).
+    /// Confirms whose (client id, seq) no replica had served yet.
     pub confirms_unchecked: u64,
 }
 
