@@ -75,7 +75,7 @@ pub(crate) struct Client {
 pub(crate) struct ClientCounts {
     /// Tries sent after a call's first (same client id and seq).
     pub(crate) retries: u64,
-    /// Confirms checked against the answering replica's log.
+    /// Confirms checked against where the read path serves them.
     pub(crate) confirms_checked: u64,
     /// Confirms whose (client id, seq) no replica had served yet.
     pub(crate) confirms_unchecked: u64,
