@@ -38,7 +38,8 @@ struct Args {
     /// with --workload ledger: ledger-no-fence, stale-lac, snapshot-without-machine; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
     /// snapshot-without-entries; in the production glue: release-before-durable,
-    /// truncate-on-corruption.
+    /// truncate-on-corruption, retry-applied-twice, retry-wrong-index (the last
+    /// two with --workload log).
     #[arg(long)]
     bug: Option<String>,
     /// How Raft messages and heartbeats cross the simulated network:
@@ -235,6 +236,10 @@ struct Totals {
     retransmits: u64,
     nacks_sent: u64,
     sends_refused: u64,
+    client_retries: u64,
+    retries_deduplicated: u64,
+    confirms_checked: u64,
+    confirms_unchecked: u64,
     checks: u64,
     recovery_ms: Vec<u64>,
     faults: FaultCounts,
@@ -261,6 +266,10 @@ impl Totals {
         self.retransmits += r.retransmits;
         self.nacks_sent += r.nacks_sent;
         self.sends_refused += r.sends_refused;
+        self.client_retries += r.client_retries;
+        self.retries_deduplicated += r.retries_deduplicated;
+        self.confirms_checked += r.confirms_checked;
+        self.confirms_unchecked += r.confirms_unchecked;
         self.checks += r.invariant_checks;
         self.recovery_ms.push(r.recovery_ms);
         self.faults.add(&r.faults);
@@ -319,6 +328,12 @@ impl Totals {
             "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers, {} serial cables cut, {} made noisy, {} disk stalls, {} disks full; {} messages dropped",
             f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, f.serial_cuts, f.serial_noise, f.disk_stalls, f.disks_full, self.dropped
         );
+        if opts.workload == Workload::Log {
+            println!(
+                "retries:     {} client retries (same client id and seq), {} caught by dedup; {} confirms checked at their index, {} not (not served yet)",
+                self.client_retries, self.retries_deduplicated, self.confirms_checked, self.confirms_unchecked
+            );
+        }
         println!(
             "detectors:   {} link, peer and disk-stall transitions; {} serial frames rejected",
             self.detector_transitions, self.serial_frame_errors

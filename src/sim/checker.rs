@@ -17,6 +17,8 @@
 //! - state machines equal (ledger and queue workloads): every node's
 //!   machine has the same snapshot bytes at the same applied index, whether
 //!   it applied each entry or resumed from a snapshot.
+//! - append applied once and confirmed append at its index (log clients,
+//!   `append_check`).
 //!
 //! Prefixes are compared by chain hash (see `trace::chain`), so each check
 //! is one comparison, not a log walk.
@@ -53,9 +55,10 @@ pub const WORKLOAD_INVARIANTS: [&str; 9] = [
     "produce-not-duplicated",
 ];
 
-/// Names of the invariants, for reports (the last three: the production
-/// glue's log checks, against the device).
-pub const INVARIANTS: [&str; 11] = [
+/// Names of the invariants, for reports (then three of the production
+/// glue's log checks, against the device, and the log clients' two dedup
+/// checks, `append_check`).
+pub const INVARIANTS: [&str; 13] = [
     "persisted-before-sent",
     "election-safety",
     "log-matching",
@@ -67,6 +70,8 @@ pub const INVARIANTS: [&str; 11] = [
     "acknowledged-survives-recovery",
     "log-reopens",
     "snapshot-installed-after-sync",
+    "append-applied-once",
+    "confirmed-append-at-its-index",
 ];
 
 pub(crate) struct Checker {
@@ -80,6 +85,8 @@ pub(crate) struct Checker {
     max_confirmed: Vec<Option<(Index, u64)>>,
     /// Hash of the state machine's snapshot at each (group, applied index).
     machines: HashMap<(usize, Index), u64>,
+    /// The log clients' dedup and answer checks.
+    pub(crate) appends: super::append_check::AppendCheck,
     /// Invariant checks performed.
     pub(crate) checks: u64,
 }
@@ -93,6 +100,7 @@ impl Checker {
             durable_entries: HashMap::new(),
             max_confirmed: vec![None; groups],
             machines: HashMap::new(),
+            appends: Default::default(),
             checks: 0,
         }
     }

@@ -22,10 +22,10 @@ use super::disk::{DiskOp, Durable};
 use super::host::ManualHost;
 use super::trace::{chain, What};
 use super::world::{Event, World};
+use crate::api::Request;
 use crate::consensus::{Index, RestoredState, Role, Term};
 use crate::node::replica::tap::{GlueBug, Note};
 use crate::node::replica::Replica;
-use crate::node::ProposeError;
 use crate::storage::{Wal, WalConfig};
 use rand::Rng;
 
@@ -55,11 +55,15 @@ pub(crate) struct Damage {
     first_index: Index,
 }
 
-/// A client append waiting for its answer from a production replica.
+/// A production replica's answer to one try of a log client, as the
+/// server would send it.
 pub(crate) struct Answer {
-    pub(crate) client: usize,
-    pub(crate) op: u64,
-    pub(crate) result: Result<Index, ProposeError>,
+    client: usize,
+    node: usize,
+    /// The connection and request id it answers.
+    conn: u64,
+    id: u64,
+    response: crate::api::Response,
 }
 
 /// The answers replies put here, drained by the world after each drive.
@@ -478,6 +482,7 @@ impl World {
         let notes = std::mem::take(h.replica.tap.as_mut().expect("tap on"));
         let mut stopped = false;
         let mut state_changed = false;
+        let mut appends = Vec::new();
         for note in notes {
             match note {
                 Note::Wrote {
@@ -549,6 +554,12 @@ impl World {
                 }
                 Note::Applied { entry } => {
                     state_changed = true;
+                    if let crate::consensus::Payload::Normal(p) = &entry.payload {
+                        if let Some((client, seq, _)) = crate::state::dedup::decode_client_entry(p)
+                        {
+                            appends.push((entry.index, client, seq));
+                        }
+                    }
                     let h = self.nodes[n].hosted[g].as_mut().expect("live");
                     h.chain = chain(h.chain, &entry);
                     let c = h.chain;
@@ -561,9 +572,11 @@ impl World {
                     h.chain = c;
                     self.checker.applied(g, id, index, c)?;
                 }
+                Note::Deduplicated { index } => self.checker.appends.deduplicated(g, index),
                 Note::Stopped => stopped = true,
             }
         }
+        self.served_once(n, g, appends)?;
         if state_changed && self.opts.workload != super::Workload::Log {
             let h = self.nodes[n].hosted[g].as_ref().expect("live");
             let (index, state) = (h.replica.applied, machine_hash(&h.replica.machine));
@@ -637,25 +650,68 @@ impl World {
         }
     }
 
-    /// A log client proposes through the production replica; its answer
-    /// comes through `answers`.
-    pub(crate) fn propose_hosted(&mut self, c: usize, n: usize, value: Vec<u8>) -> u64 {
+    /// Node `n` serves request `id` of log client `c` on connection `conn` as the production
+    /// server does: the request translated (`client_dispatch::translate`),
+    /// the append proposed, the outcome turned into the response the
+    /// client would read; it comes through `answers`.
+    pub(crate) fn serve_hosted(
+        &mut self,
+        c: usize,
+        n: usize,
+        conn: u64,
+        id: u64,
+        request: Request,
+    ) {
+        use crate::node::client_dispatch::{appended_response, translate, Dispatch, NodeCall};
         let g = self.clients[c].group;
-        self.next_op += 1;
-        let op = self.next_op;
         let answers = self.answers.clone();
-        let reply: crate::node::Reply = Box::new(move |result| {
+        let answer = move |response| {
             answers.lock().expect("answers").push(Answer {
                 client: c,
-                op,
-                result,
+                node: n,
+                conn,
+                id,
+                response,
             });
-        });
-        let client_id = c as u64 + 1;
-        let seq = self.clients[c].sent;
-        let h = self.nodes[n].hosted[g].as_mut().expect("checked live");
-        h.replica.propose_client(client_id, seq, &value, reply);
-        op
+        };
+        match translate(request, |group| group as usize == g) {
+            Dispatch::Call(NodeCall::Append {
+                client_id,
+                seq,
+                data,
+                ..
+            }) => {
+                let addrs = client_addrs(self.nodes.len());
+                let reply: crate::node::Reply =
+                    Box::new(move |r| answer(appended_response(r, &addrs)));
+                let h = self.nodes[n].hosted[g].as_mut().expect("checked live");
+                h.replica.propose_client(client_id, seq, &data, reply);
+            }
+            Dispatch::Answer(response) => answer(response),
+            other => panic!("an append translated to {other:?}"),
+        }
+    }
+
+    /// Asks node `n`'s read path about each client append
+    /// (index, client id, seq) it just applied: one it serves is applied.
+    fn served_once(
+        &mut self,
+        n: usize,
+        g: usize,
+        appends: Vec<(Index, u64, u64)>,
+    ) -> Result<(), Violation> {
+        for (index, client, seq) in appends {
+            let Some(h) = self.nodes[n].hosted[g].as_mut() else {
+                return Ok(());
+            };
+            // The read path's own decision, without a log read: a read
+            // here would be I/O the run did not ask for.
+            let served = h.replica.serves(index);
+            if served {
+                self.checker.appends.served(g, client, seq, index)?;
+            }
+        }
+        Ok(())
     }
 
     /// The glue's counts so far: the retired lives' and the live ones'.
@@ -671,7 +727,7 @@ impl World {
     pub(crate) fn take_answers(&mut self) -> Result<(), Violation> {
         let answers = std::mem::take(&mut *self.answers.lock().expect("answers"));
         for a in answers {
-            self.client_answered(a)?;
+            self.respond(a.client, a.node, a.conn, a.id, &a.response);
         }
         let answers = std::mem::take(&mut *self.state_answers.lock().expect("state answers"));
         for a in answers {
@@ -698,8 +754,18 @@ pub(crate) fn machine_hash(sm: &crate::state::StateMachine) -> u64 {
     hasher.finish()
 }
 
+/// The client addresses a `NotLeader` names the leader by: the
+/// simulated clients reach node `i + 1` at address `i`.
+fn client_addrs(nodes: usize) -> std::collections::BTreeMap<crate::consensus::NodeId, String> {
+    (0..nodes)
+        .map(|i| (i as u64 + 1, format!("n{}", i + 1)))
+        .collect()
+}
+
 /// The planted glue bugs by their command-line names.
-pub const GLUE_BUGS: [(&str, GlueBug); 2] = [
+pub const GLUE_BUGS: [(&str, GlueBug); 4] = [
     ("release-before-durable", GlueBug::ReleaseBeforeDurable),
     ("truncate-on-corruption", GlueBug::TruncateOnCorruption),
+    ("retry-applied-twice", GlueBug::RetryAppliedTwice),
+    ("retry-wrong-index", GlueBug::RetryWrongIndex),
 ];

@@ -36,6 +36,7 @@
 //!
 //! Nothing here touches the real clock, files or sockets.
 
+mod append_check;
 mod checker;
 mod client;
 pub mod device;
@@ -47,6 +48,7 @@ pub(crate) mod host;
 pub mod ledger_check;
 pub mod linearizability;
 mod net;
+mod pipe;
 pub mod queue_check;
 mod scenario;
 mod serial;
@@ -197,6 +199,16 @@ pub struct RunReport {
     /// `Net::Endpoint`: Raft messages refused by a full window
     /// (`WouldBlock`) and dropped, as the daemon does: Raft resends.
     pub sends_refused: u64,
+    /// Log-client tries sent after a call's first, with the same
+    /// (client id, seq).
+    pub client_retries: u64,
+    /// Retried appends the replicas' dedup table caught, each (group,
+    /// index) once.
+    pub retries_deduplicated: u64,
+    /// Confirms checked against where the read path serves them.
+    pub confirms_checked: u64,
+    /// Confirms whose (client id, seq) no replica had served yet.
+    pub confirms_unchecked: u64,
 }
 
 /// A failed run: which invariant broke, where, and how to replay it.

@@ -99,6 +99,14 @@ pub(crate) enum Event {
         client: usize,
         generation: u64,
     },
+    /// Bytes arrive at one end of a log client's connection (`sim::pipe`).
+    Pipe {
+        client: usize,
+        node: usize,
+        conn: u64,
+        to_server: bool,
+        bytes: Vec<u8>,
+    },
     /// A state-machine client's timer (ledger and queue workloads).
     StateClient {
         client: usize,
@@ -203,6 +211,8 @@ pub(crate) struct World {
     pub(crate) state_answers: super::workload::StateAnswers,
     /// The last client operation id given out.
     pub(crate) next_op: u64,
+    /// What the log clients' retries did.
+    pub(crate) client_counts: super::client::ClientCounts,
 }
 
 /// Durable images of one group on every node.
@@ -277,6 +287,7 @@ impl World {
             answers: Answers::default(),
             state_answers: Default::default(),
             next_op: 0,
+            client_counts: Default::default(),
         };
         for node in 0..n {
             let devices = (0..opts.groups).map(|g| w.new_device(node, g)).collect();
@@ -327,8 +338,7 @@ impl World {
         for g in 0..opts.groups {
             for _ in 0..log_clients {
                 let id = w.clients.len();
-                let guess = w.rng.gen_range(0..n);
-                w.clients.push(Client::new(id, g, guess));
+                w.clients.push(Client::new(id, g, n));
                 let at = w.rng.gen_range(0..50);
                 w.schedule(
                     at,
@@ -514,6 +524,13 @@ impl World {
             Event::Datagram { from, to, bytes } => self.datagram_arrived(from, to, &bytes),
             Event::EndpointTimer { node, at_ms } => self.endpoint_timer(node, at_ms),
             Event::Client { client, generation } => self.client_event(client, generation),
+            Event::Pipe {
+                client,
+                node,
+                conn,
+                to_server,
+                bytes,
+            } => self.pipe_arrived(client, node, conn, to_server, &bytes),
             Event::StateClient { client, generation } => {
                 self.state_client_event(client, generation)
             }
@@ -716,6 +733,10 @@ impl World {
             invariant_checks: self.checker.checks,
             recovery_ms: self.healed_at.map_or(0, |h| self.now.saturating_sub(h)),
             glue: self.glue_counts(),
+            client_retries: self.client_counts.retries,
+            retries_deduplicated: self.checker.appends.deduplicated_count(),
+            confirms_checked: self.client_counts.confirms_checked,
+            confirms_unchecked: self.client_counts.confirms_unchecked,
             ..RunReport::default()
         };
         self.endpoint_report(&mut report);

@@ -242,9 +242,16 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     match self.dedup.apply(client, seq, e.index, fingerprint(data)) {
                         Applied::New => Some(data),
                         Applied::Duplicate(at) => {
-                            *outcome = Ok(at);
-                            self.not_applied.insert(e.index);
-                            None
+                            self.note(|| super::tap::Note::Deduplicated { index: e.index });
+                            let (answer, again) =
+                                super::planted::duplicate(e.index, at, self.planted);
+                            *outcome = Ok(answer);
+                            if again {
+                                Some(data)
+                            } else {
+                                self.not_applied.insert(e.index);
+                                None
+                            }
                         }
                         Applied::Conflict(applied_at) => {
                             *outcome = Err(ProposeError::Conflict { applied_at });

@@ -3,7 +3,7 @@
 //! or an ack, what a snapshot holds. The daemon plants none, so each is
 //! one comparison with `None` on its path.
 
-use super::tap::WorkloadBug;
+use super::tap::{GlueBug, WorkloadBug};
 use crate::consensus::Index;
 use crate::state::{Command, Error, Outcome, StateMachine};
 
@@ -66,5 +66,16 @@ pub(super) fn apply_command(
             sm.apply_without_produce_fingerprints(index, &cmd)
         }
         _ => sm.apply(index, cmd),
+    }
+}
+
+/// What a replica does with the client append at `index` that the dedup
+/// table caught as a retry of the one at `at`: the index it answers, and
+/// whether it applies the append anyway, with the bug planted, if any.
+pub(super) fn duplicate(index: Index, at: Index, bug: Option<GlueBug>) -> (Index, bool) {
+    match bug {
+        Some(GlueBug::RetryAppliedTwice) => (index, true),
+        Some(GlueBug::RetryWrongIndex) => (index, false),
+        _ => (at, false),
     }
 }

@@ -231,6 +231,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         }
     }
 
+    /// Whether the read path serves the applied entry at `index`: not a
+    /// retry the dedup table (or a conflict) kept out.
+    pub(crate) fn serves(&self, index: Index) -> bool {
+        !self.not_applied.contains(&index)
+    }
+
     /// Committed entries from `from` on, at most `max_entries` and about
     /// `max_bytes` (at least one), as (index, term, data): the data of
     /// client appends without their header; no-ops, membership changes
@@ -265,7 +271,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
             for e in entries {
                 at = e.index + 1;
-                if self.not_applied.contains(&e.index) {
+                if !self.serves(e.index) {
                     continue;
                 }
                 if let Payload::Normal(p) = e.payload {

@@ -20,6 +20,9 @@ pub(crate) enum Note {
     },
     /// A committed entry was applied.
     Applied { entry: Entry },
+    /// The dedup table caught the client append at `index` as a retry of
+    /// one applied before.
+    Deduplicated { index: Index },
     /// The state was restored from the leader's snapshot at `index`.
     Restored { index: Index },
     /// A snapshot of this replica's own was adopted: the log names it
@@ -40,6 +43,12 @@ pub enum GlueBug {
     /// if it were a torn tail, instead of reporting it for repair (set on
     /// the WAL: `WalConfig::planted_truncate_on_corruption`).
     TruncateOnCorruption,
+    /// The dedup table's verdict is ignored: a retried append is applied
+    /// again at its new index (and answered with it).
+    RetryAppliedTwice,
+    /// A retry the dedup table caught is answered with the duplicate
+    /// entry's own index, which holds nothing, not the original's.
+    RetryWrongIndex,
 }
 
 /// The bugs a simulator plants in a replica's state-machine policy (its
