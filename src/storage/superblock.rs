@@ -14,7 +14,7 @@ use crate::consensus::{HardState, Index, Membership, Snapshot, Term};
 
 const SUPER_MAGIC: u32 = u32::from_le_bytes(*b"QSB1");
 const SNAP_MAGIC: u32 = u32::from_le_bytes(*b"QSN1");
-const SUPER_USED_BYTES: usize = 84;
+const SUPER_USED_BYTES: usize = 96;
 
 /// One copy of the superblock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,6 +43,12 @@ pub struct Superblock {
     /// kept entries, cutting off the log a crash should leave in force,
     /// so recovery removes them.
     pub install_segment: u64,
+    /// Recovery once found acknowledged entries damaged and the log then
+    /// held entries up to here (0: no repair owed). Kept until the log is
+    /// durable up to it: a snapshot install in between drops the damaged
+    /// segments, and a later recovery would otherwise see a clean, short
+    /// log and let the node vote without the entries it acknowledged.
+    pub repair_until: Index,
 }
 
 impl Superblock {
@@ -72,6 +78,9 @@ impl Superblock {
         b.extend_from_slice(&self.install_segment.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
+        b.extend_from_slice(&self.repair_until.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(b.len(), SUPER_USED_BYTES);
         b.resize(BLOCK_BYTES, 0);
         b
@@ -92,7 +101,9 @@ impl Superblock {
         let recorded = |end: usize| b.len() >= end + 4 && crc32c::crc32c(&b[..end]) == u32_at(end);
         let life_recorded = recorded(68);
         let install_recorded = life_recorded && recorded(80);
+        let repair_recorded = install_recorded && recorded(92);
         Some(Superblock {
+            repair_until: if repair_recorded { u64_at(84) } else { 0 },
             life_start_seq: if life_recorded { u64_at(60) } else { 0 },
             install_segment: if install_recorded { u64_at(72) } else { 0 },
             flushes_in_flight_max: u32_at(4),
@@ -288,6 +299,21 @@ mod tests {
         older[72..84].fill(0);
         let decoded = Superblock::decode(&older).expect("still valid");
         assert_eq!((decoded.install_segment, decoded.life_start_seq), (0, 77));
+    }
+
+    #[test]
+    fn repair_until_survives_a_roundtrip_and_reads_as_zero_from_an_older_copy() {
+        let sb = Superblock {
+            seq: 4,
+            install_segment: 3,
+            repair_until: 70,
+            ..Superblock::default()
+        };
+        assert_eq!(Superblock::decode(&sb.encode()), Some(sb));
+        let mut older = sb.encode();
+        older[84..96].fill(0);
+        let decoded = Superblock::decode(&older).expect("still valid");
+        assert_eq!((decoded.repair_until, decoded.install_segment), (0, 3));
     }
 
     #[test]

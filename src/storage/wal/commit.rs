@@ -467,11 +467,21 @@ impl<D: LogDir> Wal<D> {
             );
             self.durable_ticket = t;
             if let Some(last) = f.last {
-                self.durable = last;
+                self.note_durable(last);
             }
         }
         if self.state == DiskState::Degraded && self.in_flight.values().all(|f| !f.stalled) {
             self.state = DiskState::Healthy;
+        }
+    }
+
+    /// The log is durable up to `last`; a repair it reaches is done (the
+    /// superblock stops recording it with the next flush).
+    pub(super) fn note_durable(&mut self, last: (Index, Term)) {
+        self.durable = last;
+        if self.sb.repair_until != 0 && last.0 >= self.sb.repair_until {
+            self.sb.repair_until = 0;
+            self.sb_dirty = true;
         }
     }
 

@@ -188,12 +188,19 @@ impl<D: LogDir> Wal<D> {
             commit: found.commit,
             ..sb.hard_state
         };
+        // Damage found now, or found by an earlier open and not yet
+        // repaired (a snapshot install since may have dropped the damaged
+        // segments, so this scan sees a clean log): the node must not vote
+        // until its log is durable up to it. Recorded in the superblock
+        // written below, before the core restores from this.
+        let repair_until = found.repair_until.unwrap_or(0).max(sb.repair_until);
+        let repair_until = (repair_until > last.0).then_some(repair_until);
         let report = OpenReport {
             restored: RestoredState {
                 hard_state,
                 snapshot,
                 entries: found.entries,
-                repair_until: found.repair_until,
+                repair_until,
             },
             torn_tail: found.torn_tail,
             corruption: found.corruption,
@@ -218,6 +225,7 @@ impl<D: LogDir> Wal<D> {
                 flushes_in_flight_max: cfg.flushes_in_flight_max,
                 life_start_seq: found.last_seq + 1,
                 install_segment: 0,
+                repair_until: repair_until.unwrap_or(0),
                 ..sb
             },
             segments,

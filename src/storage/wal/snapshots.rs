@@ -243,7 +243,7 @@ impl<D: LogDir> Wal<D> {
             .sync()
             .map_err(io_err("syncing the log directory"))?;
         self.last = (snap.index, snap.term);
-        self.durable = self.last;
+        self.note_durable(self.last);
         Ok(())
     }
 
@@ -366,6 +366,7 @@ impl Wal<OsDir> {
 mod tests {
     use super::super::test_support::{append_durably, indexes, small_cfg, snapshot};
     use super::*;
+    use crate::storage::format::BLOCK_BYTES;
 
     #[test]
     fn snapshots_take_the_two_slots_in_turn_and_the_newest_recorded_wins() {
@@ -433,6 +434,49 @@ mod tests {
         assert!(
             (98..=102).all(|i| wal.holds(i)),
             "the entries kept below the snapshot are still readable"
+        );
+    }
+    #[test]
+    fn a_repair_owed_outlives_an_install_that_drops_the_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 40);
+        drop(wal);
+        // Rot a byte of the first segment's second batch: acknowledged
+        // entries after it are no longer trusted.
+        let seg = dir.path().join(segment_name(1));
+        let mut bytes = std::fs::read(&seg).unwrap();
+        bytes[BLOCK_BYTES + 100] ^= 0x20;
+        std::fs::write(&seg, &bytes).unwrap();
+        let reopen = || Wal::open(dir.path(), small_cfg()).unwrap();
+        let (mut wal, report) = reopen();
+        assert!(!report.corruption.is_empty(), "{report}");
+        assert_eq!(report.restored.repair_until, Some(40));
+        // The leader's snapshot, below what the log held: the install
+        // drops every old segment, the damaged one with them.
+        wal.install_snapshot(&snapshot(20), &[]).unwrap();
+        drop(wal);
+        let (mut wal, report) = reopen();
+        assert!(report.corruption.is_empty(), "the damage is gone: {report}");
+        assert_eq!(
+            report.restored.repair_until,
+            Some(40),
+            "a clean, short log still owes the repair"
+        );
+        append_durably(&mut wal, 19);
+        drop(wal);
+        let (mut wal, report) = reopen();
+        assert_eq!(
+            report.restored.repair_until,
+            Some(40),
+            "39 < 40: still owed"
+        );
+        append_durably(&mut wal, 1);
+        drop(wal);
+        let (_, report) = reopen();
+        assert_eq!(
+            report.restored.repair_until, None,
+            "durable up to 40: repaired"
         );
     }
 }
