@@ -160,6 +160,47 @@ fn a_failed_sync_stops_the_log_and_loses_nothing_acknowledged_before() {
     check_recovered(&dir, 10, 3);
 }
 
+/// A flush that fails stops the log for good: a later flush in flight
+/// with it that succeeds must not make anything durable, whatever calls
+/// collect its completion afterwards (a poll, a read). Found by the
+/// cluster sweep with reads in the checker: a read after the failure
+/// reported the later flush durable, and the node acknowledged the failed
+/// batch's entries.
+#[test]
+fn a_flush_completing_after_a_failed_one_makes_nothing_durable() {
+    let dir = SimDir::new("g0", 7);
+    let cfg = WalConfig {
+        flushes_in_flight_max: 4,
+        // One segment holds it all: the failed sync is a flush's.
+        segment_bytes: 1 << 20,
+        segments_ahead: 0,
+        ..cfg()
+    };
+    let (mut wal, _) = Wal::open_in(dir.clone(), cfg).unwrap();
+    wal.append(None, &(1..=10).map(entry).collect::<Vec<_>>())
+        .unwrap();
+    wal.sync().unwrap();
+    dir.fail_next_sync();
+    // Enough for several sealed batches, in flight together.
+    wal.append(None, &(11..=60).map(entry).collect::<Vec<_>>())
+        .unwrap();
+    let err = wal.sync().expect_err("the first flush fails");
+    assert!(matches!(err, WalError::Stopped(_)), "{err}");
+    assert_eq!(wal.durable().0, 10);
+    for _ in 0..3 {
+        assert!(wal.poll().is_err(), "a stopped log says so");
+        let _ = wal.read(1, 10);
+        assert_eq!(
+            wal.durable().0,
+            10,
+            "nothing after the failed flush is durable"
+        );
+    }
+    dir.crash();
+    drop(wal);
+    check_recovered(&dir, 10, 7);
+}
+
 /// An I/O error while preparing a segment for a flush loses that flush's
 /// batch: the log must stop there, or a later flush completing would
 /// report the lost batch's entries durable (found by the cluster sweep

@@ -436,6 +436,12 @@ impl<D: LogDir> Wal<D> {
     /// Durability is reported in ticket order: a later flush completing
     /// first does not make earlier ones durable.
     pub(super) fn advance_durable(&mut self) {
+        // After a failed flush nothing is durable again in this life: a
+        // later flush that succeeded holds batches written after the lost
+        // one, and reporting it would confirm the lost entries too.
+        if matches!(self.state, DiskState::Failed(_)) {
+            return;
+        }
         while let Some((&t, f)) = self.in_flight.first_key_value() {
             if !f.done {
                 break;
