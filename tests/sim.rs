@@ -212,6 +212,7 @@ fn planted_bugs_in_the_production_glue_are_caught() {
     let expected = [
         ("release-before-durable", "persisted-before-sent"),
         ("truncate-on-corruption", "acknowledged-survives-recovery"),
+        ("adopt-unsynced-snapshot", "log-reopens"),
         ("retry-applied-twice", "append-applied-once"),
         ("retry-wrong-index", "confirmed-append-at-its-index"),
     ];

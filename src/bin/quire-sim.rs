@@ -38,8 +38,8 @@ struct Args {
     /// with --workload ledger: ledger-no-fence, stale-lac, snapshot-without-machine; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
     /// snapshot-without-entries; in the production glue: release-before-durable,
-    /// truncate-on-corruption, retry-applied-twice, retry-wrong-index (the last
-    /// two with --workload log).
+    /// truncate-on-corruption, adopt-unsynced-snapshot, retry-applied-twice,
+    /// retry-wrong-index (the last two with --workload log).
     #[arg(long)]
     bug: Option<String>,
     /// How Raft messages and heartbeats cross the simulated network:

@@ -763,9 +763,10 @@ fn client_addrs(nodes: usize) -> std::collections::BTreeMap<crate::consensus::No
 }
 
 /// The planted glue bugs by their command-line names.
-pub const GLUE_BUGS: [(&str, GlueBug); 4] = [
+pub const GLUE_BUGS: [(&str, GlueBug); 5] = [
     ("release-before-durable", GlueBug::ReleaseBeforeDurable),
     ("truncate-on-corruption", GlueBug::TruncateOnCorruption),
+    ("adopt-unsynced-snapshot", GlueBug::AdoptUnsyncedSnapshot),
     ("retry-applied-twice", GlueBug::RetryAppliedTwice),
     ("retry-wrong-index", GlueBug::RetryWrongIndex),
 ];

@@ -14,7 +14,7 @@
 
 use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
-use super::tap::WorkloadBug;
+use super::tap::{GlueBug, WorkloadBug};
 use super::Replica;
 use crate::consensus::Index;
 use crate::storage::{LogDir, WalError};
@@ -127,6 +127,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let (index, hash) = (self.applied, self.applied_hash);
         let (dedup, machine) = (self.dedup.clone(), self.machine.clone());
         let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutMachine);
+        let synced = self.planted != Some(GlueBug::AdoptUnsyncedSnapshot);
         let capture_us = self.host.now_us().saturating_sub(started_us);
         let (dir, slot) = (self.wal.dir().clone(), self.wal.free_slot_name());
         let name = format!("quire-snap-g{}", self.group);
@@ -146,7 +147,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 membership,
                 data,
             };
-            crate::storage::write_snapshot_in(&dir, &slot, &snap).map(|()| (snap, bytes, keep_from))
+            crate::storage::wal::write_snapshot_synced_or_not(&dir, &slot, &snap, synced)
+                .map(|()| (snap, bytes, keep_from))
         });
         let Ok(done) = offloaded else {
             self.snapshot_stats.failed += 1;

@@ -49,6 +49,9 @@ pub enum GlueBug {
     /// A retry the dedup table caught is answered with the duplicate
     /// entry's own index, which holds nothing, not the original's.
     RetryWrongIndex,
+    /// The snapshot writer skips its fsync: the log adopts (names in its
+    /// superblock, trims the segments below) a snapshot a crash can lose.
+    AdoptUnsyncedSnapshot,
 }
 
 /// The bugs a simulator plants in a replica's state-machine policy (its

@@ -34,6 +34,7 @@ mod test_support;
 
 pub use config::{entry_bytes_max, DiskState, OpenReport, WalConfig, WalError, WalMetrics};
 pub use reads::read_located;
+pub(crate) use snapshots::write_snapshot_synced_or_not;
 pub use snapshots::{write_snapshot_file, write_snapshot_in};
 
 use crate::consensus::{Entry, HardState, Index, Term};
