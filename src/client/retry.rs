@@ -111,7 +111,12 @@ impl Leaders {
             .and_then(|l| self.nodes.iter().find(|(_, n)| **n == l).map(|(i, _)| *i));
         match leader {
             Some(i) if attempt % 2 == 0 => i,
-            _ => attempt % self.addrs,
+            // The other tries go round every address in turn, from the
+            // one after the first (counting only those tries: `attempt %
+            // addrs` would skip half the addresses when there is an even
+            // number of them).
+            Some(_) => (attempt / 2 + 1) % self.addrs,
+            None => attempt % self.addrs,
         }
     }
 
@@ -168,6 +173,10 @@ pub struct Attempts {
     timeout_ms: u64,
     /// No try before this time (a backoff), in the caller's ms.
     not_before_ms: u64,
+    /// Tries in a row whose connection failed (no answer at all): a whole
+    /// round of them backs off, or a cluster that is down would be
+    /// dialled in a busy loop until the deadline.
+    lost_in_a_row: usize,
     /// Why the last try failed, for the error if none succeeds.
     last: String,
 }
@@ -195,6 +204,7 @@ impl Attempts {
             started_ms: now_ms,
             timeout_ms,
             not_before_ms: now_ms,
+            lost_in_a_row: 0,
             last: String::from("no node tried"),
         }
     }
@@ -239,6 +249,9 @@ impl Attempts {
         addr: usize,
         r: Result<Response, CallError>,
     ) -> Verdict {
+        if r.is_ok() {
+            self.lost_in_a_row = 0;
+        }
         let Target::Leader(group) = self.target else {
             return self.answered_by_any(now_ms, leaders, addr, r);
         };
@@ -283,6 +296,9 @@ impl Attempts {
                 // The leader may be the node that went: ask around.
                 self.last = e;
                 leaders.forget(group);
+                if self.lost_round(leaders) {
+                    return self.back_off(now_ms);
+                }
             }
         }
         self.next(now_ms, leaders)
@@ -311,9 +327,25 @@ impl Attempts {
                 return Verdict::Fail(ClientError::Refused(code, message))
             }
             Ok(resp) => return Verdict::Done(resp),
-            Err(CallError::Lost(e)) => self.last = e,
+            Err(CallError::Lost(e)) => {
+                self.last = e;
+                if self.lost_round(leaders) {
+                    return self.back_off(now_ms);
+                }
+            }
         }
         self.next(now_ms, leaders)
+    }
+
+    /// Counts a try whose connection failed; true when a whole round of
+    /// addresses failed so in a row (the next try waits).
+    fn lost_round(&mut self, leaders: &Leaders) -> bool {
+        self.lost_in_a_row += 1;
+        if self.lost_in_a_row >= leaders.addrs.max(1) {
+            self.lost_in_a_row = 0;
+            return true;
+        }
+        false
     }
 
     /// No try before `BACKOFF_MS` from `now_ms`. The wait comes before

@@ -73,13 +73,22 @@ fn with_no_leader_known_each_address_is_tried_in_turn() {
     let mut leaders = three_nodes();
     let mut call = Attempts::new(0, append(7, 1), 0, 1000);
     let mut tried = vec![];
-    let mut v = call.next(0, &leaders);
-    for t in 1..=5 {
-        let Verdict::Send(addr) = v else {
-            panic!("expected a send, got {v:?}")
+    let mut t = 0;
+    let mut v = call.next(t, &leaders);
+    while tried.len() < 5 {
+        t += 1;
+        v = match v {
+            Verdict::Send(addr) => {
+                tried.push(addr);
+                call.answered(t, &mut leaders, addr, lost("connection refused"))
+            }
+            // A whole round lost waits (a_whole_round_of_lost_connections_backs_off).
+            Verdict::RetryAfter { ms } => {
+                t += ms;
+                call.next(t, &leaders)
+            }
+            other => panic!("expected a send or a wait, got {other:?}"),
         };
-        tried.push(addr);
-        v = call.answered(t, &mut leaders, addr, lost("connection refused"));
     }
     assert_eq!(tried, [0, 1, 2, 0, 1]);
     assert_eq!(v, Verdict::Send(2)); // the sixth, already handed out
@@ -296,4 +305,54 @@ fn a_call_any_node_may_serve_stops_at_a_refusal_and_at_its_deadline() {
         call.answered(10, &mut leaders, 0, lost("timed out")),
         Verdict::Fail(ClientError::Unavailable("timed out".into()))
     );
+}
+
+#[test]
+fn a_whole_round_of_lost_connections_backs_off() {
+    let mut leaders = three_nodes();
+    let mut call = Attempts::new(0, append(7, 1), 0, 1000);
+    assert_eq!(call.next(0, &leaders), Verdict::Send(0));
+    // One node gone: the next is tried at once.
+    assert_eq!(
+        call.answered(1, &mut leaders, 0, lost("refused")),
+        Verdict::Send(1)
+    );
+    assert_eq!(
+        call.answered(2, &mut leaders, 1, lost("refused")),
+        Verdict::Send(2)
+    );
+    // Every address failed in a row: the cluster is not dialled in a
+    // busy loop.
+    assert_eq!(
+        call.answered(3, &mut leaders, 2, lost("refused")),
+        Verdict::RetryAfter { ms: BACKOFF_MS }
+    );
+    assert_eq!(
+        call.next(3 + BACKOFF_MS - 1, &leaders),
+        Verdict::RetryAfter { ms: 1 }
+    );
+    assert_eq!(call.next(3 + BACKOFF_MS, &leaders), Verdict::Send(0));
+    // An answer in between starts the count again.
+    assert_eq!(
+        call.answered(30, &mut leaders, 0, not_leader(None)),
+        Verdict::RetryAfter { ms: BACKOFF_MS }
+    );
+    assert_eq!(call.next(50, &leaders), Verdict::Send(1));
+    assert_eq!(
+        call.answered(51, &mut leaders, 1, lost("refused")),
+        Verdict::Send(2)
+    );
+}
+
+#[test]
+fn with_a_leader_known_the_other_tries_reach_every_address() {
+    // Four addresses: the tries between the leader's must still go round
+    // all of them.
+    let mut leaders = Leaders::new(4);
+    for addr in 0..4 {
+        leaders.connected(addr, addr as NodeId + 1);
+    }
+    leaders.lead(0, 2); // address 1
+    let picks: Vec<usize> = (0..8).map(|a| leaders.pick(0, a)).collect();
+    assert_eq!(picks, [1, 1, 1, 2, 1, 3, 1, 0]);
 }
