@@ -103,6 +103,35 @@ fn udp_from_flags_json_schema_and_percentiles() {
 }
 
 #[test]
+fn udp_with_jumbo_datagrams_delivers_every_message() {
+    let doc = ok_json(&[
+        "--name=udp-jumbo",
+        "--ioengine=udp",
+        "--udp_mtu=9000",
+        "--bs=1k-64k",
+        "--iodepth=32",
+        "--number_ios=500",
+    ]);
+    check_schema(&doc);
+    let j = &doc["jobs"][0];
+    assert_eq!(write_ops(j), 500);
+    assert_eq!(j["total_err"], 0);
+    assert_eq!(j["transport"]["skipped"], 0);
+    let notes: Vec<&str> = j["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("mtu 9000 (datagrams of at most 8952 bytes)")),
+        "{notes:?}"
+    );
+}
+
+#[test]
 fn udp_from_the_lossless_job_file() {
     let doc = ok_json(&["bench/jobs/transport-lossless.fio", "--runtime=0.2"]);
     check_schema(&doc);

@@ -4,6 +4,7 @@
 //! naming the option and where it came from, never a panic (job files are
 //! untrusted input).
 
+use crate::transport::TransportConfig;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -127,6 +128,9 @@ pub struct JobOptions {
     pub loss_percent: u32,
     /// UDP GSO/GRO for the udp engine.
     pub udp_offload: bool,
+    /// Path MTU the udp engine's transport cuts datagrams for, bytes
+    /// (`TransportConfig::mtu_bytes`; datagrams are 48 bytes shorter).
+    pub udp_mtu_bytes: usize,
     /// Seed of the size and Poisson generators.
     pub seed: u64,
 }
@@ -166,6 +170,7 @@ impl Default for JobOptions {
             queue: "bench".into(),
             loss_percent: 0,
             udp_offload: true,
+            udp_mtu_bytes: TransportConfig::default().mtu_bytes,
             seed: 1,
         }
     }
@@ -216,6 +221,7 @@ pub const JOB_OPTION_NAMES: &[&str] = &[
     "queue",
     "loss",
     "udp_offload",
+    "udp_mtu",
     "randseed",
 ];
 
@@ -394,6 +400,9 @@ impl JobOptions {
             }
             "loss" => self.loss_percent = percent(value)?,
             "udp_offload" => self.udp_offload = parse_bool(value)?,
+            // The transport's own bounds (a datagram fits one IPv4 UDP
+            // payload; 576 is the IPv4 minimum).
+            "udp_mtu" => self.udp_mtu_bytes = bounded(value, "udp_mtu", 576, 65_535)? as usize,
             "randseed" => self.seed = parse_num(value, "seed")?,
             _ => {
                 return Err(format!(
@@ -545,6 +554,18 @@ mod tests {
             })
         );
         assert!(parse_block_size("64k-1k").is_err());
+    }
+
+    #[test]
+    fn udp_mtu_defaults_to_the_transport_and_is_bounded() {
+        let mut o = JobOptions::default();
+        assert_eq!(o.udp_mtu_bytes, TransportConfig::default().mtu_bytes);
+        o.set("udp_mtu", "9000", "--udp_mtu").unwrap();
+        assert_eq!(o.udp_mtu_bytes, 9000);
+        for bad in ["575", "65536", "jumbo"] {
+            let e = o.set("udp_mtu", bad, "--udp_mtu").unwrap_err();
+            assert!(e.0.contains("udp_mtu"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! `ioengine=udp`: the replication transport alone, between two endpoints
 //! on 127.0.0.1 (`net::UdpDriver` around `transport::Endpoint`, default
-//! configs, as `examples/transport_bench.rs`). The job's thread drives the
+//! configs but for `udp_mtu`, as `examples/transport_bench.rs` and its
+//! `--mtu`). The job's thread drives the
 //! sender; a helper thread drives the receiver and stamps each delivery,
 //! so latency is send to in-order delivery at the receiver. Each message
-//! carries its operation id in its first 8 bytes.
+//! carries its operation id in its first 8 bytes; the rest is one payload
+//! allocated when the engine opens, so an operation costs the transport
+//! and not the benchmark (fio likewise reuses its buffers).
 //!
 //! `loss=PCT` installs an nftables rule dropping that share of the
 //! datagrams on the two ports (root and `nft` only; otherwise the job fails
@@ -37,14 +40,21 @@ struct ReceiverEnd {
 /// The udp engine of one job clone.
 pub struct UdpEngine {
     sender: UdpDriver,
-    /// Messages refused by a full window, to send on `Writable`.
-    blocked: VecDeque<Vec<u8>>,
+    /// The bytes every message is cut from (`bs` at its largest); a send
+    /// writes the operation id into the first 8 and the transport copies
+    /// the message, so the buffer is free again when `send` returns.
+    payload: Vec<u8>,
+    /// Messages (operation id, bytes) refused by a full window, to send
+    /// on `Writable`.
+    blocked: VecDeque<(u64, usize)>,
     window_stalls: u64,
     deliveries: Receiver<(u64, Instant, u64)>,
     stop: Arc<AtomicBool>,
     receiver: Option<JoinHandle<ReceiverEnd>>,
     loss: Option<NftLoss>,
     loss_percent: u32,
+    /// The endpoints' config (for the report's note).
+    transport: TransportConfig,
 }
 
 impl UdpEngine {
@@ -59,15 +69,14 @@ impl UdpEngine {
             gro: job.udp_offload,
             ..UdpConfig::default()
         };
+        let transport = TransportConfig {
+            mtu_bytes: job.udp_mtu_bytes,
+            ..TransportConfig::default()
+        };
         let mut drivers = Vec::new();
         for node in [SENDER, RECEIVER] {
-            let ep = Endpoint::new(
-                TransportConfig::default(),
-                key.clone(),
-                node,
-                node * 7919 + job.seed,
-            )
-            .map_err(|e| format!("transport endpoint: {e}"))?;
+            let ep = Endpoint::new(transport.clone(), key.clone(), node, node * 7919 + job.seed)
+                .map_err(|e| format!("transport endpoint: {e}"))?;
             let (d, _report) = UdpDriver::bind(udp.clone(), ep, PeerMap::new())
                 .map_err(|e| format!("binding UDP on 127.0.0.1: {e}"))?;
             drivers.push(d);
@@ -109,6 +118,9 @@ impl UdpEngine {
                                     let id = u64::from_le_bytes(id.try_into().expect("8 bytes"));
                                     let _ = tx.send((id, at, message.len() as u64));
                                 }
+                                // As a daemon's loop does, so the benchmark
+                                // pays for reassembly what the daemon pays.
+                                receiver.endpoint_mut().recycle_message(message);
                             }
                             Event::Skipped {
                                 first_seq,
@@ -136,6 +148,7 @@ impl UdpEngine {
             .map_err(|e| format!("starting the receiver thread: {e}"))?;
         Ok(UdpEngine {
             sender,
+            payload: vec![0xa5u8; (job.bs.max_bytes as usize).max(8)],
             blocked: VecDeque::new(),
             window_stalls: 0,
             deliveries: rx,
@@ -143,11 +156,14 @@ impl UdpEngine {
             receiver: Some(handle),
             loss,
             loss_percent: job.loss_percent,
+            transport,
         })
     }
 
     fn send_blocked(&mut self) -> Result<(), String> {
-        while let Some(msg) = self.blocked.front() {
+        while let Some(&(id, bytes)) = self.blocked.front() {
+            let msg = &mut self.payload[..bytes];
+            msg[..8].copy_from_slice(&id.to_le_bytes());
             match self.sender.endpoint_mut().send(RECEIVER, GROUP, msg) {
                 Ok(_) => {
                     self.blocked.pop_front();
@@ -165,9 +181,8 @@ impl UdpEngine {
 
 impl Engine for UdpEngine {
     fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
-        let mut msg = vec![0xa5u8; op.bytes.max(8)];
-        msg[..8].copy_from_slice(&op.id.to_le_bytes());
-        self.blocked.push_back(msg);
+        let bytes = op.bytes.clamp(8, self.payload.len());
+        self.blocked.push_back((op.id, bytes));
         self.send_blocked()
     }
 
@@ -238,7 +253,9 @@ impl Engine for UdpEngine {
                 nft_dropped: self.loss.as_ref().and_then(|l| l.dropped()),
             }),
             notes: vec![format!(
-                "udp: 127.0.0.1, GSO {}",
+                "udp: 127.0.0.1, mtu {} (datagrams of at most {} bytes), GSO {}",
+                self.transport.mtu_bytes,
+                self.transport.datagram_bytes_max(),
                 if self.sender.gso().is_on() {
                     "on"
                 } else {

@@ -396,6 +396,10 @@ impl EventLoop {
                 },
                 _ => self.note(format!("dropped an unknown message from node {peer}")),
             }
+            // Decoded into owned values above: the buffer can carry the
+            // next reassembled message (no allocation and page faults per
+            // large AppendEntries).
+            self.udp.endpoint_mut().recycle_message(message);
         }
     }
 

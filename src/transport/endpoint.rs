@@ -12,7 +12,7 @@ use super::events::{DropReason, Event, SendError, Transmit};
 use super::history::HistoryLedger;
 use super::mac::ClusterKey;
 use super::peer::{Addressed, EpochCheck, EpochLimits, Peer};
-use super::receiver::{RxHalf, RxItem};
+use super::receiver::{RxHalf, RxItem, SpareBuffers};
 use super::sender::{NackBudget, TxHalf};
 use super::stats::{ChannelState, ChannelStats, EndpointStats, PeerStats};
 use super::wire::{self, DatagramWriter, DecodeError, Frame, Header};
@@ -69,6 +69,8 @@ pub struct Endpoint {
     /// Scratch buffers reused across calls.
     items: Vec<RxItem>,
     seqs: Vec<u64>,
+    /// Delivered messages' buffers given back, for reassembly to reuse.
+    spare: SpareBuffers,
 }
 
 impl Endpoint {
@@ -110,6 +112,7 @@ impl Endpoint {
             now_us: 0,
             items: Vec::new(),
             seqs: Vec::new(),
+            spare: SpareBuffers::default(),
         })
     }
 
@@ -327,6 +330,7 @@ impl Endpoint {
                     frag_count,
                     payload,
                     &mut items,
+                    &mut self.spare,
                     &mut ch.stats,
                 );
                 self.emit(peer_id, group, &mut items);
@@ -387,8 +391,14 @@ impl Endpoint {
                 };
                 let ch = &mut self.channels[c];
                 let mut items = std::mem::take(&mut self.items);
-                ch.rx
-                    .on_too_old(&self.cfg, now_us, base, &mut items, &mut ch.stats);
+                ch.rx.on_too_old(
+                    &self.cfg,
+                    now_us,
+                    base,
+                    &mut items,
+                    &mut self.spare,
+                    &mut ch.stats,
+                );
                 self.emit(peer_id, group, &mut items);
                 self.items = items;
             }
@@ -676,6 +686,15 @@ impl Endpoint {
         Some(e)
     }
 
+    /// Gives back the buffer of a delivered message the caller is done
+    /// with, so that reassembling a later message reuses it instead of
+    /// allocating. Optional (a buffer not given back is simply freed);
+    /// call it after handling each `Event::Delivered` on a hot path. Only
+    /// a few buffers are kept, bounded in count and bytes.
+    pub fn recycle_message(&mut self, message: Vec<u8>) {
+        self.spare.give(message);
+    }
+
     /// Endpoint-wide counters.
     pub fn stats(&self) -> EndpointStats {
         EndpointStats {
@@ -906,6 +925,26 @@ mod tests {
         let n = pump(0, &mut a, &mut b);
         assert_eq!(n, seqs.count());
         assert_eq!(delivered(&mut b), vec![msg]);
+    }
+
+    #[test]
+    fn a_recycled_buffer_carries_the_next_fragmented_message() {
+        let (mut a, mut b) = pair(TransportConfig::default());
+        let first: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        a.send(2, 0, &first).unwrap();
+        pump(0, &mut a, &mut b);
+        let got = delivered(&mut b);
+        assert_eq!(got, vec![first.clone()]);
+        let buf = got.into_iter().next().unwrap();
+        let ptr = buf.as_ptr();
+        b.recycle_message(buf);
+        // A different, shorter message: the old bytes must not show.
+        let second: Vec<u8> = (0..50_000u32).map(|i| (i % 241) as u8).collect();
+        a.send(2, 0, &second).unwrap();
+        pump(0, &mut a, &mut b);
+        let got = delivered(&mut b);
+        assert_eq!(got, vec![second]);
+        assert_eq!(got[0].as_ptr(), ptr, "the given-back buffer was not reused");
     }
 
     #[test]
