@@ -209,7 +209,7 @@ impl World {
         }
         let request = p.attempts.request().clone();
         let written = if self.nodes[n].runs(g) {
-            self.write_request(c, n, &request)
+            self.write_request(super::pipe::Caller::Log(c), n, &request)
         } else {
             self.clients[c].conns.remove(&n);
             None

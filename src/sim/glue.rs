@@ -20,6 +20,7 @@ use super::checker::Violation;
 use super::device::{Latency, SimDir};
 use super::disk::{DiskOp, Durable};
 use super::host::ManualHost;
+use super::pipe::Caller;
 use super::trace::{chain, What};
 use super::world::{Event, World};
 use crate::api::Request;
@@ -55,15 +56,19 @@ pub(crate) struct Damage {
     first_index: Index,
 }
 
-/// A production replica's answer to one try of a log client, as the
+/// A production replica's answer to one request of a client, as the
 /// server would send it.
 pub(crate) struct Answer {
-    client: usize,
+    client: Caller,
     node: usize,
     /// The connection and request id it answers.
     conn: u64,
     id: u64,
     response: crate::api::Response,
+    /// Why the node could not read an entry its state refers to, if that
+    /// is what failed the request: the client only hears `Unavailable`,
+    /// the run fails (`stored-bytes-readable`).
+    unreadable: Option<String>,
 }
 
 /// The answers replies put here, drained by the world after each drive.
@@ -650,45 +655,83 @@ impl World {
         }
     }
 
-    /// Node `n` serves request `id` of log client `c` on connection `conn` as the production
-    /// server does: the request translated (`client_dispatch::translate`),
-    /// the append proposed, the outcome turned into the response the
-    /// client would read; it comes through `answers`.
+    /// Node `n` serves request `id` of client `who` on connection `conn`
+    /// as the production server does (`client_server::dispatch`): the
+    /// request translated (`client_dispatch::translate`), the append,
+    /// command or query handed to the group's replica, its outcome turned
+    /// into the response the client would read by the daemon's builders;
+    /// it comes through `answers`. A ledger read waits for entries only
+    /// when the request asks (the simulated clients never do), bounded by
+    /// the replica's own deadline.
     pub(crate) fn serve_hosted(
         &mut self,
-        c: usize,
+        who: Caller,
         n: usize,
         conn: u64,
         id: u64,
         request: Request,
     ) {
-        use crate::node::client_dispatch::{appended_response, translate, Dispatch, NodeCall};
-        let g = self.clients[c].group;
+        use crate::node::client_dispatch::{
+            answer_response, appended_response, outcome_response, translate, Dispatch, NodeCall,
+        };
+        let g = self.caller_group(who);
         let answers = self.answers.clone();
-        let answer = move |response| {
+        let answer = move |response, unreadable| {
             answers.lock().expect("answers").push(Answer {
-                client: c,
+                client: who,
                 node: n,
                 conn,
                 id,
                 response,
+                unreadable,
             });
         };
-        match translate(request, |group| group as usize == g) {
-            Dispatch::Call(NodeCall::Append {
+        let addrs = client_addrs(self.nodes.len());
+        let now = self.now;
+        let runs = self.nodes[n].runs(g);
+        let dispatch = translate(request, |group| group as usize == g && runs);
+        let Dispatch::Call(call) = dispatch else {
+            if let Dispatch::Answer(response) = dispatch {
+                answer(response, None);
+            }
+            return;
+        };
+        let replica = &mut self.nodes[n].hosted[g].as_mut().expect("runs").replica;
+        match call {
+            NodeCall::Append {
                 client_id,
                 seq,
                 data,
                 ..
-            }) => {
-                let addrs = client_addrs(self.nodes.len());
+            } => {
                 let reply: crate::node::Reply =
-                    Box::new(move |r| answer(appended_response(r, &addrs)));
-                let h = self.nodes[n].hosted[g].as_mut().expect("checked live");
-                h.replica.propose_client(client_id, seq, &data, reply);
+                    Box::new(move |r| answer(appended_response(r, &addrs), None));
+                replica.propose_client(client_id, seq, &data, reply);
             }
-            Dispatch::Answer(response) => answer(response),
-            other => panic!("an append translated to {other:?}"),
+            NodeCall::State {
+                client_id,
+                seq,
+                command,
+                ..
+            } => replica.propose_command(
+                client_id,
+                seq,
+                command,
+                now,
+                Box::new(move |r| {
+                    let why = unreadable(&r);
+                    answer(outcome_response(r, &addrs), why)
+                }),
+            ),
+            NodeCall::Query { query, wait_ms, .. } => replica.query(
+                query,
+                wait_ms,
+                Box::new(move |r| {
+                    let why = unreadable(&r);
+                    answer(answer_response(r, &addrs), why)
+                }),
+            ),
+            other => panic!("the simulated clients send no {other:?}"),
         }
     }
 
@@ -727,11 +770,14 @@ impl World {
     pub(crate) fn take_answers(&mut self) -> Result<(), Violation> {
         let answers = std::mem::take(&mut *self.answers.lock().expect("answers"));
         for a in answers {
+            if let Some(why) = a.unreadable {
+                let g = self.caller_group(a.client);
+                return Err(Violation {
+                    invariant: "stored-bytes-readable",
+                    detail: format!("node {} group {g}: {why}", a.node + 1),
+                });
+            }
             self.respond(a.client, a.node, a.conn, a.id, &a.response);
-        }
-        let answers = std::mem::take(&mut *self.state_answers.lock().expect("state answers"));
-        for a in answers {
-            self.state_client_answered(a)?;
         }
         Ok(())
     }
@@ -752,6 +798,14 @@ pub(crate) fn machine_hash(sm: &crate::state::StateMachine) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     hasher.write(&sm.snapshot());
     hasher.finish()
+}
+
+/// Why a request failed for an entry its node could not read, if it did.
+fn unreadable<T>(r: &Result<T, crate::node::ProposeError>) -> Option<String> {
+    match r {
+        Err(crate::node::ProposeError::Unreadable(why)) => Some(why.clone()),
+        _ => None,
+    }
 }
 
 /// The client addresses a `NotLeader` names the leader by: the

@@ -6,13 +6,17 @@
 //! - LAC monotonic: if one LAC answer (a read or a writer's `SetLac`)
 //!   completed before another was invoked, the later one is not lower;
 //! - linearizability: per ledger (ledgers are independent), the history is
-//!   linearizable against the sequential [`StateMachine`] itself.
+//!   linearizable against the sequential [`StateMachine`] itself, whose
+//!   answers are compared as a client hears them (a refusal by its
+//!   protocol `ErrorCode`).
 
 use super::checker::Violation;
 use super::linearizability::{self, Interval, Verdict};
 use super::workload::{StateOp, StateRequest, StateResult};
+use crate::api::ErrorCode;
+use crate::node::client_dispatch::refusal_code;
 use crate::state::ledger::LedgerEntry;
-use crate::state::{Command, Outcome, StateMachine};
+use crate::state::{Command, Error as StateError, Outcome, StateMachine};
 use std::collections::BTreeMap;
 use std::hash::Hasher;
 
@@ -48,9 +52,6 @@ fn ledger_of(op: &StateOp) -> Option<u64> {
 fn by_ledger(history: &[StateOp]) -> BTreeMap<(usize, u64), Vec<&StateOp>> {
     let mut parts: BTreeMap<(usize, u64), Vec<&StateOp>> = BTreeMap::new();
     for op in history {
-        if op.result == StateResult::NotApplied {
-            continue; // definitely without effect
-        }
         if let Some(l) = ledger_of(op) {
             parts.entry((op.group, l)).or_default().push(op);
         }
@@ -265,13 +266,13 @@ fn model_step(m: &Model, op: &StateOp) -> Option<Model> {
                         StateResult::Applied(Ok(Outcome::LedgerCreated(_))),
                         Ok(Outcome::LedgerCreated(_)),
                     ) => true,
-                    (StateResult::Applied(r), got) => r == got,
+                    (StateResult::Applied(r), got) => *r == answered(got.clone()),
                     _ => false,
                 };
             matches.then_some(next)
         }
         StateRequest::ReadLac { .. } => {
-            let got = sm.ledgers().lac(0);
+            let got = answered(sm.ledgers().lac(0));
             (op.result == StateResult::Lac(got)).then(|| m.clone())
         }
         StateRequest::ReadEntries { from, to, .. } => {
@@ -280,9 +281,15 @@ fn model_step(m: &Model, op: &StateOp) -> Option<Model> {
                 .ledgers()
                 .read(0, *from, *to)
                 .map(|v| v.into_iter().map(bytes).collect());
+            let got = answered(got);
             (op.result == StateResult::Entries(got)).then(|| m.clone())
         }
     }
+}
+
+/// The model's result as a client hears it: a refusal by its protocol code.
+fn answered<T>(r: Result<T, StateError>) -> Result<T, ErrorCode> {
+    r.map_err(refusal_code)
 }
 
 fn fingerprint(m: &Model) -> u64 {

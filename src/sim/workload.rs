@@ -1,17 +1,25 @@
 //! The state-machine workloads: simulated ledger and queue clients that
-//! send [`Command`]s to the production replica (`Replica::propose_command`,
-//! through the log) and reads to it (`Replica::query`, at the leader's
-//! read index), and record every invocation and completion, with its
-//! simulated time, for the history checkers of `ledger_check` and
-//! `queue_check`.
+//! speak the client protocol as the production client library does
+//! (`client::state`): each operation is one `api::Request` (a [`Command`]
+//! with the client's id and a fresh seq, a produce deduplicated by its
+//! producer and seq instead; a ledger's metadata or entries as a query
+//! that does not wait) written on the client's session to one node
+//! (`sim::pipe`), served there as the daemon serves it
+//! (`node::client_dispatch`, through the log or at the leader's read
+//! index), and the `api::Response` read back is what the client records.
+//! Every invocation and completion is recorded, with its simulated time,
+//! for the history checkers of `ledger_check` and `queue_check`. One try
+//! per operation: an answer lost with its connection, its node or its
+//! time is unknown.
 //!
 //! The planted workload bugs ([`WorkloadBug`]) live in the replica
 //! (`node::replica::planted`), set only by the simulator.
 
 use super::checker::Violation;
+use super::pipe::{Caller, Conns};
 use super::world::{idx, Event, World};
-use crate::node::ProposeError;
-use crate::state::{Answer, Command, Error, Outcome, Query};
+use crate::api::{ErrorCode, Request, Response};
+use crate::state::{Answer, Command, Outcome, Query};
 
 pub use crate::node::replica::tap::WorkloadBug;
 use rand::Rng;
@@ -88,19 +96,20 @@ pub enum StateRequest {
     },
 }
 
-/// What a state-machine client was answered.
+/// What a state-machine client was answered. A refusal is what the
+/// protocol tells a client of it: its `ErrorCode`
+/// (`client_dispatch::refusal_code` of the state machine's error).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StateResult {
     /// The command was applied with this result.
-    Applied(Result<Outcome, Error>),
+    Applied(Result<Outcome, ErrorCode>),
     /// The LAC read.
-    Lac(Result<Option<u64>, Error>),
+    Lac(Result<Option<u64>, ErrorCode>),
     /// The entries read, as (id, data).
-    Entries(Result<Vec<(u64, Vec<u8>)>, Error>),
-    /// Definitely not applied (another entry took its index).
-    NotApplied,
-    /// The client cannot tell: it timed out or its node crashed. A
-    /// command may or may not have taken effect.
+    Entries(Result<Vec<(u64, Vec<u8>)>, ErrorCode>),
+    /// The client cannot tell: it timed out, its connection or its node
+    /// went, or the node answered `Unavailable` or `Timeout`. A command
+    /// may or may not have taken effect.
     Unknown,
 }
 
@@ -121,32 +130,36 @@ pub struct StateOp {
     pub result: StateResult,
 }
 
-/// An operation waiting for its answer.
+/// An operation waiting for its answer, across its tries.
 #[derive(Clone, Debug)]
 struct StatePending {
-    node: usize,
-    /// The operation id the replica's reply names.
-    op: u64,
     request: StateRequest,
+    /// What every try sends, built once: the same (client id, seq).
+    wire: Request,
     invoked_ms: u64,
+    /// When the client gives it up as unknown.
+    deadline_ms: u64,
+    /// A node answered that it may have been applied: from now on it is
+    /// only ever asked again, never dropped as not done.
+    maybe_applied: bool,
+    /// The try waiting for its answer: the node, the connection and the
+    /// request id its answer names; `None` during a backoff.
+    in_flight: Option<(usize, u64, u64)>,
 }
 
-/// A production replica's reply to a state client.
-pub(crate) struct StateAnswer {
-    client: usize,
-    op: u64,
-    reply: HostedReply,
+/// What a state client makes of the answer to its request.
+enum Heard {
+    /// The operation's result, for the history.
+    Result(StateResult),
+    /// Not the leader: ask this node next (any node, if none is named).
+    Redirect(Option<usize>),
+    /// Refused before anything was done (a full disk): ask again later.
+    Later,
+    /// Refused, but it may have been done (`Unavailable`: lost, stopped,
+    /// busy; `Timeout`): the same request again, as the production
+    /// client retries it, so the dedup table answers it once.
+    Ambiguous,
 }
-
-/// What a production replica answered: a command's outcome, or a query's.
-enum HostedReply {
-    Command(Result<Outcome, ProposeError>),
-    Query(Result<Answer, ProposeError>),
-}
-
-/// The replies of the production replicas to state clients, drained by
-/// the world after each drive.
-pub(crate) type StateAnswers = std::sync::Arc<std::sync::Mutex<Vec<StateAnswer>>>;
 
 /// A ledger client's own ledger, while it writes it.
 #[derive(Clone, Debug)]
@@ -182,7 +195,7 @@ enum Role {
 }
 
 /// One state-machine client of one group.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct StateClient {
     id: usize,
     group: usize,
@@ -190,6 +203,10 @@ pub(crate) struct StateClient {
     generation: u64,
     pending: Option<StatePending>,
     role: Role,
+    /// Its open connection to each node.
+    conns: Conns,
+    /// The seq of its last command (the production client's `next_seq`).
+    sent: u64,
 }
 
 /// How long a client waits before giving an operation up as unknown.
@@ -241,8 +258,104 @@ impl StateClient {
             generation: 0,
             pending: None,
             role,
+            conns: Conns::new(),
+            sent: 0,
         }
     }
+
+    /// The group it works on.
+    pub(crate) fn group(&self) -> usize {
+        self.group
+    }
+
+    /// Its open connections, by node.
+    pub(crate) fn conns_mut(&mut self) -> &mut Conns {
+        &mut self.conns
+    }
+
+    /// The client id its commands carry (the log clients' workloads never
+    /// share a run with it).
+    fn client_id(&self) -> u64 {
+        self.id as u64 + 1
+    }
+}
+
+/// The request the production client (`client::state`) sends for `r`: a
+/// command as client `client_id`'s request `seq`, but a produce without
+/// a client id (it deduplicates itself by producer and seq); a LAC as the
+/// ledger's metadata and entries as a ledger read, neither waiting.
+fn wire_request(group: u32, r: &StateRequest, client_id: u64, seq: u64) -> Request {
+    let query = |query: Query| Request::Query {
+        group,
+        wait_ms: 0,
+        query: query.encode(),
+    };
+    match r {
+        StateRequest::Command(command) => {
+            let (client_id, seq) = match command {
+                Command::Produce { seq, .. } => (0, *seq),
+                _ => (client_id, seq),
+            };
+            Request::Command {
+                group,
+                client_id,
+                seq,
+                command: command.encode(),
+            }
+        }
+        StateRequest::ReadLac { ledger } => query(Query::Ledger { ledger: *ledger }),
+        StateRequest::ReadEntries { ledger, from, to } => query(Query::ReadLedger {
+            ledger: *ledger,
+            from: *from,
+            to: *to,
+        }),
+    }
+}
+
+/// What the answer `resp` to `request` tells its client, as the
+/// production client reads it (`client::state`, `client::retry`); an
+/// answer of the wrong kind, or one that does not decode, is an error.
+fn heard(request: &StateRequest, resp: Response) -> Result<Heard, String> {
+    let result = match (request, resp) {
+        (StateRequest::Command(_), Response::Outcome { outcome }) => {
+            let o = Outcome::decode(&outcome).ok_or("an outcome that does not decode")?;
+            StateResult::Applied(Ok(o))
+        }
+        (StateRequest::ReadLac { .. }, Response::Answer { answer }) => {
+            match Answer::decode(&answer) {
+                Some(Answer::Ledger(info)) => StateResult::Lac(Ok(info.lac)),
+                other => return Err(format!("a LAC read answered {other:?}")),
+            }
+        }
+        (StateRequest::ReadEntries { .. }, Response::Answer { answer }) => {
+            match Answer::decode(&answer) {
+                Some(Answer::Entries(es)) => {
+                    StateResult::Entries(Ok(es.into_iter().map(|e| (e.id, e.data)).collect()))
+                }
+                other => return Err(format!("a ledger read answered {other:?}")),
+            }
+        }
+        (
+            _,
+            Response::Error {
+                code: ErrorCode::NotLeader,
+                leader,
+                ..
+            },
+        ) => return Ok(Heard::Redirect(leader.map(|(l, _)| idx(l)))),
+        (_, Response::Error { code, .. }) => match code {
+            ErrorCode::DiskFull => return Ok(Heard::Later),
+            // Lost, stopped, busy or out of time: it may have been applied.
+            ErrorCode::Unavailable | ErrorCode::Timeout => return Ok(Heard::Ambiguous),
+            _ => match request {
+                StateRequest::Command(_) => StateResult::Applied(Err(code)),
+                StateRequest::ReadLac { .. } => StateResult::Lac(Err(code)),
+                StateRequest::ReadEntries { .. } => StateResult::Entries(Err(code)),
+            },
+        },
+        (_, other) => return Err(format!("{request:?} answered {other:?}")),
+    };
+    Ok(Heard::Result(result))
 }
 
 impl World {
@@ -289,8 +402,14 @@ impl World {
             return Ok(());
         }
         let g = self.state_clients[c].group;
-        if let Some(p) = self.state_clients[c].pending.take() {
-            self.state_complete(c, p, StateResult::Unknown);
+        if let Some(p) = self.state_clients[c].pending.as_ref() {
+            // Out of time, or a backoff is over.
+            if p.in_flight.is_some() || self.now >= p.deadline_ms {
+                let p = self.state_clients[c].pending.take().expect("checked");
+                self.state_complete(c, p, StateResult::Unknown);
+            } else {
+                self.state_send(c);
+            }
             return Ok(());
         }
         let request = self.next_request(c);
@@ -308,135 +427,132 @@ impl World {
             self.state_client_later(c, 10);
             return Ok(());
         }
-        self.state_request_hosted(c, n, request)
+        let now = self.now;
+        let cl = &mut self.state_clients[c];
+        if matches!(request, StateRequest::Command(_)) {
+            cl.sent += 1;
+        }
+        let wire = wire_request(g as u32, &request, cl.client_id(), cl.sent);
+        cl.pending = Some(StatePending {
+            request,
+            wire,
+            invoked_ms: now,
+            deadline_ms: now + STATE_CLIENT_TIMEOUT_MS,
+            maybe_applied: false,
+            in_flight: None,
+        });
+        self.state_send(c);
+        Ok(())
     }
 
-    /// Sends a state client's request to group `g`'s production replica on
-    /// node `n`; its reply comes through `state_answers`.
-    fn state_request_hosted(
+    /// Writes the operation's request on the client's session to the node
+    /// it guesses leads; the answer comes back through the session
+    /// (`state_client_answered`). A node that is down is found out a
+    /// little later, and another is tried.
+    fn state_send(&mut self, c: usize) {
+        let (g, n) = (self.state_clients[c].group, self.state_clients[c].guess);
+        let p = self.state_clients[c].pending.as_ref().expect("a call");
+        let (wire, deadline_ms) = (p.wire.clone(), p.deadline_ms);
+        let written = if self.nodes[n].runs(g) {
+            self.write_request(Caller::State(c), n, &wire)
+        } else {
+            None
+        };
+        let Some((conn, id)) = written else {
+            self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
+            self.state_client_later(c, 10);
+            return;
+        };
+        let p = self.state_clients[c].pending.as_mut().expect("a call");
+        p.in_flight = Some((n, conn, id));
+        let wait_ms = deadline_ms.saturating_sub(self.now);
+        self.state_client_later(c, wait_ms);
+    }
+
+    /// Node `n` answered request `id` on state client `c`'s connection
+    /// `conn`: recorded, unless the client gave up on it already.
+    pub(crate) fn state_client_answered(
         &mut self,
         c: usize,
         n: usize,
-        request: StateRequest,
+        conn: u64,
+        id: u64,
+        resp: Response,
     ) -> Result<(), Violation> {
-        let g = self.state_clients[c].group;
-        self.next_op += 1;
-        let op = self.next_op;
-        let answers = self.state_answers.clone();
-        let answer = move |reply| {
-            let a = StateAnswer {
-                client: c,
-                op,
-                reply,
-            };
-            answers.lock().expect("state answers").push(a);
-        };
-        let now = self.now;
-        self.state_clients[c].pending = Some(StatePending {
-            node: n,
-            op,
-            request: request.clone(),
-            invoked_ms: now,
-        });
-        self.state_client_later(c, STATE_CLIENT_TIMEOUT_MS);
-        let replica = &mut self.nodes[n].hosted[g]
-            .as_mut()
-            .expect("checked live")
-            .replica;
-        match request {
-            StateRequest::Command(cmd) => replica.propose_command(
-                0,
-                0,
-                cmd,
-                now,
-                Box::new(move |r| answer(HostedReply::Command(r))),
-            ),
-            StateRequest::ReadLac { ledger } => replica.query(
-                Query::Ledger { ledger },
-                0,
-                Box::new(move |r| answer(HostedReply::Query(r))),
-            ),
-            StateRequest::ReadEntries { ledger, from, to } => replica.query(
-                Query::ReadLedger { ledger, from, to },
-                0,
-                Box::new(move |r| answer(HostedReply::Query(r))),
-            ),
-        }
-        self.drive(n, g)
-    }
-
-    /// Hands a production replica's reply to its state client, unless it
-    /// gave up on it already.
-    pub(crate) fn state_client_answered(&mut self, a: StateAnswer) -> Result<(), Violation> {
-        let c = a.client;
-        let ours = matches!(
-            self.state_clients[c].pending,
-            Some(StatePending { op, .. }) if op == a.op
-        );
+        let ours = self.state_clients[c]
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.in_flight == Some((n, conn, id)));
         if !ours {
             return Ok(());
         }
-        let p = self.state_clients[c].pending.take().expect("checked");
         let g = self.state_clients[c].group;
-        let failed = match a.reply {
-            HostedReply::Command(Ok(o)) => Ok(StateResult::Applied(Ok(o))),
-            HostedReply::Command(Err(ProposeError::Refused(e))) => Ok(StateResult::Applied(Err(e))),
-            HostedReply::Command(Err(ProposeError::Lost)) => Ok(StateResult::NotApplied),
-            HostedReply::Query(Ok(Answer::Ledger(info))) => Ok(StateResult::Lac(Ok(info.lac))),
-            HostedReply::Query(Ok(Answer::Entries(es))) => Ok(StateResult::Entries(Ok(es
-                .into_iter()
-                .map(|e| (e.id, e.data))
-                .collect()))),
-            HostedReply::Query(Err(ProposeError::Refused(e))) => Ok(match p.request {
-                StateRequest::ReadLac { .. } => StateResult::Lac(Err(e)),
-                _ => StateResult::Entries(Err(e)),
-            }),
-            HostedReply::Query(Ok(other)) => {
-                unreachable!("a ledger query answers a ledger or entries, not {other:?}")
+        let p = self.state_clients[c].pending.as_mut().expect("checked");
+        p.in_flight = None;
+        let heard = heard(&p.request, resp).map_err(|why| Violation {
+            invariant: "answered-as-asked",
+            detail: format!("node {} group {g}: {why}", n + 1),
+        })?;
+        let backoff = match heard {
+            Heard::Result(result) => {
+                let p = self.state_clients[c].pending.take().expect("checked");
+                self.state_complete(c, p, result);
+                return Ok(());
             }
-            HostedReply::Command(Err(e)) | HostedReply::Query(Err(e)) => Err(e),
-        };
-        let result = match failed {
-            Ok(result) => result,
-            Err(ProposeError::Unreadable(why)) => {
-                return Err(Violation {
-                    invariant: "stored-bytes-readable",
-                    detail: format!("node {} group {g}: {why}", p.node + 1),
-                })
-            }
-            // Refused before it was proposed (or, for a read, before it
-            // was answered): nothing to record.
-            Err(ProposeError::NotLeader(leader)) => {
+            Heard::Redirect(leader) => {
                 self.state_clients[c].guess = match leader {
-                    Some(l) => idx(l),
+                    Some(l) => l,
                     None => self.rng.gen_range(0..self.nodes.len()),
                 };
-                let backoff = self.rng.gen_range(2..=15);
-                self.state_client_later(c, backoff);
-                return Ok(());
+                self.rng.gen_range(2..=15)
             }
-            Err(
-                ProposeError::DiskFull
-                | ProposeError::TooLarge { .. }
-                | ProposeError::Busy(_)
-                | ProposeError::Invalid(_),
-            ) => {
-                let backoff = self.rng.gen_range(5..=30);
-                self.state_client_later(c, backoff);
-                return Ok(());
+            Heard::Later => self.rng.gen_range(5..=30),
+            Heard::Ambiguous => {
+                p.maybe_applied = true;
+                self.rng.gen_range(5..=30)
             }
-            // The group stopped with it in flight, or worse: it may have
-            // taken effect.
-            Err(_) => StateResult::Unknown,
         };
-        self.state_complete(c, p, result);
+        // Refused before it was proposed (or, for a read, before it was
+        // answered): nothing to record, unless an earlier try may have
+        // been applied; then the same request goes again.
+        let p = self.state_clients[c].pending.as_ref().expect("checked");
+        if !p.maybe_applied {
+            self.state_clients[c].pending = None;
+        }
+        self.state_client_later(c, backoff);
         Ok(())
+    }
+
+    /// State client `c`'s connection `conn` to node `n` failed: its
+    /// operation there, if any, is unknown.
+    pub(crate) fn state_connection_lost(&mut self, c: usize, n: usize, conn: u64) {
+        let hit = self.state_clients[c]
+            .pending
+            .as_ref()
+            .and_then(|p| p.in_flight)
+            .is_some_and(|(node, k, _)| (node, k) == (n, conn));
+        if hit {
+            self.state_call_lost(c, n);
+        }
+    }
+
+    /// State client `c`'s try at node `n` went with its connection: the
+    /// operation is unknown, and the next goes to another node, as the
+    /// production client asks around when its leader's connection breaks
+    /// (a node that crashes again and again would make every operation
+    /// sent to it unknown, even those it only refused).
+    fn state_call_lost(&mut self, c: usize, n: usize) {
+        let p = self.state_clients[c].pending.take().expect("a call");
+        let nodes = self.nodes.len();
+        if nodes > 1 {
+            self.state_clients[c].guess = (n + self.rng.gen_range(1..nodes)) % nodes;
+        }
+        self.state_complete(c, p, StateResult::Unknown);
     }
 
     /// The client's next request, from its role and what it knows.
     fn next_request(&mut self, c: usize) -> StateRequest {
         let (g, id) = (self.state_clients[c].group, self.state_clients[c].id);
-        let now = self.now;
         let directory_len = self.ledger_directory[g].len();
         // Recent ledgers are the likeliest to have a live writer.
         let pick = if directory_len == 0 {
@@ -499,7 +615,7 @@ impl World {
                 } else {
                     Command::CreateLedger {
                         writer_token: token,
-                        now_ms: now,
+                        now_ms: 0, // the leader stamps its clock
                     }
                 }
             }
@@ -536,7 +652,7 @@ impl World {
                         consumer: id as u64,
                         max: consume_max,
                         visibility_ms,
-                        now_ms: now,
+                        now_ms: 0, // the leader stamps its clock
                     }
                 } else {
                     Command::Ack {
@@ -581,14 +697,13 @@ impl World {
                         w.adds_left = w.adds_left.saturating_sub(1);
                     }
                 }
-                (Command::AddEntry { .. }, StateResult::Unknown | StateResult::NotApplied) => {
-                    if let Some(w) = writer {
-                        w.adds_left = w.adds_left.saturating_sub(1);
-                    }
-                }
+                // An add or LAC update it cannot confirm fails its ledger,
+                // as a BookKeeper writer's handle fails: it writes a new
+                // one. (Unknown adds piling up on one ledger also make its
+                // linearizability search exponential.)
                 (
                     Command::AddEntry { .. } | Command::SetLac { .. },
-                    StateResult::Applied(Err(_)),
+                    StateResult::Applied(Err(_)) | StateResult::Unknown,
                 )
                 | (Command::CloseLedger { .. }, _) => *writer = None,
                 _ => {}
@@ -632,16 +747,21 @@ impl World {
         }
     }
 
-    /// Clients waiting on a replica that crashed will never hear back.
+    /// A crash closes the connections to the replica: clients waiting on
+    /// it will never hear back.
     pub(crate) fn abandon_state_clients_on(&mut self, n: usize, g: usize) {
         for c in 0..self.state_clients.len() {
+            if self.state_clients[c].group != g {
+                continue;
+            }
+            self.state_clients[c].conns.remove(&n);
             let hit = self.state_clients[c]
                 .pending
                 .as_ref()
-                .is_some_and(|p| p.node == n && self.state_clients[c].group == g);
+                .and_then(|p| p.in_flight)
+                .is_some_and(|(node, _, _)| node == n);
             if hit {
-                let p = self.state_clients[c].pending.take().expect("checked");
-                self.state_complete(c, p, StateResult::Unknown);
+                self.state_call_lost(c, n);
             }
         }
     }

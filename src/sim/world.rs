@@ -99,9 +99,9 @@ pub(crate) enum Event {
         client: usize,
         generation: u64,
     },
-    /// Bytes arrive at one end of a log client's connection (`sim::pipe`).
+    /// Bytes arrive at one end of a client's connection (`sim::pipe`).
     Pipe {
-        client: usize,
+        client: super::pipe::Caller,
         node: usize,
         conn: u64,
         to_server: bool,
@@ -205,10 +205,8 @@ pub(crate) struct World {
     /// happen, the WAL counters of replicas that have stopped.
     pub(crate) glue: super::glue::GlueCounts,
     pub(crate) leaders: u64,
-    /// Answers of the production replicas to log clients.
+    /// Answers of the production replicas to clients' requests.
     pub(crate) answers: Answers,
-    /// Replies of the production replicas to state clients.
-    pub(crate) state_answers: super::workload::StateAnswers,
     /// The last client operation id given out.
     pub(crate) next_op: u64,
     /// What the log clients' retries did.
@@ -285,7 +283,6 @@ impl World {
             glue: Default::default(),
             leaders: 0,
             answers: Answers::default(),
-            state_answers: Default::default(),
             next_op: 0,
             client_counts: Default::default(),
         };
@@ -745,7 +742,7 @@ impl World {
 
     /// Client operations whose outcome `pred` accepts; in the ledger and
     /// queue workloads, state operations mapped onto the same outcomes
-    /// (answered: Ok, not applied: Failed, unknown: Unknown).
+    /// (answered: Ok, unknown: Unknown).
     fn count(&self, pred: impl Fn(Outcome) -> bool) -> u64 {
         let log = self.history.iter().filter(|op| pred(op.outcome)).count();
         let state = self
@@ -754,7 +751,6 @@ impl World {
             .filter(|op| {
                 pred(match op.result {
                     StateResult::Unknown => Outcome::Unknown,
-                    StateResult::NotApplied => Outcome::Failed,
                     _ => Outcome::Ok(0),
                 })
             })
