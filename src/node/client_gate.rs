@@ -1,20 +1,16 @@
-//! The client server's admission policy applied to sockets: the accept
-//! thread and the connection threads call the [`Gate`] at accept, on a
-//! successful Hello, before each read until then, and at close; it asks
+//! The client server's admission policy applied to sockets: the event
+//! loops serving client connections call the [`Gate`] at accept, on a
+//! successful Hello, when a Hello deadline passes, and at close; it asks
 //! `client_admission::Admission` (the sans-IO policy) what to do, closes
 //! what the policy lets go (through a clone of each unauthenticated
-//! socket), and counts and logs it (`client_stats`). One short mutex per
-//! such event, never per request: once a connection is authenticated its
-//! reads do not come here.
-//!
-//! When the client server moves onto the event loops, this file is what
-//! changes; the policy stays.
+//! socket, which wakes the loop holding it), and counts and logs it
+//! (`client_stats`). The policy is node-wide, so the gate is shared by
+//! the loops: one short mutex per such event, never per request.
 
 use super::client_admission::{Admission, Admit, ClientLimits, ConnId};
 use super::client_stats::{ClientCounters, ClientEvent, LogLimit};
 use crate::consensus::NodeId;
 use std::collections::HashMap;
-use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -188,56 +184,5 @@ impl Gate {
         st.admission.closed(id);
         st.waiting.remove(&id);
         self.publish(&st);
-    }
-}
-
-/// What one read before or after the Hello gave.
-pub(super) enum Got {
-    /// This many bytes are in the buffer.
-    Bytes(usize),
-    /// The peer closed, the socket failed, or the gate closed it.
-    Closed,
-    /// The Hello deadline passed first.
-    HelloTimeout,
-}
-
-/// Reads from the connection; until its Hello succeeds, no longer than
-/// its Hello deadline (however slowly the bytes trickle in). `greeted`
-/// turns true once the gate says the Hello is done, after which reads
-/// block without a timeout and the gate is not asked again.
-pub(super) fn read_some(
-    reader: &mut TcpStream,
-    buf: &mut [u8],
-    gate: &Gate,
-    id: ConnId,
-    greeted: &mut bool,
-) -> Got {
-    loop {
-        if !*greeted {
-            let left = gate.hello_time_left(id);
-            // set_read_timeout refuses a zero duration: that case is handled first.
-            let set = match left {
-                Some(left) if left.is_zero() => return Got::HelloTimeout,
-                Some(left) => reader.set_read_timeout(Some(left)),
-                None => {
-                    *greeted = true;
-                    reader.set_read_timeout(None)
-                }
-            };
-            if set.is_err() {
-                return Got::Closed;
-            }
-        }
-        match reader.read(buf) {
-            Ok(0) => return Got::Closed,
-            Ok(n) => return Got::Bytes(n),
-            Err(e)
-                if !*greeted
-                    && matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-            Err(_) => return Got::Closed,
-        }
     }
 }

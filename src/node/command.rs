@@ -145,8 +145,40 @@ pub type StateReply = Box<dyn FnOnce(Result<crate::state::Outcome, ProposeError>
 /// Where a query's answer goes: called once, on the loop's thread.
 pub type QueryReply = Box<dyn FnOnce(Result<crate::state::Answer, ProposeError>) + Send>;
 
+/// Where the outcome of an append from a client connection served on a
+/// loop goes, instead of a callback: the loop (`core`) and connection
+/// (slot `conn` in its `generation`) it came from, the request's id, and
+/// the item's place in an `AppendBatch` (0 for a lone `Append`). Plain
+/// data, copied; nothing is allocated per append to carry the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClientTicket {
+    /// The loop serving the connection.
+    pub(crate) core: usize,
+    /// The connection's slot on that loop.
+    pub(crate) conn: u32,
+    /// Which connection in that slot (slots are reused).
+    pub(crate) generation: u32,
+    /// The request's id on the connection.
+    pub(crate) request: u64,
+    /// The item's position in its batch.
+    pub(crate) item: u32,
+}
+
+/// A ticket's outcome: the index the append was applied at, or why not.
+pub(crate) type TicketDone = (ClientTicket, Result<Index, ProposeError>);
+
 /// A command from the handle (or a server thread) to the loop of one core.
 pub(crate) enum CoreCommand {
+    /// Appends from a client connection served on another loop: items
+    /// `first_seq..` of client `client_id`, answered by ticket (the
+    /// ticket's `item` counts up from the given one).
+    ClientAppends {
+        group: GroupId,
+        client_id: u64,
+        first_seq: u64,
+        items: Vec<Vec<u8>>,
+        ticket: ClientTicket,
+    },
     Propose {
         group: GroupId,
         data: Vec<u8>,
@@ -200,6 +232,9 @@ impl CoreCommand {
     /// Answers the command's caller with `why` (it could not be served).
     pub(crate) fn fail(self, why: ProposeError) {
         match self {
+            // Answered by the loop that could not hand it over (it holds
+            // the tickets); nothing to call here.
+            CoreCommand::ClientAppends { .. } => {}
             CoreCommand::Propose { reply, .. }
             | CoreCommand::Append { reply, .. }
             | CoreCommand::Membership { reply, .. } => reply(Err(why)),

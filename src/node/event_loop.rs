@@ -11,13 +11,14 @@
 //! no lock is taken. The loop owns the turn, the sockets and the envelope
 //! of transport messages; each group's glue is its `replica`.
 
-use super::command::{CoreCommand, ProposeError};
+use super::client_conns::{LoopClients, LoopParts, PortCommand};
+use super::command::{ClientTicket, CoreCommand, ProposeError, TicketDone};
 use super::config::{NodeSpec, SpecError};
 use super::control::Control;
 use super::errors::StartError;
 use super::host::OsHost;
 use super::log::{log_error, log_info, log_warn};
-use super::mesh::{CoreMailbox, CoreMsg, Wiring};
+use super::mesh::{CoreMailbox, CoreMsg, Routing, Wiring};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
 use super::status::{NodeStatus, StallView, TransportView};
@@ -33,6 +34,7 @@ use crate::transport::raft_codec::{
 use crate::transport::{Endpoint, Event, GroupId};
 use crossbeam_channel::Receiver;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Transitions kept for `NodeStatus::transitions`.
@@ -50,8 +52,20 @@ const HEARD_FORWARD_MS: u64 = 10;
 pub(crate) struct EventLoop {
     spec: NodeSpec,
     started: Instant,
+    /// This loop's index among the node's loops (`routing.cores`).
+    me: usize,
     commands: Receiver<CoreCommand>,
     mesh: Receiver<CoreMsg>,
+    /// Every loop, and which owns each group: for client requests.
+    routing: Arc<Routing>,
+    /// From the client server: serve clients, or stop.
+    ports: Receiver<PortCommand>,
+    /// The client connections this loop serves, once told to.
+    clients: Option<LoopClients>,
+    /// Scratch: ticketed outcomes gathered at the end of a turn, and
+    /// those bound for each other loop.
+    client_done: Vec<TicketDone>,
+    client_done_remote: Vec<Vec<TicketDone>>,
     udp: UdpDriver,
     replicas: Vec<Replica>,
     by_group: BTreeMap<GroupId, usize>,
@@ -80,13 +94,17 @@ impl EventLoop {
     /// Opens this loop's logs, binds its sockets and (control) opens the
     /// serial ports. `spec.groups` are this loop's groups; `started` is
     /// the node's clock, shared by its loops.
+    #[allow(clippy::too_many_arguments)] // the loop's channels, each its own
     pub(crate) fn open(
         spec: NodeSpec,
         started: Instant,
+        me: usize,
         commands: Receiver<CoreCommand>,
         mesh: Receiver<CoreMsg>,
         wiring: Wiring,
         waker: Waker,
+        routing: Arc<Routing>,
+        ports: Receiver<PortCommand>,
     ) -> Result<Self, StartError> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
@@ -129,10 +147,17 @@ impl EventLoop {
             Wiring::Worker(to_control) => (None, Some(to_control)),
         };
         let groups = replicas.len();
+        let cores = routing.cores.len();
         Ok(EventLoop {
             started,
+            me,
             commands,
             mesh,
+            routing,
+            ports,
+            clients: None,
+            client_done: Vec::new(),
+            client_done_remote: vec![Vec::new(); cores],
             udp,
             replicas,
             by_group,
@@ -214,6 +239,9 @@ impl EventLoop {
             if let Some(c) = &self.control {
                 self.wake_fds.extend(c.wake_fds());
             }
+            if let Some(c) = &self.clients {
+                self.wake_fds.push(c.wake_fd());
+            }
             self.udp.set_wake_fds(&self.wake_fds);
             if let Err(e) = self.udp.run_once(wait) {
                 log_error!("node {}: waiting on the sockets failed: {e}", self.spec.id);
@@ -230,6 +258,7 @@ impl EventLoop {
                 self.shutdown();
                 return;
             }
+            self.serve_ports();
             for n in self.udp.take_notices() {
                 log_warn!("node {}: udp: {n}", self.spec.id);
             }
@@ -250,7 +279,76 @@ impl EventLoop {
                 c.tick(now);
             }
             self.detector_events(now);
+            self.serve_clients(now);
             self.drive_all(now);
+            self.route_client_done();
+            if let Some(c) = self.clients.as_mut() {
+                c.flush(now);
+            }
+        }
+    }
+
+    /// What the client server asks: serve its port, or stop.
+    fn serve_ports(&mut self) {
+        while let Ok(cmd) = self.ports.try_recv() {
+            match cmd {
+                PortCommand::Serve(port) => {
+                    let mail = self.routing.cores[self.me].mail.clone();
+                    match LoopClients::new(port, self.me, mail) {
+                        Ok(c) => self.clients = Some(c),
+                        Err(e) => log_error!(
+                            "node {}: this loop cannot serve clients (epoll): {e}",
+                            self.spec.id
+                        ),
+                    }
+                }
+                PortCommand::Stop(done) => {
+                    self.clients = None; // closes every connection
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
+    /// Accepts, reads and serves this loop's client connections.
+    fn serve_clients(&mut self, now: u64) {
+        let Some(mut clients) = self.clients.take() else {
+            return;
+        };
+        let mut parts = LoopParts {
+            replicas: &mut self.replicas,
+            by_group: &self.by_group,
+            routing: &self.routing,
+            now_ms: now,
+        };
+        clients.serve(&mut parts);
+        self.clients = Some(clients);
+    }
+
+    /// Hands each ticketed outcome of this turn to the loop serving its
+    /// connection: this one's directly, the others' in one message each.
+    fn route_client_done(&mut self) {
+        let mut done = std::mem::take(&mut self.client_done);
+        for r in &mut self.replicas {
+            r.take_client_done(&mut done);
+        }
+        for d in done.drain(..) {
+            if d.0.core == self.me {
+                if let Some(c) = self.clients.as_mut() {
+                    c.deliver(d);
+                }
+            } else if let Some(v) = self.client_done_remote.get_mut(d.0.core) {
+                v.push(d);
+            }
+        }
+        self.client_done = done;
+        for (core, v) in self.client_done_remote.iter_mut().enumerate() {
+            if !v.is_empty() {
+                let batch = std::mem::take(v);
+                self.routing.cores[core]
+                    .mail
+                    .send(CoreMsg::ClientDone(batch));
+            }
         }
     }
 
@@ -265,6 +363,9 @@ impl EventLoop {
         if let Some(d) = self.control.as_ref().and_then(|c| c.poll_timeout()) {
             t = t.min(d);
         }
+        if let Some(d) = self.clients.as_ref().and_then(|c| c.poll_timeout()) {
+            t = t.min(d);
+        }
         t
     }
 
@@ -277,6 +378,16 @@ impl EventLoop {
                     continue;
                 }
                 CoreCommand::Stop => return false,
+                CoreCommand::ClientAppends {
+                    group,
+                    client_id,
+                    first_seq,
+                    items,
+                    ticket,
+                } => {
+                    self.client_appends(*group, *client_id, *first_seq, items, *ticket);
+                    continue;
+                }
                 CoreCommand::Propose { group, .. }
                 | CoreCommand::Append { group, .. }
                 | CoreCommand::Membership { group, .. }
@@ -338,10 +449,43 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.query(query, wait_ms, reply),
-                CoreCommand::Status(_) | CoreCommand::Stop => unreachable!("served above"),
+                CoreCommand::Status(_) | CoreCommand::Stop | CoreCommand::ClientAppends { .. } => {
+                    unreachable!("served above")
+                }
             }
         }
         true
+    }
+
+    /// Appends another loop's client connection handed over: proposed
+    /// with their tickets, whose outcomes go back at the end of the turn.
+    fn client_appends(
+        &mut self,
+        group: crate::transport::GroupId,
+        client_id: u64,
+        first_seq: u64,
+        items: &[Vec<u8>],
+        ticket: ClientTicket,
+    ) {
+        let tickets = (0..items.len()).map(|k| ClientTicket {
+            item: ticket.item + k as u32,
+            ..ticket
+        });
+        match self.by_group.get(&group) {
+            Some(&i) => {
+                let r = &mut self.replicas[i];
+                for ((k, data), t) in items.iter().enumerate().zip(tickets) {
+                    r.propose_client_ticket(client_id, first_seq + k as u64, data, t);
+                }
+            }
+            None => {
+                let why = ProposeError::Internal(format!(
+                    "group {group} is not on the core it was sent to"
+                ));
+                self.client_done
+                    .extend(tickets.map(|t| (t, Err(why.clone()))));
+            }
+        }
     }
 
     /// Stops cleanly: what was queued is flushed before the logs close.
@@ -434,6 +578,23 @@ impl EventLoop {
                 CoreMsg::Detector(ev) => {
                     for r in &mut self.replicas {
                         on_event(&mut r.raft, now, r.group, &ev);
+                    }
+                }
+                CoreMsg::ClientDone(done) => {
+                    if let Some(c) = self.clients.as_mut() {
+                        for d in done {
+                            c.deliver(d);
+                        }
+                    }
+                }
+                CoreMsg::ClientAnswer {
+                    conn,
+                    generation,
+                    request,
+                    response,
+                } => {
+                    if let Some(c) = self.clients.as_mut() {
+                        c.answer(conn, generation, request, response);
                     }
                 }
                 CoreMsg::PeerHeartbeat(hb, ip_alive) => {

@@ -1,24 +1,33 @@
 //! The handle a caller (the daemon, a test) holds on a running node loop:
 //! commands go in over a channel, answers come back over one.
 
+use super::client_conns::{ClientPort, PortCommand};
 use super::command::{CoreCommand, ProposeError, QueryReply, ReadReply, Reply, StateReply};
 use super::config::NodeSpec;
 use super::errors::StartError;
 use super::event_loop::EventLoop;
 use super::log::log_warn;
-use super::mesh::{CoreMailbox, CoreMsg, Wiring};
+use super::mesh::{CoreLink, CoreMailbox, CoreMsg, Routing, Wiring};
 use super::status::NodeStatus;
 use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Term};
 use crate::transport::GroupId;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Commands queued for one loop at most. The handle's callers wait for
+/// room; a loop handing another a client request never waits (the
+/// request is answered Busy instead).
+pub(crate) const COMMANDS_QUEUED_MAX: usize = 16_384;
 
 /// One core's loop.
 struct CoreLoop {
     commands: Sender<CoreCommand>,
+    /// For the client server: serve clients, or stop.
+    ports: Sender<PortCommand>,
     waker: Waker,
     thread: Option<JoinHandle<()>>,
 }
@@ -71,6 +80,8 @@ impl NodeHandle {
         }
         let mesh: Vec<(Sender<CoreMsg>, Receiver<CoreMsg>)> =
             plan.iter().map(|_| unbounded()).collect();
+        let commands: Vec<(Sender<CoreCommand>, Receiver<CoreCommand>)> =
+            plan.iter().map(|_| bounded(COMMANDS_QUEUED_MAX)).collect();
         let wakers = plan
             .iter()
             .map(|_| Waker::new())
@@ -83,16 +94,28 @@ impl NodeHandle {
             tx: mesh[i].0.clone(),
             waker: wakers[i].clone(),
         };
+        let mut owner = BTreeMap::new();
+        for (i, (_, groups)) in plan.iter().enumerate() {
+            for g in groups {
+                owner.insert(g.group, i);
+            }
+        }
+        let routing = Arc::new(Routing {
+            owner: owner.clone(),
+            cores: (0..plan.len())
+                .map(|i| CoreLink {
+                    commands: commands[i].0.clone(),
+                    mail: mailbox(i),
+                })
+                .collect(),
+        });
         let mut handle = NodeHandle {
             id,
             cores: Vec::new(),
-            owner: BTreeMap::new(),
+            owner,
             clients: std::sync::Arc::default(),
         };
         for (i, (core, groups)) in plan.into_iter().enumerate() {
-            for g in &groups {
-                handle.owner.insert(g.group, i);
-            }
             let wiring = if i == 0 {
                 Wiring::Control((1..mesh.len()).map(mailbox).collect())
             } else {
@@ -104,7 +127,9 @@ impl NodeHandle {
                 groups,
                 ..spec.clone()
             };
-            let (tx, rx) = unbounded();
+            let (tx, rx) = commands[i].clone();
+            let (ports_tx, ports_rx) = bounded(4);
+            let routing = Arc::clone(&routing);
             let (opened_tx, opened) = bounded(1);
             let name = match core {
                 Some(c) => format!("quire-n{id}-core{c}"),
@@ -120,7 +145,10 @@ impl NodeHandle {
                             );
                         }
                     }
-                    match EventLoop::open(core_spec, started, rx, inbox, wiring, waker) {
+                    let opened_loop = EventLoop::open(
+                        core_spec, started, i, rx, inbox, wiring, waker, routing, ports_rx,
+                    );
+                    match opened_loop {
                         Ok(mut ev) => {
                             let _ = opened_tx.send(Ok(()));
                             ev.run();
@@ -137,6 +165,7 @@ impl NodeHandle {
             let opened = opened.recv().unwrap_or(Err(StartError::LoopDied));
             handle.cores.push(CoreLoop {
                 commands: tx,
+                ports: ports_tx,
                 waker: wakers[i].clone(),
                 thread: Some(thread),
             });
@@ -478,6 +507,30 @@ impl NodeHandle {
             m.clients = self.clients.view();
         }
         merged
+    }
+
+    /// Has every loop serve client connections on the port `make` builds
+    /// for it (the client server's listener, shared).
+    pub(super) fn serve_clients(&self, make: impl Fn() -> ClientPort) -> Result<(), ProposeError> {
+        for c in &self.cores {
+            c.ports
+                .send(PortCommand::Serve(make()))
+                .map_err(|_| ProposeError::Stopping)?;
+            c.waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Has every loop close its client connections, and waits (a little)
+    /// until each has.
+    pub(super) fn stop_clients(&self) {
+        for c in &self.cores {
+            let (done, closed) = bounded(1);
+            if c.ports.send(PortCommand::Stop(done)).is_ok() {
+                c.waker.wake();
+                let _ = closed.recv_timeout(Duration::from_secs(5));
+            }
+        }
     }
 
     /// The counters the client server keeps for this node.

@@ -36,19 +36,22 @@
 //!
 //! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`: leaves
 //! 2. `status`, `errors`, `admin_auth`, `client_gate`, `processes`: status views, start errors, the client server's admission
-//! 3. `command`, `mesh`, `config_file`: commands and replies, the inter-core mesh, the daemon's config file
-//! 4. `replica`, `control`, `client_dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
-//! 5. `event_loop`: one core's loop, driving its replicas and (control loop) the control plane
-//! 6. `handle`: `NodeHandle`, which starts the loops and talks to them
-//! 7. `local`, `admin`: clusters in one process; the admin endpoint
-//! 8. `client_server`: the client-facing TCP server
-//! 9. `daemon`: `quired`
+//! 3. `command`, `config_file`: commands and replies, the daemon's config file
+//! 4. `mesh`: the inter-core mesh (control plane, and client requests between loops)
+//! 5. `replica`, `control`, `client_dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
+//! 6. `client_conns`: the client connections one loop serves
+//! 7. `event_loop`: one core's loop, driving its replicas, its client connections and (control loop) the control plane
+//! 8. `handle`: `NodeHandle`, which starts the loops and talks to them
+//! 9. `local`, `admin`: clusters in one process; the admin endpoint
+//! 10. `client_server`: the client-facing TCP server: the listener, handed to the loops
+//! 11. `daemon`: `quired`
 //!
 //! This file only declares the files and re-exports the public API.
 
 pub mod admin;
 mod admin_auth;
 pub mod client_admission;
+mod client_conns;
 pub mod client_dispatch;
 mod client_gate;
 pub mod client_server;

@@ -9,7 +9,7 @@
 //! from a snapshot's data, and the log entries it refers to (read back
 //! from the segments below Raft's log). Runs on the loop, reads no clock.
 
-use super::super::command::{ProposeError, Reply, StateReply};
+use super::super::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
 use super::super::host::Host;
 use super::super::log::{log_error, log_warn};
 use super::tap::WorkloadBug;
@@ -56,13 +56,17 @@ pub(super) struct Waiter {
 pub(super) enum WaiterReply {
     Index(Reply),
     State(StateReply),
+    /// A client connection on a loop: the index goes to `client_done`.
+    Ticket(ClientTicket),
 }
 
 impl WaiterReply {
-    pub(super) fn fail(self, why: ProposeError) {
+    /// Answers with `why`; a ticket's answer goes to `done`.
+    pub(super) fn fail(self, why: ProposeError, done: &mut Vec<TicketDone>) {
         match self {
             WaiterReply::Index(r) => r(Err(why)),
             WaiterReply::State(r) => r(Err(why)),
+            WaiterReply::Ticket(t) => done.push((t, Err(why))),
         }
     }
 }
@@ -81,6 +85,25 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// it was applied at (the original one for a retry).
     pub(crate) fn propose_client(&mut self, client_id: u64, seq: u64, data: &[u8], reply: Reply) {
         self.propose(encode_client_entry(client_id, seq, data), reply);
+    }
+
+    /// `propose_client` for a connection served on a loop: the outcome
+    /// goes to `take_client_done` with `ticket`, no callback.
+    pub(crate) fn propose_client_ticket(
+        &mut self,
+        client_id: u64,
+        seq: u64,
+        data: &[u8],
+        ticket: ClientTicket,
+    ) {
+        let entry = encode_client_entry(client_id, seq, data);
+        self.propose_entry(entry, WaiterReply::Ticket(ticket));
+    }
+
+    /// The outcomes of ticketed appends since the last call, moved into
+    /// `into` (which the caller reuses, so no allocation per turn).
+    pub(crate) fn take_client_done(&mut self, into: &mut Vec<TicketDone>) {
+        into.append(&mut self.client_done);
     }
 
     /// Proposes client data; the reply comes once it is applied.
@@ -118,27 +141,28 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
         if let Some(why) = &self.stopped {
-            reply.fail(ProposeError::LogStopped(why.clone()));
+            reply.fail(ProposeError::LogStopped(why.clone()), &mut self.client_done);
             return;
         }
         if data.len() > self.entry_bytes_max {
-            reply.fail(ProposeError::TooLarge {
+            let why = ProposeError::TooLarge {
                 bytes: data.len(),
                 max: self.entry_bytes_max,
-            });
+            };
+            reply.fail(why, &mut self.client_done);
             return;
         }
         match self.wal.admit() {
             Ok(()) => {}
             Err(WalError::DiskFull) => {
-                reply.fail(ProposeError::DiskFull);
+                reply.fail(ProposeError::DiskFull, &mut self.client_done);
                 return;
             }
             Err(e) => {
                 // The log failed (retrying a segment hit an I/O error):
                 // this group stops here, as when a flush fails.
                 let why = format!("{e}");
-                reply.fail(ProposeError::LogStopped(why.clone()));
+                reply.fail(ProposeError::LogStopped(why.clone()), &mut self.client_done);
                 self.stop(why);
                 return;
             }
@@ -147,7 +171,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             Ok((index, term)) => {
                 self.waiters.insert(index, Waiter { term, reply });
             }
-            Err(e) => reply.fail(refused_by_raft(e)),
+            Err(e) => reply.fail(refused_by_raft(e), &mut self.client_done),
         }
     }
 
@@ -282,11 +306,14 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
             let (index, w) = entry.remove_entry();
             if index != e.index || w.term != e.term {
-                w.reply.fail(ProposeError::Lost);
+                w.reply.fail(ProposeError::Lost, &mut self.client_done);
                 continue;
             }
             match (w.reply, &outcome) {
                 (WaiterReply::Index(r), WaiterAnswer::Index(o)) => r(o.clone()),
+                (WaiterReply::Ticket(t), WaiterAnswer::Index(o)) => {
+                    self.client_done.push((t, o.clone()))
+                }
                 (WaiterReply::State(r), WaiterAnswer::State(o)) => {
                     let mut o = o.clone();
                     if let Ok(out) = &mut o {
@@ -297,9 +324,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     }
                     r(o)
                 }
-                (r, _) => r.fail(ProposeError::Internal(
-                    "the entry applied is not the kind proposed".into(),
-                )),
+                (r, _) => r.fail(
+                    ProposeError::Internal("the entry applied is not the kind proposed".into()),
+                    &mut self.client_done,
+                ),
             }
         }
     }

@@ -91,6 +91,8 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// The ledgers and queues, applied from committed command entries.
     pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
+    /// Outcomes of ticketed client appends not yet taken by the loop.
+    client_done: Vec<super::command::TicketDone>,
     /// Linearizable reads (queries and raw-log reads) waiting for their
     /// read-index round, by request id.
     reads_pending: BTreeMap<u64, LinearRead>,
@@ -200,6 +202,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             not_applied: BTreeSet::new(),
             machine: StateMachine::new(),
             waiters: BTreeMap::new(),
+            client_done: Vec::new(),
             reads_pending: BTreeMap::new(),
             reads_confirmed: VecDeque::new(),
             tails: Vec::new(),
@@ -439,7 +442,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             self.raft.step_down();
         }
         for (_, w) in std::mem::take(&mut self.waiters) {
-            w.reply.fail(ProposeError::LogStopped(why.clone()));
+            w.reply
+                .fail(ProposeError::LogStopped(why.clone()), &mut self.client_done);
         }
         for (_, read) in std::mem::take(&mut self.reads_pending) {
             read.fail(ProposeError::LogStopped(why.clone()));
