@@ -35,7 +35,7 @@ use std::net::IpAddr;
 pub const HELLO_TIMEOUT_MS_DEFAULT: u64 = 5000;
 /// Default `client.connections_max`: authenticated connections (each
 /// costs two threads today).
-pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
 /// Default `client.unauthenticated_max`: connections before their Hello.
 pub const UNAUTHENTICATED_MAX_DEFAULT: usize = 64;
 /// Default `client.connections_per_source_max`.

@@ -46,6 +46,12 @@ use std::sync::Arc;
 /// Bytes of answers a connection may have waiting to be written; past
 /// this the loop reads no more of its requests until the client reads.
 pub(crate) const CONN_OUT_BYTES_MAX: usize = 1 << 20;
+/// Requests other than appends (reads, tails, ledger and queue calls,
+/// status) one connection may have unanswered: their answers can be
+/// large (up to a frame), so these bound what a connection that does not
+/// read can make the node hold: `CONN_OUT_BYTES_MAX` plus this many
+/// answers.
+pub(crate) const CONN_CALLS_IN_FLIGHT_MAX: usize = 8;
 /// Bytes read from one connection per turn, so that one busy client
 /// cannot starve the loop's other connections and its groups.
 const CONN_READ_BYTES_PER_TURN_MAX: usize = 256 << 10;
@@ -148,6 +154,8 @@ struct Conn {
     out_at: usize,
     /// The `AppendBatch` requests waiting for their items' outcomes.
     batches: HashMap<u64, BatchOutcomes>,
+    /// Requests other than appends handed out and not yet answered.
+    calls_in_flight: usize,
     /// The events registered in the epoll set.
     interest: u32,
     phase: Phase,
@@ -167,6 +175,7 @@ impl Conn {
         !self.pending_in.is_empty()
             || self.unwritten() >= CONN_OUT_BYTES_MAX
             || self.session.in_flight() >= requests_in_flight_max
+            || self.calls_in_flight >= CONN_CALLS_IN_FLIGHT_MAX
     }
 
     /// The answer `resp` to request `id`, queued for this turn's write.
@@ -229,7 +238,6 @@ pub(super) struct LoopClients {
     to_flush: Vec<u32>,
     events: Vec<libc::epoll_event>,
     scratch: Vec<u8>,
-    requests: Vec<(u64, Request)>,
 }
 
 impl LoopClients {
@@ -255,7 +263,6 @@ impl LoopClients {
             to_flush: Vec::new(),
             events: vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS_MAX],
             scratch: vec![0; READ_CHUNK_BYTES],
-            requests: Vec::new(),
         };
         let listener = clients.port.listener.as_raw_fd();
         let events = (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32;
@@ -413,6 +420,7 @@ impl LoopClients {
                 out: Vec::new(),
                 out_at: 0,
                 batches: HashMap::new(),
+                calls_in_flight: 0,
                 interest,
                 phase: Phase::Open,
                 dirty: false,
@@ -456,11 +464,7 @@ impl LoopClients {
     fn pump(&mut self, slot: u32, parts: &mut LoopParts<'_>) {
         let in_flight_max = self.port.config.requests_in_flight_max;
         let mut budget = CONN_READ_BYTES_PER_TURN_MAX;
-        let mut requests = std::mem::take(&mut self.requests);
-        loop {
-            let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
-                break;
-            };
+        while let Some(Some(c)) = self.conns.get_mut(slot as usize) {
             if let Phase::Draining { until_ms, left } = c.phase {
                 match c.stream.read(&mut self.scratch) {
                     Ok(n) if n > 0 && n < left => {
@@ -485,15 +489,7 @@ impl LoopClients {
                 let n = c.session.push(&c.pending_in);
                 c.pending_in.drain(..n);
             }
-            let failed = self.take_requests(slot, &mut requests);
-            let (slot_gen, done) = match self.conns.get_mut(slot as usize) {
-                Some(Some(c)) => (c.generation, failed),
-                _ => break,
-            };
-            for (id, req) in requests.drain(..) {
-                self.dispatch(slot, slot_gen, id, req, parts);
-            }
-            if done {
+            if self.serve_frames(slot, parts) {
                 self.mark_flush(slot);
                 break;
             }
@@ -529,17 +525,25 @@ impl LoopClients {
                 }
             }
         }
-        self.requests = requests;
         self.rearm(slot);
     }
 
-    /// Takes the session's complete requests into `requests`, answering
+    /// Serves the session's complete requests one at a time while the
+    /// connection's bounds allow (the rest wait in the session), answering
     /// the Hello; true if the connection failed (its Error is queued).
-    fn take_requests(&mut self, slot: u32, requests: &mut Vec<(u64, Request)>) -> bool {
-        let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
-            return true;
-        };
+    fn serve_frames(&mut self, slot: u32, parts: &mut LoopParts<'_>) -> bool {
+        let in_flight_max = self.port.config.requests_in_flight_max;
         loop {
+            let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
+                return true;
+            };
+            if c.session.in_flight() >= in_flight_max
+                || c.unwritten() >= CONN_OUT_BYTES_MAX
+                || c.calls_in_flight >= CONN_CALLS_IN_FLIGHT_MAX
+            {
+                return false;
+            }
+            let generation = c.generation;
             match c.session.poll() {
                 Ok(Some(Incoming::Handshake { id: hello, reply })) => {
                     if self.port.gate.authenticate(c.id, c.peer) {
@@ -556,7 +560,9 @@ impl LoopClients {
                     c.phase = Phase::Closing;
                     return true;
                 }
-                Ok(Some(Incoming::Request { id, req })) => requests.push((id, req)),
+                Ok(Some(Incoming::Request { id, req })) => {
+                    self.dispatch(slot, generation, id, req, parts)
+                }
                 Ok(None) => return false,
                 Err(e) => {
                     if e == crate::api::ProtocolError::BadToken {
@@ -650,6 +656,9 @@ impl LoopClients {
                 self.append(group, client_id, first_seq, items, ticket, parts);
             }
             NodeCall::Leaders | NodeCall::Status => {
+                if let Some(c) = self.live(slot, generation) {
+                    c.calls_in_flight += 1;
+                }
                 let status = matches!(call, NodeCall::Status);
                 let answer = self.answer_back(slot, generation, id);
                 let sent = self.port.slow.try_send(SlowCall {
@@ -658,10 +667,7 @@ impl LoopClients {
                 });
                 if sent.is_err() {
                     let busy = ProposeError::Busy("too many status requests waiting".into());
-                    if let Some(c) = self.live(slot, generation) {
-                        c.respond(id, &error_response(busy, &addrs));
-                    }
-                    self.mark_flush(slot);
+                    self.answer(slot, generation, id, error_response(busy, &addrs));
                 }
             }
             call => self.call_owner(slot, generation, id, call, parts),
@@ -744,6 +750,9 @@ impl LoopClients {
         parts: &mut LoopParts<'_>,
     ) {
         let addrs = Arc::clone(&self.port.addrs);
+        if let Some(c) = self.live(slot, generation) {
+            c.calls_in_flight += 1;
+        }
         // A long poll waits on the group's loop; it holds one of the
         // node's long-poll slots until it is answered.
         let tail_slot = if !call.long_poll() {
@@ -751,10 +760,7 @@ impl LoopClients {
         } else if let Some(s) = TailSlot::take(&self.port.tails, self.port.tails_max) {
             Some(s)
         } else {
-            if let Some(c) = self.live(slot, generation) {
-                c.respond(id, &long_polls_full(&addrs));
-            }
-            self.mark_flush(slot);
+            self.answer(slot, generation, id, long_polls_full(&addrs));
             return;
         };
         let back = self.answer_back(slot, generation, id);
@@ -842,6 +848,7 @@ impl LoopClients {
         let Some(c) = self.live(conn, generation) else {
             return;
         };
+        c.calls_in_flight = c.calls_in_flight.saturating_sub(1);
         c.respond(request, &resp);
         self.after_answer(conn);
     }

@@ -104,6 +104,43 @@ pub fn port_claims(cfg: &DaemonConfig) -> Vec<Claim> {
 /// at fault (`config`); 2 and the port's holder if one of `claims` is
 /// taken now (another process won a race with our own check); else 1
 /// and `e`.
+/// Descriptors a node needs besides its client connections: logs,
+/// sockets, serial ports, the admin endpoint.
+const OPEN_FILES_RESERVE: u64 = 1024;
+
+/// Raises the soft limit on open descriptors towards the hard one, so
+/// that `client.connections_max` connections (each a descriptor, no
+/// longer a thread) can be held; warns if even the hard limit is short.
+fn raise_open_files_limit(id: u64, limits: &super::client_admission::ClientLimits) {
+    let want = (limits.connections_max + limits.unauthenticated_max) as u64 + OPEN_FILES_RESERVE;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into a live struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur < want {
+        let raised = libc::rlimit {
+            rlim_cur: want.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one live rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = raised.rlim_cur;
+        }
+    }
+    if lim.rlim_cur < want {
+        log_warn!(
+            "quired: node {id}: the open-files limit is {} (hard {}), short of the {want} that client.connections_max {} needs; connections beyond it are refused by the kernel (raise LimitNOFILE / ulimit -n)",
+            lim.rlim_cur,
+            lim.rlim_max,
+            limits.connections_max
+        );
+    }
+}
+
 fn start_failed(id: u64, claims: &[Claim], config: bool, e: &dyn std::fmt::Display) -> ExitCode {
     if config {
         // The config file's checks should have caught it: a gap there,
@@ -177,6 +214,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             .cloned()
             .collect()
     };
+    raise_open_files_limit(id, &cfg.client);
     let signals = block_stop_signals();
     let groups = cfg.node.groups.len();
     let node = match NodeHandle::spawn_on(cfg.node, &cfg.cores) {
