@@ -8,24 +8,30 @@
 //! one unpinned loop for every group). The loop of the first group's core
 //! is the *control* loop and also owns the serial ports, the failure
 //! detector and the node's heartbeat; the others exchange with it over
-//! channels only what the detector needs (`event_loop`). Nothing else is
-//! shared; the handle talks to the loops through channels (propose,
-//! status, stop) and each loop's eventfd (`waker`). The daemon
-//! (`daemon`) adds the client server, which serves each connection on
-//! threads of its own (not on the loops yet), and the admin endpoint.
+//! channels only what the detector needs (`event_loop`). Besides that,
+//! only client requests cross loops (`mesh`); the handle talks to the
+//! loops through channels (propose, status, stop) and each loop's eventfd
+//! (`waker`). The daemon (`daemon`) adds the client server, whose
+//! listener every loop polls: each loop serves the connections it accepts
+//! on its own thread (`client_conns`), no thread per connection; and the
+//! admin endpoint.
 //!
 //! Per turn a loop: waits in the UDP driver's `ppoll` on its sockets, its
-//! eventfd and (control) its serial ports, until the next deadline and at
-//! most 10 ms (`TURN_MAX`; the eventfd wakes it at once for commands,
-//! other cores' messages and WAL completions); serves the queued
-//! commands; hands what the transport delivered to the replicas (Raft) and
-//! the detector (heartbeats); serves the other cores' messages and the
-//! serial lines; ticks Raft at its deadlines, checks its own disks, sends
-//! the heartbeat every `keepalive_ms` on both channels, ticks the detector
-//! and applies its events; then drives every replica (the `Ready`
-//! contract: writes, messages, WAL completions reported as durability,
-//! held messages released, applies, reads, snapshots) and flushes the
-//! transport. `docs/internals/node.md` has the turn step by step.
+//! eventfd, its client epoll set and (control) its serial ports, until the
+//! next deadline and at most 10 ms (`TURN_MAX`; the eventfd wakes it at
+//! once for commands, other cores' messages and WAL completions); serves
+//! the queued commands; hands what the transport delivered to the replicas
+//! (Raft) and the detector (heartbeats); serves the other cores' messages
+//! and the serial lines; ticks Raft at its deadlines, checks its own
+//! disks, sends the heartbeat every `keepalive_ms` on both channels, ticks
+//! the detector and applies its events; serves its client connections
+//! (requests read and dispatched, appends for its own groups proposed);
+//! then drives every replica (the `Ready` contract: writes, messages, WAL
+//! completions reported as durability, held messages released, applies,
+//! reads, snapshots) and flushes the transport; last it routes the turn's
+//! client ticket outcomes to the loops serving their connections and
+//! writes each connection's answers. `docs/internals/node.md` has the turn
+//! step by step.
 //!
 //! # Layers
 //!
