@@ -82,13 +82,26 @@ struct Seen {
     fingerprint: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 struct Client {
     /// The last `WINDOW` applied, oldest first.
     recent: VecDeque<Seen>,
     /// Index of its last applied entry (for forgetting idle clients).
     last_index: Index,
+    /// No seq in `recent` is above this: a pipelining client's next seq
+    /// usually is, and then the window need not be searched (it was 14%
+    /// of a node's CPU at 25k appends/s, searched for every append).
+    seq_max: u64,
 }
+
+/// The remembered state only: `seq_max` is a bound derived from it.
+impl PartialEq for Client {
+    fn eq(&self, other: &Client) -> bool {
+        self.recent == other.recent && self.last_index == other.last_index
+    }
+}
+
+impl Eq for Client {}
 
 /// The table of applied client sequence numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -106,7 +119,12 @@ impl DedupTable {
     /// `fingerprint`, or says it already was (or was, with other bytes).
     pub fn apply(&mut self, client: u64, seq: u64, index: Index, fingerprint: u64) -> Applied {
         if let Some(c) = self.clients.get(&client) {
-            if let Some(seen) = c.recent.iter().find(|s| s.seq == seq) {
+            let seen = if seq > c.seq_max {
+                None
+            } else {
+                c.recent.iter().find(|s| s.seq == seq)
+            };
+            if let Some(seen) = seen {
                 let same = seen.fingerprint == 0 || seen.fingerprint == fingerprint;
                 return if same {
                     Applied::Duplicate(seen.index)
@@ -135,6 +153,7 @@ impl DedupTable {
             fingerprint,
         });
         c.last_index = index;
+        c.seq_max = c.seq_max.max(seq);
         Applied::New
     }
 
@@ -204,7 +223,15 @@ impl DedupTable {
                     fingerprint,
                 });
             }
-            clients.insert(id, Client { recent, last_index });
+            let seq_max = recent.iter().map(|s| s.seq).max().unwrap_or(0);
+            clients.insert(
+                id,
+                Client {
+                    recent,
+                    last_index,
+                    seq_max,
+                },
+            );
         }
         Some((DedupTable { clients }, at))
     }
@@ -213,6 +240,23 @@ impl DedupTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_below_the_newest_seq_is_found_also_after_a_snapshot() {
+        let mut t = DedupTable::default();
+        assert_eq!(t.apply(1, 5, 10, 0), Applied::New);
+        // Out of order (a retry of a request sent before 5): new, and
+        // found afterwards though it is below the newest seq.
+        assert_eq!(t.apply(1, 3, 11, 0), Applied::New);
+        assert_eq!(t.apply(1, 3, 12, 0), Applied::Duplicate(11));
+        assert_eq!(t.apply(1, 5, 13, 0), Applied::Duplicate(10));
+        let mut bytes = Vec::new();
+        t.encode(&mut bytes);
+        let (mut back, _) = DedupTable::decode(&bytes).expect("decodes");
+        assert_eq!(back, t);
+        assert_eq!(back.apply(1, 3, 14, 0), Applied::Duplicate(11));
+        assert_eq!(back.apply(1, 6, 15, 0), Applied::New);
+    }
 
     #[test]
     fn a_retry_is_answered_with_the_original_index() {
