@@ -82,6 +82,7 @@ mod status;
 mod waker;
 
 pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
+pub(crate) use command::ClientTicket;
 pub use config::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use errors::{ListenError, StartError};
 pub use handle::NodeHandle;

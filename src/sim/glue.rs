@@ -471,6 +471,7 @@ impl World {
         for m in out {
             self.send(g, m)?;
         }
+        self.take_ticket_answers(n, g);
         self.take_answers()?;
         if stopped {
             self.record(n, g, What::DiskEio);
@@ -656,7 +657,7 @@ impl World {
     }
 
     /// Node `n` serves request `id` of client `who` on connection `conn`
-    /// as the production server does (`client_server::dispatch`): the
+    /// as the production server does (`client_conns::LoopClients`): the
     /// request translated (`client_dispatch::translate`), the append,
     /// command or query handed to the group's replica, its outcome turned
     /// into the response the client would read by the daemon's builders;
@@ -672,7 +673,7 @@ impl World {
         request: Request,
     ) {
         use crate::node::client_dispatch::{
-            answer_response, appended_response, outcome_response, translate, Dispatch, NodeCall,
+            answer_response, outcome_response, translate, Dispatch, NodeCall,
         };
         let g = self.caller_group(who);
         let answers = self.answers.clone();
@@ -704,9 +705,17 @@ impl World {
                 data,
                 ..
             } => {
-                let reply: crate::node::Reply =
-                    Box::new(move |r| answer(appended_response(r, &addrs), None));
-                replica.propose_client(client_id, seq, &data, reply);
+                // By ticket, as a loop-served connection's append: the
+                // outcome is taken after the replica's next drive.
+                let ticket = crate::node::ClientTicket {
+                    core: n,
+                    conn: conn as u32,
+                    generation: (conn >> 32) as u32,
+                    request: id,
+                    item: 0,
+                };
+                replica.propose_client_ticket(client_id, seq, &data, ticket);
+                self.ticket_callers.insert((n, conn, id), who);
             }
             NodeCall::State {
                 client_id,
@@ -764,6 +773,23 @@ impl World {
             counts.add(&GlueCounts::of_wal(h.replica.wal.metrics()));
         }
         counts
+    }
+
+    /// Hands the outcomes of node `n` group `g`'s ticketed appends to
+    /// their clients.
+    fn take_ticket_answers(&mut self, n: usize, g: usize) {
+        let mut done = Vec::new();
+        if let Some(h) = self.nodes[n].hosted[g].as_mut() {
+            h.replica.take_client_done(&mut done);
+        }
+        let addrs = client_addrs(self.nodes.len());
+        for (t, r) in done {
+            let conn = u64::from(t.conn) | u64::from(t.generation) << 32;
+            if let Some(who) = self.ticket_callers.remove(&(n, conn, t.request)) {
+                let response = crate::node::client_dispatch::appended_response(r, &addrs);
+                self.respond(who, n, conn, t.request, &response);
+            }
+        }
     }
 
     /// Hands the replicas' answers to their clients.

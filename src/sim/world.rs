@@ -207,6 +207,10 @@ pub(crate) struct World {
     pub(crate) leaders: u64,
     /// Answers of the production replicas to clients' requests.
     pub(crate) answers: Answers,
+    /// The caller of each ticketed append in flight, by (node, connection,
+    /// request id): the replicas answer appends by ticket, as for the
+    /// daemon's loop-served connections.
+    pub(crate) ticket_callers: BTreeMap<(usize, u64, u64), super::pipe::Caller>,
     /// The last client operation id given out.
     pub(crate) next_op: u64,
     /// What the log clients' retries did.
@@ -283,6 +287,7 @@ impl World {
             glue: Default::default(),
             leaders: 0,
             answers: Answers::default(),
+            ticket_callers: BTreeMap::new(),
             next_op: 0,
             client_counts: Default::default(),
         };
