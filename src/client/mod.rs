@@ -416,6 +416,11 @@ impl Client {
         }
     }
 
+    /// What this client learnt of the cluster's leaders so far.
+    pub(crate) fn known_leaders(&self) -> &Leaders {
+        &self.leaders
+    }
+
     /// Which node leads each group, as node `addrs[i]` sees it.
     pub fn leaders(&mut self, i: usize) -> Result<Vec<LeaderInfo>, ClientError> {
         match self.call(i, &Request::Leaders) {
