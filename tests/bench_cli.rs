@@ -49,6 +49,9 @@ fn check_schema(doc: &Value) {
             "total_err",
             "fsync",
             "notes",
+            "cpu_us_per_op",
+            "client_cpu_us_per_op",
+            "cpu",
         ] {
             assert!(j.get(key).is_some(), "jobs[].{key} missing in {j}");
         }
@@ -250,6 +253,14 @@ fn cluster_embedded_from_the_job_file_with_replication_block() {
             3,
             "one fsync block per node"
         );
+        // Embedded: the daemons' PIDs are known, so their CPU per op is.
+        let daemons = j["cpu_us_per_op"].as_f64().expect("cpu_us_per_op");
+        let client = j["client_cpu_us_per_op"]
+            .as_f64()
+            .expect("client_cpu_us_per_op");
+        assert!(daemons > 0.0 && client > 0.0, "{j}");
+        assert_eq!(j["cpu"]["daemons"], 3);
+        assert!(j["cpu"]["ops"].as_u64().unwrap() >= write_ops(j));
     }
     let svg = std::fs::read_to_string(svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("throughput"));
@@ -326,6 +337,42 @@ fn cluster_embedded_from_flags() {
     let total = write_ops(j) + j["read"]["total_ios"].as_u64().unwrap();
     assert_eq!(total, 200);
     assert_eq!(j["total_err"], 0);
+}
+
+/// Appends through the producer: `iodepth` far above what one thread per
+/// operation allowed (1024), a linger and a batch bound, and every append
+/// confirmed; the normal output names both CPU figures.
+#[test]
+fn cluster_appends_pipelined_at_a_deep_iodepth() {
+    let out = bench(&[
+        "--name=deep",
+        "--ioengine=cluster",
+        "--embedded",
+        "--rw=append",
+        "--iodepth=2048",
+        "--numjobs=2",
+        "--linger_us=200",
+        "--batch_bytes_max=8k",
+        "--in_flight_max=64",
+        "--number_ios=6000",
+        "--bs=1k",
+        "--output-format=normal,json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (normal, json) = text.split_at(text.find("\n{").expect("the JSON after the normal output"));
+    assert!(normal.contains("cpu per confirmed op"), "{normal}");
+    let doc: Value = serde_json::from_str(json).unwrap();
+    check_schema(&doc);
+    for j in doc["jobs"].as_array().unwrap() {
+        assert_eq!(write_ops(j), 6000, "{j}");
+        assert_eq!(j["total_err"], 0, "{}", j["errors"]);
+        assert!(j["cpu_us_per_op"].as_f64().unwrap() > 0.0);
+    }
 }
 
 #[test]

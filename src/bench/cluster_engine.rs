@@ -3,20 +3,25 @@
 //! cluster of real daemons this process starts (`node::processes`, as
 //! `quire up` does) and stops at the end.
 //!
-//! The client is blocking, so `iodepth` operations in flight are `iodepth`
-//! worker threads, each with its own connection and client id; the job's
-//! thread hands them operations and collects completions over channels.
-//! The replication block comes from the nodes' admin `/metrics`, read
-//! before and after the run.
+//! Appends (`rw=append`) go through one `client::Producer` per job: the
+//! job's own thread keeps `iodepth` appends in flight on one connection
+//! per node, each cut from one preallocated payload, and takes their
+//! outcomes back as the runner polls; no thread per operation. The other
+//! workloads (read, tail, mixed, produce, consume) use the blocking
+//! client, so their `iodepth` operations in flight are `iodepth` worker
+//! threads, each with its own connection and client id; the job's thread
+//! hands them operations and collects completions over channels. The
+//! replication block comes from the nodes' admin `/metrics`, read before
+//! and after the run.
 
 use super::engine::{ClusterCounters, Completion, Engine, EngineReport, FsyncBlock, Op, OpKind};
 use super::options::{JobOptions, Workload};
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, Producer, ProducerConfig, SendError, Ticket};
 use crate::node::processes::LocalProcesses;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -44,6 +49,9 @@ pub struct ClusterTarget {
     /// What the report should say about the cluster (embedded: which
     /// daemon binary, where).
     pub note: Option<String>,
+    /// The daemons' PIDs, when this process started them (embedded): for
+    /// their CPU time per operation.
+    pub pids: Vec<u32>,
 }
 
 /// A local 3-node cluster started for the run; stopped when dropped.
@@ -112,6 +120,12 @@ impl EmbeddedCluster {
                 self.exe.display(),
                 self.dir.display()
             )),
+            pids: self
+                .processes
+                .nodes
+                .values()
+                .filter_map(|n| n.child.as_ref().map(|c| c.id()))
+                .collect(),
         }
     }
 }
@@ -149,6 +163,7 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
         token: token.trim_ascii_end().to_vec(),
         device: None,
         note: None,
+        pids: Vec::new(),
     })
 }
 
@@ -208,28 +223,137 @@ fn get(m: &MetricsSnapshot, node: usize, key: &str) -> Option<f64> {
 
 /// The cluster engine of one job clone.
 pub struct ClusterEngine {
-    ops: Option<Sender<Op>>,
-    completions: Receiver<Completion>,
-    workers: Vec<JoinHandle<()>>,
+    mode: Mode,
     target: ClusterTarget,
     group: u32,
     before: MetricsSnapshot,
 }
 
+/// How the engine keeps operations in flight.
+enum Mode {
+    /// Appends, on the job's own thread.
+    Pipelined(Box<Pipelined>),
+    /// Every other workload, on blocking clients in worker threads.
+    Threads(Threads),
+}
+
+/// The producer of an append job.
+struct Pipelined {
+    producer: Producer,
+    group: u32,
+    /// Every record is a prefix of this one buffer.
+    payload: Vec<u8>,
+    /// The operation behind each ticket, and its bytes.
+    ops: HashMap<Ticket, (u64, u64)>,
+}
+
+/// The worker threads of a blocking workload.
+struct Threads {
+    ops: Option<Sender<Op>>,
+    completions: Receiver<Completion>,
+    workers: Vec<JoinHandle<()>>,
+}
+
 impl ClusterEngine {
-    /// Starts `job.iodepth` client workers against `target`.
+    /// Opens the engine of clone `clone_index` of `job` against `target`:
+    /// a producer for appends, `job.iodepth` client workers otherwise.
     pub fn open(
         job: &JobOptions,
         clone_index: u64,
         target: ClusterTarget,
     ) -> Result<ClusterEngine, String> {
         let group = job.group;
-        let highest = Arc::new(AtomicU64::new(0));
         // Random per process (pids are reused), distinct per worker.
         let base = crate::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
         let client_id = |worker: u64| (base ^ (clone_index << 16) ^ worker).max(1);
+        let mode = if job.rw == Workload::Append {
+            Mode::Pipelined(Box::new(Pipelined::open(job, &target, client_id(0xfffd))?))
+        } else {
+            Mode::Threads(Threads::open(job, &target, client_id)?)
+        };
+        let before = metrics(&target.admin);
+        Ok(ClusterEngine {
+            mode,
+            target,
+            group,
+            before,
+        })
+    }
+}
+
+impl Pipelined {
+    /// A producer for `job`: `iodepth` requests in flight at most per
+    /// connection (so, by default, one append per request), and the job's
+    /// `linger_us` and `batch_bytes_max`. It learns the leader before the
+    /// run starts.
+    fn open(job: &JobOptions, target: &ClusterTarget, client_id: u64) -> Result<Pipelined, String> {
+        let config = ProducerConfig {
+            in_flight_max: job.in_flight_max.unwrap_or(job.iodepth),
+            linger_us: job.linger_us,
+            batch_bytes_max: job.batch_bytes_max,
+            pending_max: job.iodepth.max(1),
+            ..ProducerConfig::default()
+        };
+        // The leader, learnt by one blocking append (under another client
+        // id): an error here is not the run's, whose appends will say what
+        // is wrong, counted by kind.
+        let mut c = Client::new(target.clients.clone(), &target.token, client_id ^ 1);
+        c.deadline = Duration::from_secs(2);
+        let _ = c.append(job.group, b"quire-bench: the leader");
+        let producer = Producer::with_leaders(
+            target.clients.clone(),
+            &target.token,
+            client_id,
+            config,
+            c.known_leaders().clone(),
+        );
+        Ok(Pipelined {
+            producer,
+            group: job.group,
+            payload: vec![0xa5u8; job.bs.max_bytes as usize],
+            ops: HashMap::new(),
+        })
+    }
+
+    fn submit(&mut self, op: Op) -> Result<(), String> {
+        match self.producer.send(self.group, &self.payload[..op.bytes]) {
+            Ok(t) => {
+                self.ops.insert(t, (op.id, op.bytes as u64));
+                Ok(())
+            }
+            // The runner keeps at most iodepth = pending_max in flight.
+            Err(SendError::Full) => Err("more appends in flight than iodepth".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) {
+        let mut wait = timeout;
+        while let Some(c) = self.producer.poll(wait) {
+            wait = Duration::ZERO;
+            let Some((id, bytes)) = self.ops.remove(&c.ticket) else {
+                continue;
+            };
+            done.push(Completion {
+                id,
+                result: c.result.map(|_| bytes).map_err(|e| error_kind(&e)),
+                finished: None,
+            });
+        }
+    }
+}
+
+impl Threads {
+    /// Starts `job.iodepth` client workers against `target`.
+    fn open(
+        job: &JobOptions,
+        target: &ClusterTarget,
+        client_id: impl Fn(u64) -> u64,
+    ) -> Result<Threads, String> {
+        let group = job.group;
+        let highest = Arc::new(AtomicU64::new(0));
         if matches!(job.rw, Workload::Produce | Workload::Consume) {
-            prepare_queue(job, &target, client_id(0xfffe))?;
+            prepare_queue(job, target, client_id(0xfffe))?;
         }
         if matches!(job.rw, Workload::Read | Workload::Mixed | Workload::Tail) {
             let mut c = Client::new(target.clients.clone(), &target.token, client_id(0xffff));
@@ -239,7 +363,6 @@ impl ClusterEngine {
                 .map_err(|e| format!("prefilling group {group}: {e}"))?;
             highest.store(indexes.last().copied().unwrap_or(0), Ordering::Relaxed);
         }
-        let before = metrics(&target.admin);
         let (op_tx, op_rx) = crossbeam_channel::bounded::<Op>(job.iodepth);
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let mut workers = Vec::new();
@@ -301,13 +424,10 @@ impl ClusterEngine {
                 .map_err(|e| format!("starting a client thread: {e}"))?;
             workers.push(handle);
         }
-        Ok(ClusterEngine {
+        Ok(Threads {
             ops: Some(op_tx),
             completions: done_rx,
             workers,
-            target,
-            group,
-            before,
         })
     }
 }
@@ -373,28 +493,41 @@ fn error_kind(e: &ClientError) -> String {
 
 impl Engine for ClusterEngine {
     fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
-        // The runner keeps at most iodepth in flight, so this never blocks.
-        self.ops
-            .as_ref()
-            .ok_or("submit after finish")?
-            .send(op)
-            .map_err(|_| "the client threads stopped".to_string())
+        match &mut self.mode {
+            Mode::Pipelined(p) => p.submit(op),
+            // The runner keeps at most iodepth in flight, so this never blocks.
+            Mode::Threads(t) => t
+                .ops
+                .as_ref()
+                .ok_or("submit after finish")?
+                .send(op)
+                .map_err(|_| "the client threads stopped".to_string()),
+        }
     }
 
     fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
-        match self.completions.recv_timeout(timeout) {
+        let t = match &mut self.mode {
+            Mode::Pipelined(p) => {
+                p.poll(timeout, done);
+                return Ok(());
+            }
+            Mode::Threads(t) => t,
+        };
+        match t.completions.recv_timeout(timeout) {
             Ok(c) => done.push(c),
             Err(RecvTimeoutError::Timeout) => return Ok(()),
             Err(RecvTimeoutError::Disconnected) => return Err("the client threads stopped".into()),
         }
-        done.extend(self.completions.try_iter());
+        done.extend(t.completions.try_iter());
         Ok(())
     }
 
     fn finish(&mut self) -> Result<EngineReport, String> {
-        self.ops = None;
-        for w in self.workers.drain(..) {
-            w.join().map_err(|_| "a client thread panicked")?;
+        if let Mode::Threads(t) = &mut self.mode {
+            t.ops = None;
+            for w in t.workers.drain(..) {
+                w.join().map_err(|_| "a client thread panicked")?;
+            }
         }
         let after = metrics(&self.target.admin);
         let mut report = EngineReport {

@@ -120,6 +120,34 @@ pub struct ClusterCounters {
     pub bad_datagrams: u64,
 }
 
+/// CPU time over a stonewall group per operation its cluster jobs
+/// confirmed (ramp included, as the CPU time is).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpuBlock {
+    /// Operations confirmed by the group's cluster jobs.
+    pub ops: u64,
+    /// The daemons' CPU time, user + system summed over them, µs; `None`
+    /// when their PIDs are not known (not `--embedded`) or one went away.
+    pub daemon_cpu_us: Option<u64>,
+    /// How many daemons that sums.
+    pub daemons: usize,
+    /// quire-bench's own CPU time (every thread), µs.
+    pub client_cpu_us: u64,
+}
+
+impl CpuBlock {
+    /// The daemons' CPU µs per confirmed operation (`cpu_us_per_op`).
+    pub fn cpu_us_per_op(&self) -> Option<f64> {
+        let d = self.daemon_cpu_us?;
+        (self.ops > 0).then(|| d as f64 / self.ops as f64)
+    }
+
+    /// quire-bench's CPU µs per confirmed operation (`client_cpu_us_per_op`).
+    pub fn client_cpu_us_per_op(&self) -> Option<f64> {
+        (self.ops > 0).then(|| self.client_cpu_us as f64 / self.ops as f64)
+    }
+}
+
 /// What an engine adds to the report.
 #[derive(Clone, Debug, Default)]
 pub struct EngineReport {
@@ -129,6 +157,9 @@ pub struct EngineReport {
     pub transport: Option<TransportBlock>,
     /// cluster engine only.
     pub replication: Option<ClusterCounters>,
+    /// cluster engine only: CPU per confirmed operation, over the job's
+    /// stonewall group (filled in by the run, not the engine).
+    pub cpu: Option<CpuBlock>,
     /// Facts worth a line (backend, O_DIRECT...).
     pub notes: Vec<String>,
     /// Block devices the engine's files live on (for the disk stats).
@@ -153,6 +184,10 @@ impl EngineReport {
                 (Some(a), Some(b)) => Some(a + b),
                 (a, b) => a.or(b),
             };
+        }
+        if self.cpu.is_none() {
+            // Group-wide, like the replication counters: keep one.
+            self.cpu = other.cpu.clone();
         }
         if other.replication.is_some() && self.replication.is_none() {
             // Cluster counters are cluster-wide, not per job: keep one.

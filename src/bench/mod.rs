@@ -2,7 +2,8 @@
 //! [`options`], [`jobfile`]), the open-loop runner ([`runner`]) over three
 //! engines (the WAL alone, the UDP transport, the whole cluster through the
 //! client library), statistics on HdrHistogram ([`stats`]), and normal,
-//! JSON and terse output plus an SVG plot ([`report`], [`plot`]).
+//! JSON and terse output plus an SVG plot ([`report`], [`plot`]), and
+//! the CPU time per operation of the daemons and of itself ([`cpu`]).
 //!
 //! This is a driver (it does I/O and reads clocks), not a core: the cores
 //! it measures never import it. Only `runner` decides timing, and it reads
@@ -10,6 +11,7 @@
 
 pub mod cli;
 pub mod cluster_engine;
+pub mod cpu;
 pub mod engine;
 pub mod host;
 pub mod jobfile;

@@ -124,6 +124,14 @@ pub struct JobOptions {
     pub group: u32,
     /// Queue name for produce/consume.
     pub queue: String,
+    /// Cluster appends: how long the producer lets a batch's first
+    /// record wait for others, µs (`ProducerConfig::linger_us`).
+    pub linger_us: u64,
+    /// Cluster appends: most record bytes in one batch request.
+    pub batch_bytes_max: usize,
+    /// Cluster appends: requests in flight per connection at most
+    /// (default: iodepth, so each append is a request of its own).
+    pub in_flight_max: Option<usize>,
     /// Percent of datagrams nftables drops (udp engine; root and nft only).
     pub loss_percent: u32,
     /// UDP GSO/GRO for the udp engine.
@@ -168,6 +176,9 @@ impl Default for JobOptions {
             embedded: false,
             group: 0,
             queue: "bench".into(),
+            linger_us: 0,
+            batch_bytes_max: 64 << 10,
+            in_flight_max: None,
             loss_percent: 0,
             udp_offload: true,
             udp_mtu_bytes: TransportConfig::default().mtu_bytes,
@@ -176,8 +187,12 @@ impl Default for JobOptions {
     }
 }
 
-/// Client threads (iodepth x numjobs) the cluster engine may start.
+/// Client threads (iodepth x numjobs) the cluster engine may start for
+/// the workloads on the blocking client (all but append).
 pub const CLUSTER_CLIENT_THREADS_MAX: usize = 1024;
+/// Appends in flight per cluster append job: the producer's tickets, at
+/// most the nodes' dedup window (`state::dedup::WINDOW`).
+pub const CLUSTER_APPENDS_IN_FLIGHT_MAX: usize = crate::state::dedup::WINDOW;
 
 /// fio's default clat percentiles.
 pub const DEFAULT_PERCENTILES: [f64; 17] = [
@@ -219,6 +234,9 @@ pub const JOB_OPTION_NAMES: &[&str] = &[
     "embedded",
     "group",
     "queue",
+    "linger_us",
+    "batch_bytes_max",
+    "in_flight_max",
     "loss",
     "udp_offload",
     "udp_mtu",
@@ -398,6 +416,17 @@ impl JobOptions {
                 }
                 self.queue = value.trim().into()
             }
+            "linger_us" => self.linger_us = bounded(value, "linger_us", 0, 60_000_000)?,
+            "batch_bytes_max" => {
+                let b = parse_size(value)?;
+                if !(1..=16 << 20).contains(&b) {
+                    return Err("batch_bytes_max is 1 to 16m".into());
+                }
+                self.batch_bytes_max = b as usize;
+            }
+            "in_flight_max" => {
+                self.in_flight_max = Some(bounded(value, "in_flight_max", 1, 65_536)? as usize)
+            }
             "loss" => self.loss_percent = percent(value)?,
             "udp_offload" => self.udp_offload = parse_bool(value)?,
             // The transport's own bounds (a datagram fits one IPv4 UDP
@@ -453,7 +482,16 @@ impl JobOptions {
         if self.bs.min_bytes < 8 && self.ioengine == EngineKind::Udp {
             return fail("ioengine=udp needs bs of at least 8 bytes (the message id)".into());
         }
+        let pipelined = self.ioengine == EngineKind::Cluster && self.rw == Workload::Append;
+        if pipelined && self.iodepth > CLUSTER_APPENDS_IN_FLIGHT_MAX {
+            // One producer keeps them in flight; its tickets are bounded
+            // by the nodes' dedup window.
+            return fail(format!(
+                "ioengine=cluster rw=append keeps at most {CLUSTER_APPENDS_IN_FLIGHT_MAX} appends in flight per job (iodepth)"
+            ));
+        }
         if self.ioengine == EngineKind::Cluster
+            && !pipelined
             && self.iodepth.saturating_mul(self.numjobs) > CLUSTER_CLIENT_THREADS_MAX
         {
             // Each operation in flight is a client thread with a connection.

@@ -4,7 +4,8 @@
 
 use super::cli::{Eta, RunConfig};
 use super::cluster_engine::{external_target, ClusterEngine, ClusterTarget, EmbeddedCluster};
-use super::engine::{Engine, EngineReport};
+use super::cpu;
+use super::engine::{CpuBlock, Engine, EngineReport};
 use super::host::{self, HostSnapshot};
 use super::options::{EngineKind, JobOptions};
 use super::report::{JobResult, RunResult};
@@ -150,6 +151,11 @@ fn run_group(
         handles.push(h);
     }
     start.wait();
+    // CPU time from the moment every clone starts to the moment the last
+    // one finished: the daemons' (known only for an embedded cluster) and
+    // this process's.
+    let pids: Vec<u32> = target.map(|t| t.pids.clone()).unwrap_or_default();
+    let cpu_before = (cpu::processes_cpu_us(&pids), cpu::own_cpu_us());
     let finished = Arc::new(AtomicBool::new(false));
     let show_eta = match eta {
         Eta::Always => true,
@@ -172,10 +178,26 @@ fn run_group(
                 .unwrap_or_else(|_| Err("the job thread panicked".into()))
         })
         .collect();
+    let cpu_after = (cpu::processes_cpu_us(&pids), cpu::own_cpu_us());
     finished.store(true, Ordering::Relaxed);
     if let Some(h) = eta {
         let _ = h.join();
     }
+    let cluster_ops: u64 = clones
+        .iter()
+        .zip(&progress)
+        .filter(|((i, _), _)| jobs[*i].ioengine == EngineKind::Cluster)
+        .map(|(_, p)| p.ops.load(Ordering::Relaxed))
+        .sum();
+    let cpu_block = |embedded: bool| CpuBlock {
+        ops: cluster_ops,
+        daemon_cpu_us: match (embedded, cpu_before.0, cpu_after.0) {
+            (true, Some(b), Some(a)) => Some(a.saturating_sub(b)),
+            _ => None,
+        },
+        daemons: if embedded { pids.len() } else { 0 },
+        client_cpu_us: cpu_after.1.saturating_sub(cpu_before.1),
+    };
     let mut results: Vec<JobResult> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         let fresh = || JobResult {
@@ -216,6 +238,11 @@ fn run_group(
         }
         if job.group_reporting {
             results.push(grouped);
+        }
+    }
+    for r in &mut results {
+        if r.options.ioengine == EngineKind::Cluster {
+            r.engine.cpu = Some(cpu_block(r.options.embedded));
         }
     }
     // A job that could not run at all (no cluster, a wrong token) failed,

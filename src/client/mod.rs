@@ -5,10 +5,14 @@
 //! answered with the original index.
 //!
 //! Blocking calls. `append` sends one append and waits; `append_all`
-//! pipelines many on the leader's connection, up to `in_flight` at once,
-//! packing small ones into batch requests (`AppendBatch`), and falls back
-//! to one-by-one retries (same sequence numbers) for whatever a failover
-//! interrupts.
+//! pipelines many on the leader's connection through a [`Producer`], up
+//! to `in_flight` at once, packing small ones into batch requests
+//! (`AppendBatch`), and falls back to one-by-one retries (same sequence
+//! numbers) for whatever a failover interrupts.
+//!
+//! The [`Producer`] (`producer.rs`) is the pipelined client: an
+//! application thread keeps hundreds of appends in flight and takes each
+//! one's outcome back by its ticket, in order per group.
 //!
 //! A refusal of the connection itself (a wrong token, a protocol version
 //! the node does not speak) is permanent and the same on every node: the
@@ -26,10 +30,13 @@ pub use crate::api::Entry;
 pub use crate::state::ledger::LedgerInfo;
 pub use crate::state::queue::{Delivery, QueueInfo};
 pub use id::{os_random_u64, random_client_id};
+pub use producer::{Completion, Producer, ProducerConfig, ProducerStats, SendError, Ticket};
 pub use retry::{Attempts, CallError, Leaders, Verdict};
 pub use state::LedgerWriter;
 
 mod id;
+mod link;
+mod producer;
 pub mod retry;
 mod state;
 #[cfg(test)]
@@ -236,11 +243,15 @@ impl Client {
     }
 
     /// Appends every record of `records` to `group` and returns their
-    /// indexes, in order. Up to `in_flight` requests are outstanding on the
-    /// leader's connection at once, each carrying up to `batch_max` records
-    /// (one `AppendBatch`); a request that fails (a failover, a lost
-    /// connection) is retried record by record with the same sequence
-    /// numbers, so nothing is applied twice.
+    /// indexes, in order, through a [`Producer`] of this client's id and
+    /// seqs: up to `in_flight` requests outstanding on the leader's
+    /// connection, each carrying up to `batch_max` records (one
+    /// `AppendBatch`; records gather into batches only while the
+    /// connection is full, the producer's `linger_us` is 0). A request
+    /// that fails (a failover, a lost connection) is retried record by
+    /// record with the same sequence numbers, so nothing is applied twice.
+    /// At the first record that fails for good no more are sent, and its
+    /// error is returned once those already sent have their outcome.
     pub fn append_all(
         &mut self,
         group: u32,
@@ -248,112 +259,60 @@ impl Client {
         in_flight: usize,
         batch_max: usize,
     ) -> Result<Vec<u64>, ClientError> {
-        let first_seq = self.next_seq;
+        let config = ProducerConfig {
+            in_flight_max: in_flight.max(1),
+            batch_records_max: batch_max.clamp(1, crate::api::wire::ITEMS_MAX),
+            deadline_ms: self.deadline_ms(),
+            ..ProducerConfig::default()
+        };
+        let mut p = Producer::with_leaders(
+            self.addrs.clone(),
+            &self.token,
+            self.client_id,
+            config,
+            self.leaders.clone(),
+        );
+        p.set_next_seq(group, self.next_seq);
         self.next_seq += records.len() as u64;
         let mut indexes = vec![0u64; records.len()];
-        let batch_max = batch_max.max(1);
-        let chunks: Vec<(usize, &[Vec<u8>])> = records
-            .chunks(batch_max)
-            .enumerate()
-            .map(|(k, c)| (k * batch_max, c))
-            .collect();
-        // The pipelined pass, on the leader's connection.
-        let leader = self.leaders.pick(group, 0);
-        let mut failed: Vec<usize> = Vec::new();
-        let connected = match self.connect(leader) {
-            Err(CallError::Fatal(code, message)) => {
-                return Err(ClientError::Refused(code, message))
+        let mut first_error: Option<ClientError> = None;
+        // A fresh producer: ticket k is records[k - 1].
+        let mut take = |c: Completion, first_error: &mut Option<ClientError>| match c.result {
+            Ok(index) => indexes[(c.ticket.number() - 1) as usize] = index,
+            Err(e) => {
+                first_error.get_or_insert(e);
             }
-            r => r.is_ok(),
         };
-        if connected {
-            let conn = self.conns.get_mut(&leader).expect("connected");
-            let mut pending: BTreeMap<u64, usize> = BTreeMap::new();
-            let mut next = 0;
-            let mut broken = false;
-            while (next < chunks.len() || !pending.is_empty()) && !broken {
-                while next < chunks.len() && pending.len() < in_flight.max(1) {
-                    let (at, items) = chunks[next];
-                    let req = Request::AppendBatch {
-                        group,
-                        client_id: self.client_id,
-                        first_seq: first_seq + at as u64,
-                        items: items.to_vec(),
-                    };
-                    let sent = conn
-                        .session
-                        .request(&req)
-                        .map_err(|e| format!("{e:?}"))
-                        .and_then(|(id, frame)| {
-                            conn.stream.write_all(&frame).map_err(|e| e.to_string())?;
-                            Ok(id)
-                        });
-                    match sent {
-                        Ok(id) => {
-                            pending.insert(id, next);
-                        }
-                        Err(_) => {
-                            broken = true;
-                            break;
+        'records: for r in records {
+            loop {
+                match p.send(group, r) {
+                    Ok(_) => break,
+                    Err(SendError::Full) => {
+                        if let Some(c) = p.poll(Duration::from_millis(50)) {
+                            take(c, &mut first_error);
                         }
                     }
-                    next += 1;
-                }
-                if broken || pending.is_empty() {
-                    continue;
-                }
-                match read_reply(conn) {
-                    Ok((id, Response::AppendedBatch { first_index, count })) => {
-                        if let Some(k) = pending.remove(&id) {
-                            let (at, items) = chunks[k];
-                            if count as usize == items.len() {
-                                for (j, ix) in indexes[at..at + items.len()].iter_mut().enumerate()
-                                {
-                                    *ix = first_index + j as u64;
-                                }
-                            } else {
-                                failed.push(k);
-                            }
-                        }
+                    Err(e @ SendError::TooLarge { .. }) => {
+                        first_error.get_or_insert(ClientError::Refused(
+                            ErrorCode::TooLarge,
+                            e.to_string(),
+                        ));
+                        break 'records;
                     }
-                    Ok((id, _)) => {
-                        if let Some(k) = pending.remove(&id) {
-                            failed.push(k);
-                        }
-                    }
-                    Err(_) => broken = true,
                 }
             }
-            if broken {
-                failed.extend(pending.into_values());
-                failed.extend(next..chunks.len());
-                self.conns.remove(&leader);
-            }
-        } else {
-            failed.extend(0..chunks.len());
-        }
-        // Whatever did not come back, one record at a time, same seqs.
-        failed.sort_unstable();
-        for k in failed {
-            let (at, items) = chunks[k];
-            for (j, data) in items.iter().enumerate() {
-                let req = Request::Append {
-                    group,
-                    client_id: self.client_id,
-                    seq: first_seq + (at + j) as u64,
-                    data: data.clone(),
-                };
-                match self.with_leader(group, req)? {
-                    Response::Appended { index } => indexes[at + j] = index,
-                    other => {
-                        return Err(ClientError::Unavailable(format!(
-                            "unexpected answer {other:?}"
-                        )))
-                    }
-                }
+            if first_error.is_some() {
+                break;
             }
         }
-        Ok(indexes)
+        for c in p.flush() {
+            take(c, &mut first_error);
+        }
+        self.leaders = p.leaders().clone();
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(indexes),
+        }
     }
 
     /// Committed entries of `group` from index `from`, at most
@@ -455,6 +414,11 @@ impl Client {
             ))),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// What this client learnt of the cluster's leaders so far.
+    pub(crate) fn known_leaders(&self) -> &Leaders {
+        &self.leaders
     }
 
     /// Which node leads each group, as node `addrs[i]` sees it.

@@ -1,8 +1,9 @@
-//! The blocking shell over the retry policy, against a scripted node on a
-//! loopback socket: what the client sends on each try, across a dropped
-//! connection. No sleeps: a dropped connection is retried at once.
+//! The blocking shell and the producer over the retry policy, against a
+//! scripted node on a loopback socket: what the client sends on each try,
+//! across a dropped connection or a refused batch. No sleeps: a dropped
+//! connection is retried at once, a refusal after the policy's backoff.
 
-use super::Client;
+use super::{Client, Producer, ProducerConfig};
 use crate::api::{Incoming, Request, Response, ServerConfig, ServerSession};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -78,4 +79,80 @@ fn an_append_retried_after_a_lost_connection_keeps_its_client_id_and_seq() {
     // The retry is the same request; the next append takes the next seq.
     assert_eq!(ids, [(77, 1), (77, 1), (77, 2)]);
     assert_eq!(seen[0], seen[1]);
+}
+
+/// (client id, first seq, records) of an append or a batch.
+fn records_of(req: &Request) -> (u64, u64, usize) {
+    match req {
+        Request::Append { client_id, seq, .. } => (*client_id, *seq, 1),
+        Request::AppendBatch {
+            client_id,
+            first_seq,
+            items,
+            ..
+        } => (*client_id, *first_seq, items.len()),
+        other => panic!("not an append: {other:?}"),
+    }
+}
+
+#[test]
+fn a_producer_retries_after_a_lost_connection_with_the_same_client_id_and_seq() {
+    let (addr, node) = scripted_node(vec![
+        None, // the first try's connection breaks before the answer
+        Some(Response::Appended { index: 11 }),
+        Some(Response::Appended { index: 12 }),
+    ]);
+    let config = ProducerConfig {
+        in_flight_max: 1,
+        batch_records_max: 1,
+        ..ProducerConfig::default()
+    };
+    let mut p = Producer::new(vec![addr], TOKEN, 77, config);
+    let a = p.send(0, b"a").unwrap();
+    let b = p.send(0, b"b").unwrap();
+    let got: Vec<_> = p
+        .flush()
+        .into_iter()
+        .map(|c| (c.ticket, c.result))
+        .collect();
+    assert_eq!(got, [(a, Ok(11)), (b, Ok(12))]);
+    let seen = node.join().unwrap();
+    let ids: Vec<(u64, u64)> = seen.iter().map(identity).collect();
+    assert_eq!(ids, [(77, 1), (77, 1), (77, 2)]);
+}
+
+#[test]
+fn a_failed_batch_is_retried_record_by_record_with_its_seqs() {
+    let busy = Response::Error {
+        code: crate::api::ErrorCode::Unavailable,
+        message: "busy".into(),
+        leader: None,
+    };
+    let (addr, node) = scripted_node(vec![
+        Some(busy),
+        Some(Response::Appended { index: 21 }),
+        Some(Response::Appended { index: 22 }),
+        Some(Response::Appended { index: 23 }),
+    ]);
+    let config = ProducerConfig {
+        in_flight_max: 1,
+        ..ProducerConfig::default()
+    };
+    let mut p = Producer::new(vec![addr], TOKEN, 5, config);
+    let tickets: Vec<_> = (0..3u8).map(|i| p.send(0, &[i]).unwrap()).collect();
+    let got: Vec<_> = p
+        .flush()
+        .into_iter()
+        .map(|c| (c.ticket, c.result))
+        .collect();
+    let want: Vec<_> = tickets
+        .iter()
+        .zip([21, 22, 23])
+        .map(|(t, i)| (*t, Ok(i)))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(p.stats().batches_split, 1);
+    let seen: Vec<_> = node.join().unwrap().iter().map(records_of).collect();
+    // One batch of three, then each record alone with its own seq.
+    assert_eq!(seen, [(5, 1, 3), (5, 1, 1), (5, 2, 1), (5, 3, 1)]);
 }

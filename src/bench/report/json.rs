@@ -116,6 +116,14 @@ pub fn json(run: &RunResult) -> Value {
                 "fsync": fsync,
                 "transport": transport,
                 "replication": replication,
+                "cpu_us_per_op": j.engine.cpu.as_ref().and_then(|c| c.cpu_us_per_op()),
+                "client_cpu_us_per_op": j.engine.cpu.as_ref().and_then(|c| c.client_cpu_us_per_op()),
+                "cpu": j.engine.cpu.as_ref().map(|c| json!({
+                    "ops": c.ops,
+                    "daemons": c.daemons,
+                    "daemon_cpu_us": c.daemon_cpu_us,
+                    "client_cpu_us": c.client_cpu_us,
+                })),
                 "notes": j.engine.notes,
             })
         })

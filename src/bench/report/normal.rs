@@ -218,6 +218,25 @@ pub fn normal(run: &RunResult) -> String {
                 }
             );
         }
+        if let Some(c) = &j.engine.cpu {
+            let per_op = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.1}"));
+            let daemons = match c.daemon_cpu_us {
+                Some(us) => format!(
+                    "{} us/op ({} daemons, {:.2} s)",
+                    per_op(c.cpu_us_per_op()),
+                    c.daemons,
+                    us as f64 / 1e6
+                ),
+                None => "n/a (their PIDs are known only --embedded)".into(),
+            };
+            let _ = writeln!(
+                out,
+                "  cpu per confirmed op, over the group's {} ops: daemons {daemons}; quire-bench {} us/op ({:.2} s)",
+                c.ops,
+                per_op(c.client_cpu_us_per_op()),
+                c.client_cpu_us as f64 / 1e6
+            );
+        }
         for n in &j.engine.notes {
             let _ = writeln!(out, "  {n}");
         }

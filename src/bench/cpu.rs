@@ -1,0 +1,68 @@
+//! CPU time per confirmed operation: the daemons' (`/proc/PID/stat`
+//! utime + stime, summed over the daemons of an `--embedded` cluster,
+//! whose PIDs this process started) and quire-bench's own
+//! (`getrusage(RUSAGE_SELF)`: every thread of this process). Read before
+//! and after a stonewall group; reads files and makes one syscall, nothing
+//! else.
+
+/// CPU time of process `pid` so far (user + system), µs; `None` if it is
+/// gone or its stat cannot be read.
+pub fn process_cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces:
+    // the fields are counted from the last ')'. After it come field 3
+    // (state) onwards; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks_per_s = u64::try_from(ticks_per_s).ok().filter(|&t| t > 0)?;
+    Some((utime + stime) * 1_000_000 / ticks_per_s)
+}
+
+/// CPU time of every process of `pids` so far, summed, µs; `None` if one
+/// cannot be read (or there are none).
+pub fn processes_cpu_us(pids: &[u32]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().map(|&p| process_cpu_us(p)).sum()
+}
+
+/// CPU time of this process so far (every thread, user + system), µs.
+pub fn own_cpu_us() -> u64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(ru.ru_utime) + us(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cpu_time_grows_with_work_and_reads_as_proc_says() {
+        let before = own_cpu_us();
+        let mut x = 0u64;
+        while own_cpu_us() < before + 20_000 {
+            for i in 0..10_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+        }
+        std::hint::black_box(x);
+        let proc = process_cpu_us(std::process::id()).expect("our own stat");
+        // /proc counts in clock ticks (10 ms at 100 Hz): it may lag
+        // getrusage by a tick or two, never lead it by more.
+        let own = own_cpu_us();
+        assert!(proc <= own + 20_000, "proc {proc} us, getrusage {own} us");
+        assert!(proc + 50_000 >= before + 20_000, "proc {proc} us");
+        assert_eq!(processes_cpu_us(&[]), None);
+    }
+}
