@@ -73,9 +73,9 @@ const BATCH_INPUT_MAX: usize = 2 * CHUNK;
 const LANES: usize = 16;
 
 /// `platform.hash_many` of the first `blocks` whole blocks of every input
-/// (each at least that long), `flags_start` on the first block and
-/// `flags_end` on the last: the chaining values after those blocks, 32
-/// bytes each, into `out`.
+/// (each at least that long), `flags` on every block, `flags_start` on the
+/// first and `flags_end` on the last: the chaining values after those
+/// blocks (for a root node, its hash), 32 bytes each, into `out`.
 #[allow(clippy::too_many_arguments)]
 fn hash_prefixes(
     platform: &blake3::platform::Platform,
@@ -83,6 +83,7 @@ fn hash_prefixes(
     blocks: usize,
     key: &[u32; 8],
     counter: u64,
+    flags: u8,
     flags_start: u8,
     flags_end: u8,
     out: &mut [u8],
@@ -100,7 +101,7 @@ fn hash_prefixes(
                         key,
                         counter,
                         blake3::IncrementCounter::No,
-                        KEYED_HASH,
+                        flags,
                         flags_start,
                         flags_end,
                         out,
@@ -187,6 +188,7 @@ impl ClusterKey {
                 CHUNK / BLOCK,
                 key,
                 0,
+                KEYED_HASH,
                 CHUNK_START,
                 CHUNK_END,
                 out,
@@ -197,45 +199,56 @@ impl ClusterKey {
         }
         // The last chunk of each: its whole blocks but the last, one call
         // per (chunk counter, number of blocks).
-        for counter in [0u64, 1] {
-            for blocks in 1..CHUNK / BLOCK {
-                let mut m = 0;
-                for (i, input) in inputs.iter().enumerate() {
-                    if !batched(input) {
-                        continue;
-                    }
-                    let (off, c, b) = last_chunk(input.len());
-                    if c == counter && b == blocks {
-                        (pick[m], sel[m]) = (i, &input[off..]);
+        let mut shape = [None; LANES];
+        for (sh, input) in shape.iter_mut().zip(inputs) {
+            if batched(input) {
+                *sh = Some(last_chunk(input.len()));
+            }
+        }
+        let mut done = [false; LANES];
+        for i in 0..inputs.len() {
+            let Some((_, counter, blocks)) = shape[i] else {
+                continue;
+            };
+            if done[i] || blocks == 0 {
+                continue;
+            }
+            let mut m = 0;
+            for j in i..inputs.len() {
+                if let Some((off, c, b)) = shape[j] {
+                    if !done[j] && c == counter && b == blocks {
+                        done[j] = true;
+                        (pick[m], sel[m]) = (j, &inputs[j][off..]);
                         m += 1;
                     }
                 }
-                if m == 0 {
-                    continue;
-                }
-                let out = &mut cvs[..32 * m];
-                hash_prefixes(
-                    platform,
-                    &sel[..m],
-                    blocks,
-                    key,
-                    counter,
-                    CHUNK_START,
-                    0,
-                    out,
-                );
-                for k in 0..m {
-                    cv[pick[k]] = words(&cvs[32 * k..32 * k + 32]);
-                }
+            }
+            let out = &mut cvs[..32 * m];
+            hash_prefixes(
+                platform,
+                &sel[..m],
+                blocks,
+                key,
+                counter,
+                KEYED_HASH,
+                CHUNK_START,
+                0,
+                out,
+            );
+            for k in 0..m {
+                cv[pick[k]] = words(&cvs[32 * k..32 * k + 32]);
             }
         }
-        // Each input's last block, and the root node over two chunks.
+        // Each input's last block; the root node of two-chunk inputs is
+        // one more block (both chunks' chaining values), hashed side by
+        // side after.
+        let mut parents = [[0u8; BLOCK]; LANES];
+        let mut m = 0;
         for (i, input) in inputs.iter().enumerate() {
-            if !batched(input) {
+            let Some((off, counter, blocks)) = shape[i] else {
                 out[i] = self.tag(input);
                 continue;
-            }
-            let (off, counter, blocks) = last_chunk(input.len());
+            };
             let rest = &input[off + blocks * BLOCK..];
             let mut block = [0u8; BLOCK];
             block[..rest.len()].copy_from_slice(rest);
@@ -249,12 +262,33 @@ impl ClusterKey {
             let mut state = cv[i];
             platform.compress_in_place(&mut state, &block, rest.len() as u8, counter, flags);
             if counter == 1 {
-                block[..32].copy_from_slice(&first_cv[i]);
-                block[32..].copy_from_slice(&le_bytes(&state));
-                state = *key;
-                platform.compress_in_place(&mut state, &block, 64, 0, KEYED_HASH | PARENT | ROOT);
+                parents[m][..32].copy_from_slice(&first_cv[i]);
+                parents[m][32..].copy_from_slice(&le_bytes(&state));
+                pick[m] = i;
+                m += 1;
+            } else {
+                out[i].copy_from_slice(&le_bytes(&state)[..MAC_BYTES]);
             }
-            out[i].copy_from_slice(&le_bytes(&state)[..MAC_BYTES]);
+        }
+        if m > 0 {
+            for k in 0..m {
+                sel[k] = &parents[k];
+            }
+            let root = KEYED_HASH | PARENT | ROOT;
+            hash_prefixes(
+                platform,
+                &sel[..m],
+                1,
+                key,
+                0,
+                root,
+                0,
+                0,
+                &mut cvs[..32 * m],
+            );
+            for k in 0..m {
+                out[pick[k]].copy_from_slice(&cvs[32 * k..32 * k + MAC_BYTES]);
+            }
         }
     }
 }
