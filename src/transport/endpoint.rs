@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 
 /// Frames examined per received datagram when answering NACKs, as a
 /// multiple of `rexmit_batch_max`: bounds the work a NACK can cause.
@@ -166,13 +167,13 @@ impl Endpoint {
             return Err(SendError::WouldBlock);
         }
         let first = ch.tx.next_seq;
+        let shared: Arc<[u8]> = Arc::from(message);
         for i in 0..frags {
             let lo = i * frag_bytes;
             let hi = (lo + frag_bytes).min(message.len());
-            let chunk = message[lo..hi].to_vec();
-            let stamp = self.ledger.add(c, chunk.len());
+            let stamp = self.ledger.add(c, hi - lo);
             // frags <= 65535 is checked by config validation.
-            ch.tx.push(chunk, i as u16, frags as u16, stamp);
+            ch.tx.push(&shared, lo..hi, i as u16, frags as u16, stamp);
         }
         ch.stats.messages_sent += 1;
         ch.stats.message_bytes_sent += message.len() as u64;
@@ -714,11 +715,11 @@ impl Endpoint {
                 peer.rexmit.pop_front();
                 continue;
             };
-            if !w.data(ch.group, seq, true, f.frag_index, f.frag_count, &f.payload) {
+            if !w.data(ch.group, seq, true, f.frag_index, f.frag_count, f.payload()) {
                 break;
             }
             ch.stats.rexmit_frames += 1;
-            ch.stats.rexmit_bytes += f.payload.len() as u64;
+            ch.stats.rexmit_bytes += f.payload().len() as u64;
             peer.rexmit.pop_front();
         }
         let n = peer.channels.len();
@@ -731,7 +732,14 @@ impl Endpoint {
                 let Some(f) = ch.tx.frame_mut(seq) else {
                     break;
                 };
-                if !w.data(ch.group, seq, false, f.frag_index, f.frag_count, &f.payload) {
+                if !w.data(
+                    ch.group,
+                    seq,
+                    false,
+                    f.frag_index,
+                    f.frag_count,
+                    f.payload(),
+                ) {
                     break;
                 }
                 ch.tx.sent_first(probe_us, now_us);

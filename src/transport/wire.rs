@@ -318,8 +318,11 @@ fn decode_checked<'a>(
         bytes: &body[HEADER_BYTES..],
     };
     // Every frame is at least 13 bytes, so the count is bounded by the
-    // datagram length; the Vec never grows past that.
-    let mut frames = Vec::with_capacity(r.bytes.len() / TOO_OLD_FRAME_BYTES);
+    // datagram length; the Vec never grows past that. Most datagrams carry
+    // a few frames (a full one of data: one), so room for four is asked,
+    // not for the bound (4 KiB a datagram at MTU 1500, malloc'd and freed
+    // for every one).
+    let mut frames = Vec::with_capacity((r.bytes.len() / TOO_OLD_FRAME_BYTES).min(4));
     while !r.bytes.is_empty() {
         frames.push(decode_frame(&mut r)?);
     }
