@@ -22,7 +22,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::RangeInclusive;
-use std::sync::Arc;
 
 /// Frames examined per received datagram when answering NACKs, as a
 /// multiple of `rexmit_batch_max`: bounds the work a NACK can cause.
@@ -167,7 +166,7 @@ impl Endpoint {
             return Err(SendError::WouldBlock);
         }
         let first = ch.tx.next_seq;
-        let shared: Arc<[u8]> = Arc::from(message);
+        let shared = ch.tx.share(message);
         for i in 0..frags {
             let lo = i * frag_bytes;
             let hi = (lo + frag_bytes).min(message.len());

@@ -23,7 +23,7 @@ use std::sync::Arc;
 pub(super) struct HistFrame {
     /// The message the fragment is cut from, shared by all its fragments
     /// (one allocation and one copy per message, not per fragment).
-    message: Arc<[u8]>,
+    message: Arc<Vec<u8>>,
     /// Where the fragment's bytes are in `message`.
     start: usize,
     len: usize,
@@ -85,7 +85,17 @@ pub(super) struct TxHalf {
     pub(super) probe_now: bool,
     /// A TOO_OLD answer with this base is due.
     pub(super) too_old: Option<u64>,
+    /// Buffers of messages whose every fragment left the history, for the
+    /// next messages (freeing and allocating 64 KiB per message gave pages
+    /// back to the kernel and faulted them in again). At most
+    /// [`SPARE_MESSAGES_MAX`] of at most [`SPARE_MESSAGE_BYTES_MAX`] each.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Message buffers kept per channel for reuse.
+const SPARE_MESSAGES_MAX: usize = 8;
+/// Largest message buffer kept for reuse.
+const SPARE_MESSAGE_BYTES_MAX: usize = 256 << 10;
 
 impl TxHalf {
     pub(super) fn new() -> Self {
@@ -102,6 +112,7 @@ impl TxHalf {
             probe_backoff: 0,
             probe_now: false,
             too_old: None,
+            spare: Vec::new(),
         }
     }
 
@@ -123,11 +134,20 @@ impl TxHalf {
             && self.inflight_frames() <= cfg.window_frames_max / 2
     }
 
+    /// `message` in a buffer the fragments of its frames can share (a
+    /// spare one when there is one).
+    pub(super) fn share(&mut self, message: &[u8]) -> Arc<Vec<u8>> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(message);
+        Arc::new(buf)
+    }
+
     /// Appends one frame, the bytes `fragment` of `message`, to the
     /// history; returns its seq.
     pub(super) fn push(
         &mut self,
-        message: &Arc<[u8]>,
+        message: &Arc<Vec<u8>>,
         fragment: Range<usize>,
         frag_index: u16,
         frag_count: u16,
@@ -163,7 +183,14 @@ impl TxHalf {
     pub(super) fn evict_front(&mut self) -> Option<usize> {
         let f = self.history.pop_front()?;
         self.hist_base += 1;
-        Some(f.len)
+        let len = f.len;
+        // The last fragment of its message to go: keep the buffer.
+        if let Ok(buf) = Arc::try_unwrap(f.message) {
+            if self.spare.len() < SPARE_MESSAGES_MAX && buf.capacity() <= SPARE_MESSAGE_BYTES_MAX {
+                self.spare.push(buf);
+            }
+        }
+        Some(len)
     }
 
     /// Seq the receiver may learn we have sent up to (exclusive).
