@@ -3,11 +3,16 @@
 //! (so restarts, replays and stale epochs occur), with time moving on and
 //! every output drained. Exercises the protocol logic behind the decoder:
 //! no panic, no failed internal assertion, whatever authenticated peers say.
+//! Datagrams of odd length go through the batched receive path
+//! (`handle_datagrams`, MACs computed side by side), in pairs (the second a
+//! copy with its last byte flipped, which must fail its MAC), and every
+//! other turn's output through `poll_transmits`, each datagram of which
+//! must decode.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use quire::transport::wire::{self, DatagramWriter, Header, DATAGRAM_BYTES_MAX};
-use quire::transport::{ClusterKey, Endpoint, TransportConfig};
+use quire::transport::{ClusterKey, DropReason, Endpoint, TransportConfig};
 
 fuzz_target!(|data: &[u8]| {
     let key = ClusterKey::from_bytes([9; 32]);
@@ -35,6 +40,21 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[chunk.len()..];
         now_us += (op as u64 >> 4) * 300;
         match op & 3 {
+            0 if len & 1 == 1 => {
+                let mut flipped = chunk.to_vec();
+                if let Some(last) = flipped.last_mut() {
+                    *last ^= 1;
+                }
+                let before = ep.stats().mac_failures;
+                let mut second_failed_mac = false;
+                ep.handle_datagrams(now_us, &[chunk, &flipped], |i, why| {
+                    second_failed_mac |= i == 1
+                        && why == DropReason::Decode(wire::DecodeError::BadMac);
+                });
+                if wire::decode(&key, chunk).is_ok() {
+                    assert!(second_failed_mac && ep.stats().mac_failures > before);
+                }
+            }
             0 => {
                 let _ = ep.handle_datagram(now_us, chunk);
             }
@@ -51,7 +71,11 @@ fuzz_target!(|data: &[u8]| {
                 drop(DatagramWriter::new(&mut d, &header, DATAGRAM_BYTES_MAX));
                 d.extend_from_slice(chunk);
                 wire::seal(&key, &mut d);
-                let _ = ep.handle_datagram(now_us, &d);
+                if len & 1 == 1 {
+                    ep.handle_datagrams(now_us, &[&d], |_, _| {});
+                } else {
+                    let _ = ep.handle_datagram(now_us, &d);
+                }
             }
             _ => {
                 let peer = 1 + (op as u64 >> 2 & 3);
@@ -62,8 +86,21 @@ fuzz_target!(|data: &[u8]| {
         if ep.poll_timeout().is_some_and(|t| t <= now_us) {
             ep.handle_timeout(now_us);
         }
-        while ep.poll_transmit(now_us, &mut buf).is_some() {
-            assert!(buf.len() <= ep.config().datagram_bytes_max());
+        if op & 1 == 1 {
+            let mut out = Vec::new();
+            while ep.poll_transmits(now_us, 8, &mut buf, &mut out) > 0 {
+                let mut at = 0;
+                for t in &out {
+                    assert!(t.size_bytes <= ep.config().datagram_bytes_max());
+                    wire::decode(&key, &buf[at..at + t.size_bytes]).expect("sealed");
+                    at += t.size_bytes;
+                }
+            }
+        } else {
+            while ep.poll_transmit(now_us, &mut buf).is_some() {
+                assert!(buf.len() <= ep.config().datagram_bytes_max());
+                wire::decode(&key, &buf).expect("sealed");
+            }
         }
         while ep.poll_event().is_some() {}
     }

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 const NOTICES_MAX: usize = 64;
 /// Rejected datagrams described in notices; later ones are only counted.
 const REJECTS_NOTICED_MAX: u64 = 16;
+/// Datagrams taken from the endpoint (and MACed side by side) at a time.
+const TX_BATCH_MAX: usize = 64;
 
 /// Whether an offload is in use, and if not, why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +134,11 @@ pub struct UdpDriver {
     /// A `flush` is running: a nested one (from receiving between its
     /// batches) leaves the sending to it.
     flushing: bool,
+    /// Scratch: where the datagrams of a batch in `scratch` go.
+    transmits: Vec<Transmit>,
+    /// Scratch: the datagrams of a receive round, as (slot, offset, len)
+    /// in the receive batch.
+    rx_datagrams: Vec<(usize, usize, usize)>,
 }
 
 impl UdpDriver {
@@ -213,7 +220,7 @@ impl UdpDriver {
             peers,
             sockets,
             by_group,
-            scratch: Vec::with_capacity(super::config::UDP_PAYLOAD_BYTES_MAX),
+            scratch: Vec::with_capacity(TX_BATCH_MAX * super::config::UDP_PAYLOAD_BYTES_MAX / 16),
             clock: Instant::now(),
             gso,
             gro,
@@ -227,6 +234,8 @@ impl UdpDriver {
             ready: Vec::new(),
             order: Vec::new(),
             flushing: false,
+            transmits: Vec::new(),
+            rx_datagrams: Vec::new(),
         };
         Ok((driver, report))
     }
@@ -449,9 +458,7 @@ impl UdpDriver {
                 order.sort_unstable();
             }
             let now = self.now_us();
-            for &(_, slot) in &order {
-                self.deliver(now, slot, &mut budget);
-            }
+            self.deliver(now, &order, &mut budget);
             self.fire_timers();
             self.flush();
         }
@@ -467,29 +474,42 @@ impl UdpDriver {
         }
     }
 
-    /// Feeds every datagram of the message in `slot` to the endpoint.
-    fn deliver(&mut self, now: u64, slot: usize, budget: &mut usize) {
-        let msg = self.rx.message(slot);
+    /// Feeds every datagram of the messages in `order`'s slots to the
+    /// endpoint, in that order, as one batch (their MACs side by side).
+    fn deliver(&mut self, now: u64, order: &[(u64, usize)], budget: &mut usize) {
+        let mut rx_datagrams = std::mem::take(&mut self.rx_datagrams);
+        rx_datagrams.clear();
+        for &(_, slot) in order {
+            self.rx
+                .datagram_ranges(slot, |off, len| rx_datagrams.push((slot, off, len)));
+        }
+        for &(_, _, len) in &rx_datagrams {
+            self.stats.datagrams_received += 1;
+            self.stats.bytes_received += len as u64;
+        }
+        *budget = budget.saturating_sub(rx_datagrams.len());
+        let datagrams: Vec<&[u8]> = rx_datagrams
+            .iter()
+            .map(|&(slot, off, len)| self.rx.bytes(slot, off, len))
+            .collect();
         let mut rejected = Vec::new();
-        let (endpoint, stats, rx) = (&mut self.endpoint, &mut self.stats, &self.rx);
-        rx.for_each_datagram(slot, |d| {
-            stats.datagrams_received += 1;
-            stats.bytes_received += d.len() as u64;
-            *budget = budget.saturating_sub(1);
-            if let Err(why) = endpoint.handle_datagram(now, d) {
-                stats.endpoint_rejected += 1;
-                rejected.push(why);
-            }
+        self.endpoint.handle_datagrams(now, &datagrams, |i, why| {
+            rejected.push((rx_datagrams[i].0, why))
         });
-        for why in rejected {
+        drop(datagrams);
+        self.stats.endpoint_rejected += rejected.len() as u64;
+        for (slot, why) in rejected {
             if self.rejects_noticed < REJECTS_NOTICED_MAX {
                 self.rejects_noticed += 1;
-                let from = msg
+                let from = self
+                    .rx
+                    .message(slot)
                     .from
                     .map_or("an unknown address".into(), |a| a.to_string());
                 self.notice(format!("datagram from {from} dropped: {why}"));
             }
         }
+        self.rx_datagrams = rx_datagrams;
     }
 
     /// Where a transmit goes: the socket to send from and the address.
@@ -528,28 +548,42 @@ impl UdpDriver {
         let mut now = self.now_us();
         let mut queued = 0;
         let mut since_recv = 0;
-        while let Some(t) = self.endpoint.poll_transmit(now, &mut self.scratch) {
-            debug_assert_eq!(t.size_bytes, self.scratch.len());
-            let (s, dest) = self.route(&t);
-            let Some(dest) = dest else {
-                self.stats.unroutable_dropped += 1;
-                if self.unroutable_noticed.insert((t.peer, t.group)) {
-                    self.notice(format!(
-                        "no address for node {} group {:?}: its datagrams are dropped until the \
-                         peer map has one",
-                        t.peer, t.group
-                    ));
-                }
-                continue;
-            };
-            self.sockets[s]
-                .tx
-                .push(dest, &self.scratch, self.gso.segments_max);
-            queued += 1;
+        let mut transmits = std::mem::take(&mut self.transmits);
+        loop {
+            // A batch at a time, sealed together (its MACs side by side).
+            let want = (self.cfg.send_batch_datagrams_max - queued).min(TX_BATCH_MAX);
+            let got = self
+                .endpoint
+                .poll_transmits(now, want, &mut self.scratch, &mut transmits);
+            let mut at = 0;
+            for t in &transmits {
+                let datagram = at..at + t.size_bytes;
+                at += t.size_bytes;
+                let (s, dest) = self.route(t);
+                let Some(dest) = dest else {
+                    self.stats.unroutable_dropped += 1;
+                    if self.unroutable_noticed.insert((t.peer, t.group)) {
+                        self.notice(format!(
+                            "no address for node {} group {:?}: its datagrams are dropped until \
+                             the peer map has one",
+                            t.peer, t.group
+                        ));
+                    }
+                    continue;
+                };
+                self.sockets[s]
+                    .tx
+                    .push(dest, &self.scratch[datagram], self.gso.segments_max);
+                queued += 1;
+            }
+            if got < want {
+                break;
+            }
             if queued >= self.cfg.send_batch_datagrams_max {
                 since_recv += queued;
                 queued = 0;
                 if self.flush_queues() == Flushed::Blocked {
+                    self.transmits = transmits;
                     return;
                 }
                 let every = self.cfg.flush_recv_every_datagrams;
@@ -560,6 +594,7 @@ impl UdpDriver {
                 now = self.now_us();
             }
         }
+        self.transmits = transmits;
         let _ = self.flush_queues();
     }
 

@@ -164,16 +164,26 @@ impl RxBatch {
         self.got[slot]
     }
 
-    /// Calls `f` with every datagram of the message in `slot`.
-    pub(crate) fn for_each_datagram(&self, slot: usize, mut f: impl FnMut(&[u8])) {
+    /// Calls `f` with the offset and length of every datagram of the
+    /// message in `slot` (for [`RxBatch::bytes`]).
+    pub(crate) fn datagram_ranges(&self, slot: usize, mut f: impl FnMut(usize, usize)) {
         let r = self.got[slot];
         if r.len == 0 || r.stride == 0 {
             return;
         }
-        let buf = &self.bufs[slot * RX_BUF_BYTES..slot * RX_BUF_BYTES + r.len];
-        for d in buf.chunks(r.stride) {
-            f(d);
+        let mut off = 0;
+        while off < r.len {
+            let len = r.stride.min(r.len - off);
+            f(off, len);
+            off += len;
         }
+    }
+
+    /// The bytes of a datagram of the message in `slot`, at `off..off +
+    /// len` within it.
+    pub(crate) fn bytes(&self, slot: usize, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.got[slot].len);
+        &self.bufs[slot * RX_BUF_BYTES + off..slot * RX_BUF_BYTES + off + len]
     }
 }
 

@@ -10,7 +10,7 @@
 use super::config::{ConfigError, TransportConfig};
 use super::events::{DropReason, Event, SendError, Transmit};
 use super::history::HistoryLedger;
-use super::mac::ClusterKey;
+use super::mac::{ClusterKey, MAC_BYTES};
 use super::peer::{Addressed, EpochCheck, EpochLimits, Peer};
 use super::receiver::{RxHalf, RxItem, SpareBuffers};
 use super::sender::{NackBudget, TxHalf};
@@ -71,6 +71,8 @@ pub struct Endpoint {
     seqs: Vec<u64>,
     /// Delivered messages' buffers given back, for reassembly to reuse.
     spare: SpareBuffers,
+    /// Scratch: the MACs of a batch of datagrams.
+    tags: Vec<[u8; MAC_BYTES]>,
 }
 
 impl Endpoint {
@@ -113,6 +115,7 @@ impl Endpoint {
             items: Vec::new(),
             seqs: Vec::new(),
             spare: SpareBuffers::default(),
+            tags: Vec::new(),
         })
     }
 
@@ -163,13 +166,13 @@ impl Endpoint {
             return Err(SendError::WouldBlock);
         }
         let first = ch.tx.next_seq;
+        let shared = ch.tx.share(message);
         for i in 0..frags {
             let lo = i * frag_bytes;
             let hi = (lo + frag_bytes).min(message.len());
-            let chunk = message[lo..hi].to_vec();
-            let stamp = self.ledger.add(c, chunk.len());
+            let stamp = self.ledger.add(c, hi - lo);
             // frags <= 65535 is checked by config validation.
-            ch.tx.push(chunk, i as u16, frags as u16, stamp);
+            ch.tx.push(&shared, lo..hi, i as u16, frags as u16, stamp);
         }
         ch.stats.messages_sent += 1;
         ch.stats.message_bytes_sent += message.len() as u64;
@@ -182,9 +185,42 @@ impl Endpoint {
     /// [`Endpoint::poll_transmit`]. A datagram that is dropped whole says
     /// why (log it); drops are also counted in the stats.
     pub fn handle_datagram(&mut self, now_us: u64, bytes: &[u8]) -> Result<(), DropReason> {
+        self.handle_checked(now_us, bytes, None)
+    }
+
+    /// [`Endpoint::handle_datagram`] for each of `datagrams`, in order,
+    /// with their MACs computed side by side first (several times faster
+    /// per byte than one by one for datagrams of 1–2 KiB). Each one is
+    /// authenticated exactly as `handle_datagram` would; `rejected` is
+    /// called with the index and the reason of each one dropped whole.
+    pub fn handle_datagrams(
+        &mut self,
+        now_us: u64,
+        datagrams: &[&[u8]],
+        mut rejected: impl FnMut(usize, DropReason),
+    ) {
+        let inputs: Vec<&[u8]> = datagrams.iter().map(|d| wire::mac_input(d)).collect();
+        let mut tags = std::mem::take(&mut self.tags);
+        self.key.tags(&inputs, &mut tags);
+        for (i, (d, tag)) in datagrams.iter().zip(&tags).enumerate() {
+            if let Err(why) = self.handle_checked(now_us, d, Some(tag)) {
+                rejected(i, why);
+            }
+        }
+        self.tags = tags;
+    }
+
+    /// `handle_datagram`, with the MAC of the datagram's body if a batch
+    /// computed it.
+    fn handle_checked(
+        &mut self,
+        now_us: u64,
+        bytes: &[u8],
+        tag: Option<&[u8; MAC_BYTES]>,
+    ) -> Result<(), DropReason> {
         self.assert_indexes();
         let (events_before, peers_before) = (self.events.len(), self.peers.len());
-        let r = self.receive(now_us, bytes);
+        let r = self.receive(now_us, bytes, tag);
         if let Err(why) = &r {
             // A dropped datagram delivers nothing: what it carries is
             // unauthenticated, misaddressed or from a dead session, and
@@ -219,10 +255,19 @@ impl Endpoint {
     }
 
     /// `handle_datagram` without its checks of the outcome.
-    fn receive(&mut self, now_us: u64, bytes: &[u8]) -> Result<(), DropReason> {
+    fn receive(
+        &mut self,
+        now_us: u64,
+        bytes: &[u8],
+        tag: Option<&[u8; MAC_BYTES]>,
+    ) -> Result<(), DropReason> {
         self.now_us = self.now_us.max(now_us);
         self.stats.datagrams_received += 1;
-        let datagram = match wire::decode(&self.key, bytes) {
+        let decoded = match tag {
+            Some(t) => wire::decode_with_tag(bytes, t),
+            None => wire::decode(&self.key, bytes),
+        };
+        let datagram = match decoded {
             Ok(d) => d,
             Err(e) => {
                 if e == DecodeError::BadMac {
@@ -538,7 +583,45 @@ impl Endpoint {
     /// Datagrams of different peers take turns.
     #[must_use]
     pub fn poll_transmit(&mut self, now_us: u64, buf: &mut Vec<u8>) -> Option<Transmit> {
+        buf.clear();
+        let t = self.next_unsealed(now_us, buf)?;
+        let tag = self.key.tag(&buf[..t.size_bytes - MAC_BYTES]);
+        buf[t.size_bytes - MAC_BYTES..].copy_from_slice(&tag);
+        Some(t)
+    }
+
+    /// [`Endpoint::poll_transmit`] up to `max` times: the datagrams back to
+    /// back in `buf` and where each goes in `out` (both cleared first; the
+    /// `size_bytes` of each says where the next starts). Their MACs are
+    /// computed side by side, which is several times faster per byte than
+    /// one by one for datagrams of 1–2 KiB. Returns how many; fewer than
+    /// `max` means there is nothing more to send for now.
+    pub fn poll_transmits(
+        &mut self,
+        now_us: u64,
+        max: usize,
+        buf: &mut Vec<u8>,
+        out: &mut Vec<Transmit>,
+    ) -> usize {
+        buf.clear();
+        out.clear();
+        while out.len() < max {
+            match self.next_unsealed(now_us, buf) {
+                Some(t) => out.push(t),
+                None => break,
+            }
+        }
+        let mut tags = std::mem::take(&mut self.tags);
+        wire::seal_batch(&self.key, buf, out.iter().map(|t| t.size_bytes), &mut tags);
+        self.tags = tags;
+        out.len()
+    }
+
+    /// Appends the next datagram to `buf` with its MAC zeroed (the caller
+    /// seals it before it leaves).
+    fn next_unsealed(&mut self, now_us: u64, buf: &mut Vec<u8>) -> Option<Transmit> {
         self.now_us = self.now_us.max(now_us);
+        let start = buf.len();
         let n = self.peers.len();
         for k in 0..n {
             let p = (self.peer_cursor + k) % n;
@@ -550,12 +633,15 @@ impl Endpoint {
                 // Larger than the datagram limit (the path MTU), IP would
                 // fragment or drop it: every retransmission the same, so
                 // the channel would stall for good.
-                assert!(t.size_bytes == buf.len() && t.size_bytes <= self.cfg.datagram_bytes_max());
+                assert!(
+                    t.size_bytes == buf.len() - start
+                        && t.size_bytes <= self.cfg.datagram_bytes_max()
+                );
                 assert!(t.peer != self.local && t.peer != 0);
                 return Some(t);
             }
         }
-        buf.clear();
+        buf.truncate(start);
         None
     }
 
@@ -588,7 +674,8 @@ impl Endpoint {
             sent_us: now_us as u32,
             echo: peer.echo_for(now_us),
         };
-        let mut w = DatagramWriter::new(buf, &header, cfg.datagram_bytes_max());
+        let start = buf.len();
+        let mut w = DatagramWriter::append(buf, &header, cfg.datagram_bytes_max());
         let announce = std::mem::take(&mut peer.announce);
 
         for &c in &peer.channels {
@@ -627,11 +714,11 @@ impl Endpoint {
                 peer.rexmit.pop_front();
                 continue;
             };
-            if !w.data(ch.group, seq, true, f.frag_index, f.frag_count, &f.payload) {
+            if !w.data(ch.group, seq, true, f.frag_index, f.frag_count, f.payload()) {
                 break;
             }
             ch.stats.rexmit_frames += 1;
-            ch.stats.rexmit_bytes += f.payload.len() as u64;
+            ch.stats.rexmit_bytes += f.payload().len() as u64;
             peer.rexmit.pop_front();
         }
         let n = peer.channels.len();
@@ -644,7 +731,14 @@ impl Endpoint {
                 let Some(f) = ch.tx.frame_mut(seq) else {
                     break;
                 };
-                if !w.data(ch.group, seq, false, f.frag_index, f.frag_count, &f.payload) {
+                if !w.data(
+                    ch.group,
+                    seq,
+                    false,
+                    f.frag_index,
+                    f.frag_count,
+                    f.payload(),
+                ) {
                     break;
                 }
                 ch.tx.sent_first(probe_us, now_us);
@@ -655,10 +749,11 @@ impl Endpoint {
             peer.data_cursor = (peer.data_cursor + 1) % n;
         }
         if w.frames() == 0 && !announce {
+            buf.truncate(start);
             return None;
         }
         let group = w.first_group();
-        let size_bytes = w.finish(&self.key);
+        let size_bytes = w.finish_unsealed();
         peer.stats.datagrams_sent += 1;
         peer.stats.bytes_sent += size_bytes as u64;
         Some(Transmit {
@@ -874,6 +969,7 @@ fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    const HEADER_BYTES_FOR_TEST: usize = wire::HEADER_BYTES;
 
     fn pair(cfg: TransportConfig) -> (Endpoint, Endpoint) {
         let key = ClusterKey::derive(b"endpoint tests");
@@ -903,6 +999,58 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn batched_send_and_receive_match_one_by_one_and_reject_forgeries() {
+        let cfg = TransportConfig::default();
+        let (mut a, mut b) = pair(cfg.clone());
+        let msg: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        a.send(2, 0, &msg).unwrap();
+        a.send(2, 1, b"small").unwrap();
+        let (mut buf, mut out) = (Vec::new(), Vec::new());
+        let n = a.poll_transmits(10, 1000, &mut buf, &mut out);
+        assert!(n > 60 && n == out.len());
+        let mut datagrams: Vec<Vec<u8>> = Vec::new();
+        let mut at = 0;
+        for t in &out {
+            datagrams.push(buf[at..at + t.size_bytes].to_vec());
+            at += t.size_bytes;
+        }
+        assert_eq!(at, buf.len());
+        assert_eq!(a.poll_transmits(10, 1000, &mut buf, &mut out), 0);
+        // Every datagram of the batch is sealed: the one-by-one decoder
+        // takes it.
+        for d in &datagrams {
+            wire::decode(&a.key, d).unwrap();
+        }
+        // A forgery (one bit flipped), one too short, a replay.
+        let mut forged = datagrams[3].clone();
+        forged[HEADER_BYTES_FOR_TEST + 5] ^= 1;
+        datagrams.insert(4, forged);
+        datagrams.insert(7, vec![0x71, 0x54, 1]);
+        datagrams.push(datagrams[0].clone());
+        let refs: Vec<&[u8]> = datagrams.iter().map(|d| &d[..]).collect();
+
+        let key = ClusterKey::derive(b"endpoint tests");
+        let mut one = Endpoint::new(cfg.clone(), key.clone(), 2, 2).unwrap();
+        let one_results: Vec<_> = refs.iter().map(|d| one.handle_datagram(20, d)).collect();
+        let mut rejected = Vec::new();
+        b.handle_datagrams(20, &refs, |i, why| rejected.push((i, why)));
+        let want: Vec<_> = one_results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.err().map(|e| (i, e)))
+            .collect();
+        assert_eq!(rejected, want);
+        assert!(rejected.contains(&(4, DropReason::Decode(DecodeError::BadMac))));
+        assert!(rejected.contains(&(7, DropReason::Decode(DecodeError::TooShort))));
+        assert_eq!(b.stats(), one.stats());
+        assert_eq!(b.stats().mac_failures, 1);
+        let got = delivered(&mut b);
+        assert_eq!(got, delivered(&mut one));
+        assert_eq!(got.len(), 2);
+        assert!(got.contains(&msg));
     }
 
     #[test]

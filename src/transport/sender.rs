@@ -16,11 +16,17 @@ use super::config::TransportConfig;
 use super::stats::ChannelStats;
 use super::wire::{NackRanges, SEQ_MAX};
 use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// One frame kept for retransmission.
 pub(super) struct HistFrame {
-    /// The fragment's bytes.
-    pub(super) payload: Vec<u8>,
+    /// The message the fragment is cut from, shared by all its fragments
+    /// (one allocation and one copy per message, not per fragment).
+    message: Arc<Vec<u8>>,
+    /// Where the fragment's bytes are in `message`.
+    start: usize,
+    len: usize,
     /// Position in its message.
     pub(super) frag_index: u16,
     /// Fragments in its message.
@@ -32,6 +38,13 @@ pub(super) struct HistFrame {
     pub(super) last_rexmit_us: Option<u64>,
     /// Endpoint-wide insertion order, for oldest-first eviction.
     pub(super) stamp: u64,
+}
+
+impl HistFrame {
+    /// The fragment's bytes.
+    pub(super) fn payload(&self) -> &[u8] {
+        &self.message[self.start..self.start + self.len]
+    }
 }
 
 /// What answering the NACKs of one datagram may still cost.
@@ -72,7 +85,17 @@ pub(super) struct TxHalf {
     pub(super) probe_now: bool,
     /// A TOO_OLD answer with this base is due.
     pub(super) too_old: Option<u64>,
+    /// Buffers of messages whose every fragment left the history, for the
+    /// next messages (freeing and allocating 64 KiB per message gave pages
+    /// back to the kernel and faulted them in again). At most
+    /// [`SPARE_MESSAGES_MAX`] of at most [`SPARE_MESSAGE_BYTES_MAX`] each.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Message buffers kept per channel for reuse.
+const SPARE_MESSAGES_MAX: usize = 8;
+/// Largest message buffer kept for reuse.
+const SPARE_MESSAGE_BYTES_MAX: usize = 256 << 10;
 
 impl TxHalf {
     pub(super) fn new() -> Self {
@@ -89,6 +112,7 @@ impl TxHalf {
             probe_backoff: 0,
             probe_now: false,
             too_old: None,
+            spare: Vec::new(),
         }
     }
 
@@ -110,20 +134,35 @@ impl TxHalf {
             && self.inflight_frames() <= cfg.window_frames_max / 2
     }
 
-    /// Appends one frame to the history; returns its seq.
+    /// `message` in a buffer the fragments of its frames can share (a
+    /// spare one when there is one).
+    pub(super) fn share(&mut self, message: &[u8]) -> Arc<Vec<u8>> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(message);
+        Arc::new(buf)
+    }
+
+    /// Appends one frame, the bytes `fragment` of `message`, to the
+    /// history; returns its seq.
     pub(super) fn push(
         &mut self,
-        payload: Vec<u8>,
+        message: &Arc<Vec<u8>>,
+        fragment: Range<usize>,
         frag_index: u16,
         frag_count: u16,
         stamp: u64,
     ) -> u64 {
         let seq = self.next_seq;
         assert!(seq < SEQ_MAX, "channel sequence space exhausted");
-        self.inflight_sizes.push_back(payload.len() as u32);
-        self.inflight_bytes += payload.len();
+        assert!(fragment.start <= fragment.end && fragment.end <= message.len());
+        let len = fragment.len();
+        self.inflight_sizes.push_back(len as u32);
+        self.inflight_bytes += len;
         self.history.push_back(HistFrame {
-            payload,
+            message: message.clone(),
+            start: fragment.start,
+            len,
             frag_index,
             frag_count,
             last_rexmit_us: None,
@@ -144,7 +183,14 @@ impl TxHalf {
     pub(super) fn evict_front(&mut self) -> Option<usize> {
         let f = self.history.pop_front()?;
         self.hist_base += 1;
-        Some(f.payload.len())
+        let len = f.len;
+        // The last fragment of its message to go: keep the buffer.
+        if let Ok(buf) = Arc::try_unwrap(f.message) {
+            if self.spare.len() < SPARE_MESSAGES_MAX && buf.capacity() <= SPARE_MESSAGE_BYTES_MAX {
+                self.spare.push(buf);
+            }
+        }
+        Some(len)
     }
 
     /// Seq the receiver may learn we have sent up to (exclusive).
@@ -271,7 +317,7 @@ impl TxHalf {
     /// freed from the history and whether the window was stalled.
     pub(super) fn reset(&mut self) -> (usize, usize, bool) {
         let frames = self.history.len();
-        let bytes = self.history.iter().map(|f| f.payload.len()).sum();
+        let bytes = self.history.iter().map(|f| f.len).sum();
         let stalled = self.stalled;
         *self = TxHalf::new();
         (frames, bytes, stalled)

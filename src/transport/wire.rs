@@ -266,6 +266,35 @@ impl<'a> Reader<'a> {
 /// Authenticates and decodes one datagram. Never panics; the MAC is checked
 /// before any frame is parsed, so forged bytes reach no parser but this one.
 pub fn decode<'a>(key: &ClusterKey, bytes: &'a [u8]) -> Result<Datagram<'a>, DecodeError> {
+    decode_checked(bytes, |body| key.tag(body))
+}
+
+/// [`decode`] with the MAC of the datagram's body already computed (by a
+/// batch, [`ClusterKey::tags`] over [`mac_input`]): `expected` is compared
+/// with the datagram's tag in constant time, in the same place as
+/// `decode` compares its own.
+pub(crate) fn decode_with_tag<'a>(
+    bytes: &'a [u8],
+    expected: &[u8; MAC_BYTES],
+) -> Result<Datagram<'a>, DecodeError> {
+    decode_checked(bytes, |_| *expected)
+}
+
+/// The bytes a datagram's MAC covers (all but the tag), or an empty slice
+/// for one too short or too long to be a datagram (which `decode` rejects
+/// before its MAC matters).
+pub(crate) fn mac_input(bytes: &[u8]) -> &[u8] {
+    if (DATAGRAM_BYTES_MIN..=DATAGRAM_BYTES_MAX).contains(&bytes.len()) {
+        &bytes[..bytes.len() - MAC_BYTES]
+    } else {
+        &[]
+    }
+}
+
+fn decode_checked<'a>(
+    bytes: &'a [u8],
+    tag_of: impl FnOnce(&[u8]) -> [u8; MAC_BYTES],
+) -> Result<Datagram<'a>, DecodeError> {
     if bytes.len() < DATAGRAM_BYTES_MIN {
         return Err(DecodeError::TooShort);
     }
@@ -281,7 +310,7 @@ pub fn decode<'a>(key: &ClusterKey, bytes: &'a [u8]) -> Result<Datagram<'a>, Dec
     let (body, tag) = bytes.split_at(bytes.len() - MAC_BYTES);
     let mut tag16 = [0u8; MAC_BYTES];
     tag16.copy_from_slice(tag);
-    if !key.verify(body, &tag16) {
+    if !ClusterKey::tags_equal(&tag_of(body), &tag16) {
         return Err(DecodeError::BadMac);
     }
     let header = decode_header(&body[..HEADER_BYTES])?;
@@ -289,8 +318,11 @@ pub fn decode<'a>(key: &ClusterKey, bytes: &'a [u8]) -> Result<Datagram<'a>, Dec
         bytes: &body[HEADER_BYTES..],
     };
     // Every frame is at least 13 bytes, so the count is bounded by the
-    // datagram length; the Vec never grows past that.
-    let mut frames = Vec::with_capacity(r.bytes.len() / TOO_OLD_FRAME_BYTES);
+    // datagram length; the Vec never grows past that. Most datagrams carry
+    // a few frames (a full one of data: one), so room for four is asked,
+    // not for the bound (4 KiB a datagram at MTU 1500, malloc'd and freed
+    // for every one).
+    let mut frames = Vec::with_capacity((r.bytes.len() / TOO_OLD_FRAME_BYTES).min(4));
     while !r.bytes.is_empty() {
         frames.push(decode_frame(&mut r)?);
     }
@@ -421,6 +453,8 @@ fn decode_frame<'a>(r: &mut Reader<'a>) -> Result<Frame<'a>, DecodeError> {
 /// while they fit, then [`DatagramWriter::finish`] appends the MAC.
 pub struct DatagramWriter<'b> {
     buf: &'b mut Vec<u8>,
+    /// Where the datagram starts in `buf`.
+    start: usize,
     /// Length the frames may reach, MAC excluded.
     limit: usize,
     frames: usize,
@@ -431,11 +465,18 @@ impl<'b> DatagramWriter<'b> {
     /// Clears `buf` and writes `header`; the finished datagram will be at
     /// most `datagram_bytes_max` bytes, MAC included.
     pub fn new(buf: &'b mut Vec<u8>, header: &Header, datagram_bytes_max: usize) -> Self {
+        buf.clear();
+        Self::append(buf, header, datagram_bytes_max)
+    }
+
+    /// Like [`DatagramWriter::new`], but the datagram goes after what
+    /// `buf` holds (a batch of datagrams back to back).
+    pub(crate) fn append(buf: &'b mut Vec<u8>, header: &Header, datagram_bytes_max: usize) -> Self {
         assert!(
             (DATAGRAM_BYTES_MIN..=DATAGRAM_BYTES_MAX).contains(&datagram_bytes_max),
             "datagram size limit {datagram_bytes_max} out of range"
         );
-        buf.clear();
+        let start = buf.len();
         buf.extend_from_slice(&MAGIC);
         buf.push(VERSION);
         buf.push(if header.echo.is_some() {
@@ -454,9 +495,10 @@ impl<'b> DatagramWriter<'b> {
         });
         buf.extend_from_slice(&echo.sent_us.to_le_bytes());
         buf.extend_from_slice(&echo.delay_us.to_le_bytes());
-        debug_assert_eq!(buf.len(), HEADER_BYTES);
+        debug_assert_eq!(buf.len() - start, HEADER_BYTES);
         DatagramWriter {
             buf,
+            start,
             limit: datagram_bytes_max - MAC_BYTES,
             frames: 0,
             first_group: None,
@@ -465,7 +507,7 @@ impl<'b> DatagramWriter<'b> {
 
     /// Bytes still free for frames.
     pub fn room(&self) -> usize {
-        self.limit - self.buf.len()
+        self.limit - (self.buf.len() - self.start)
     }
 
     /// Frames written so far.
@@ -564,8 +606,41 @@ impl<'b> DatagramWriter<'b> {
 
     /// Appends the MAC; returns the datagram's length in bytes.
     pub fn finish(self, key: &ClusterKey) -> usize {
-        seal(key, self.buf);
-        self.buf.len()
+        let tag = key.tag(&self.buf[self.start..]);
+        self.buf.extend_from_slice(&tag);
+        self.buf.len() - self.start
+    }
+
+    /// Leaves room for the MAC, zeroed, and returns the datagram's length:
+    /// the caller MACs a whole batch at once ([`seal_batch`]) before any of
+    /// it leaves.
+    pub(crate) fn finish_unsealed(self) -> usize {
+        self.buf.extend_from_slice(&[0; MAC_BYTES]);
+        self.buf.len() - self.start
+    }
+}
+
+/// Writes the MAC of every datagram of a batch into its last
+/// [`MAC_BYTES`]: `buf` holds them back to back, `lens` gives their
+/// lengths (each at least [`DATAGRAM_BYTES_MIN`]). `tags` is scratch.
+pub(crate) fn seal_batch(
+    key: &ClusterKey,
+    buf: &mut [u8],
+    lens: impl Iterator<Item = usize> + Clone,
+    tags: &mut Vec<[u8; MAC_BYTES]>,
+) {
+    let mut inputs: Vec<&[u8]> = Vec::with_capacity(lens.size_hint().0);
+    let mut at = 0;
+    for len in lens.clone() {
+        assert!(len >= DATAGRAM_BYTES_MIN && at + len <= buf.len());
+        inputs.push(&buf[at..at + len - MAC_BYTES]);
+        at += len;
+    }
+    key.tags(&inputs, tags);
+    let mut at = 0;
+    for (len, tag) in lens.zip(tags.iter()) {
+        buf[at + len - MAC_BYTES..at + len].copy_from_slice(tag);
+        at += len;
     }
 }
 
