@@ -81,8 +81,8 @@ mod stall;
 mod status;
 mod waker;
 
-pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 pub(crate) use command::ClientTicket;
+pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 pub use config::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use errors::{ListenError, StartError};
 pub use handle::NodeHandle;
