@@ -407,7 +407,9 @@ impl LoopClients {
                 continue;
             }
             let left = self.port.gate.hello_time_left(id).unwrap_or_default();
-            let deadline = now_ms + left.as_millis() as u64;
+            // Rounded up: the gate's own clock decides, and must have
+            // passed the deadline when this timer fires (`expire`).
+            let deadline = now_ms + left.as_millis() as u64 + 1;
             self.deadlines.insert((deadline, slot, generation));
             self.conns[slot as usize] = Some(Conn {
                 stream,
@@ -442,6 +444,14 @@ impl LoopClients {
             };
             match c.phase {
                 Phase::Open if !c.greeted => {
+                    // The policy's clock is the gate's: if by it the
+                    // deadline is still ahead, wait for it (a connection
+                    // let go here must be counted as a timeout there).
+                    if let Some(left) = gate.hello_time_left(c.id).filter(|l| !l.is_zero()) {
+                        let again = now_ms + left.as_millis() as u64 + 1;
+                        self.deadlines.insert((again, slot, generation));
+                        continue;
+                    }
                     gate.hello_expired(c.id, c.peer);
                     let why = Response::Error {
                         code: ErrorCode::Timeout,
