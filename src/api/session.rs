@@ -432,6 +432,13 @@ impl ServerSession {
         self.encode(id, resp)
     }
 
+    /// [`respond`](Self::respond), appending the frame to `out` (a
+    /// connection's write buffer) rather than to a buffer of its own.
+    pub fn respond_into(&mut self, id: u64, resp: &Response, out: &mut Vec<u8>) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.encode_into(id, resp, out);
+    }
+
     /// The Error frame to write before closing after a fatal error; `None`
     /// while the connection is healthy. Its id is the offending frame's, or
     /// 0 if the frame was too broken to have one.
@@ -478,19 +485,26 @@ impl ServerSession {
 
     fn encode(&mut self, id: u64, resp: &Response) -> Vec<u8> {
         let mut out = Vec::new();
-        if let Err(e) = encode_response(id, resp, self.config.frame_bytes_max, &mut out) {
+        self.encode_into(id, resp, &mut out);
+        out
+    }
+
+    /// Appends the frame answering `id` to `out`.
+    fn encode_into(&mut self, id: u64, resp: &Response, out: &mut Vec<u8>) {
+        let start = out.len();
+        if let Err(e) = encode_response(id, resp, self.config.frame_bytes_max, out) {
+            out.truncate(start);
             self.stats.responses_too_large += 1;
             let err = Response::Error {
                 code: ErrorCode::TooLarge,
                 message: format!("response not sent: {e}"),
                 leader: None,
             };
-            encode_response(id, &err, self.config.frame_bytes_max, &mut out)
+            encode_response(id, &err, self.config.frame_bytes_max, out)
                 .expect("an error frame fits in SESSION_FRAME_BYTES_MIN");
         }
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += out.len() as u64;
-        out
+        self.stats.bytes_sent += (out.len() - start) as u64;
     }
 
     fn fail(&mut self, id: u64, e: ProtocolError) -> ProtocolError {

@@ -1051,3 +1051,36 @@ fn client_rejects_an_oversized_answer_from_its_prefix() {
     assert_eq!(c.stats().errors_oversize, 1);
     assert_eq!(c.buffered_bytes(), 0);
 }
+
+#[test]
+fn respond_into_appends_the_same_frame_respond_makes() {
+    let mut a = authed_server();
+    let mut b = authed_server();
+    let mut out = b"already queued".to_vec();
+    for (id, resp) in all_responses().iter().enumerate() {
+        let frame = a.respond(id as u64, resp);
+        let start = out.len();
+        b.respond_into(id as u64, resp, &mut out);
+        assert_eq!(&out[start..], &frame[..], "{resp:?}");
+    }
+    // A too-large answer leaves only its TooLarge error behind it.
+    let mut small = server_with(SESSION_FRAME_BYTES_MIN);
+    let big = Response::StatusJson {
+        json: "x".repeat(2 * SESSION_FRAME_BYTES_MIN),
+    };
+    let mut out = b"q".to_vec();
+    small.respond_into(9, &big, &mut out);
+    let (id, resp) = decode_response(&out[1..], FRAME_BYTES_MAX).expect("one frame");
+    assert_eq!(id, 9);
+    assert!(
+        matches!(
+            resp,
+            Response::Error {
+                code: ErrorCode::TooLarge,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+    assert_eq!(a.stats().bytes_sent, b.stats().bytes_sent);
+}

@@ -180,16 +180,21 @@ impl Conn {
 
     /// The answer `resp` to request `id`, queued for this turn's write.
     fn respond(&mut self, id: u64, resp: &Response) {
-        let bytes = self.session.respond(id, resp);
-        self.queue(&bytes);
+        self.compact_out();
+        self.session.respond_into(id, resp, &mut self.out);
     }
 
     fn queue(&mut self, bytes: &[u8]) {
+        self.compact_out();
+        self.out.extend_from_slice(bytes);
+    }
+
+    /// Drops the written front of `out` once it is half of it.
+    fn compact_out(&mut self) {
         if self.out_at > 0 && self.out_at >= self.out.len() / 2 {
             self.out.drain(..self.out_at);
             self.out_at = 0;
         }
-        self.out.extend_from_slice(bytes);
     }
 
     /// Ticket outcome `r`: a lone append's answer, or one item of a batch
@@ -628,7 +633,6 @@ impl LoopClients {
         parts: &mut LoopParts<'_>,
     ) {
         let routing = parts.routing;
-        let addrs = Arc::clone(&self.port.addrs);
         let call = match translate(req, |g| routing.owner.contains_key(&g)) {
             Dispatch::Call(call) => call,
             Dispatch::Answer(resp) => {
@@ -653,7 +657,12 @@ impl LoopClients {
                 client_id,
                 seq,
                 data,
-            } => self.append(group, client_id, seq, vec![data], ticket, parts),
+            } => match parts.by_group.get(&group) {
+                // This loop's group: proposed from the request's own
+                // buffer, nothing gathered.
+                Some(&i) => parts.replicas[i].propose_client_ticket(client_id, seq, &data, ticket),
+                None => self.append(group, client_id, seq, vec![data], ticket, parts),
+            },
             NodeCall::AppendBatch {
                 group,
                 client_id,
@@ -677,7 +686,8 @@ impl LoopClients {
                 });
                 if sent.is_err() {
                     let busy = ProposeError::Busy("too many status requests waiting".into());
-                    self.answer(slot, generation, id, error_response(busy, &addrs));
+                    let resp = error_response(busy, &self.port.addrs);
+                    self.answer(slot, generation, id, resp);
                 }
             }
             call => self.call_owner(slot, generation, id, call, parts),
@@ -845,11 +855,11 @@ impl LoopClients {
 
     /// The outcome of a ticketed append of this loop's connections.
     pub(crate) fn deliver(&mut self, (t, r): TicketDone) {
-        let addrs = Arc::clone(&self.port.addrs);
-        let Some(c) = self.live(t.conn, t.generation) else {
+        let live = self.conns.get_mut(t.conn as usize).and_then(Option::as_mut);
+        let Some(c) = live.filter(|c| c.generation == t.generation) else {
             return; // the connection has gone
         };
-        c.outcome(t, r, &addrs);
+        c.outcome(t, r, &self.port.addrs);
         self.after_answer(t.conn);
     }
 
