@@ -76,6 +76,15 @@ fn free_udp_base(groups: u32) -> std::io::Result<u16> {
     Err(std::io::Error::other("no run of free UDP ports"))
 }
 
+/// The MTU of the loopback interface (`/sys/class/net/lo/mtu`), capped at
+/// the transport's largest (65,535); 1500 when it cannot be read.
+fn loopback_mtu_bytes() -> usize {
+    std::fs::read_to_string("/sys/class/net/lo/mtu")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .map_or(1500, |m| m.clamp(1500, 65_535))
+}
+
 /// `p` as a TOML basic string (a JSON string is one: the same escapes).
 fn toml_path(p: &Path) -> Result<String, String> {
     let s = p
@@ -151,6 +160,7 @@ impl LocalProcesses {
             );
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mtu_bytes = loopback_mtu_bytes();
         for (&id, node) in &nodes {
             let mut t = String::new();
             let _ = writeln!(t, "# Written by `quire up`: node {id} of a local cluster.");
@@ -164,6 +174,11 @@ impl LocalProcesses {
             let _ = writeln!(t, "\n[udp]\nbind = \"127.0.0.1\"\nbase_port = {}", node.udp);
             let _ = writeln!(t, "recv_buffer_bytes = 1048576");
             let _ = writeln!(t, "\n[storage]\nsegment_bytes = 8388608");
+            // The peers are on loopback, whose path carries datagrams of
+            // up to its MTU: one datagram then carries dozens of records,
+            // where 1500 bytes carry one (the kernel's cost is per
+            // datagram; bench/README.md, "Datagrams as large as the path").
+            let _ = writeln!(t, "\n[transport]\nmtu_bytes = {mtu_bytes}");
             for (&p, peer) in nodes.iter().filter(|(&p, _)| p != id) {
                 let _ = writeln!(t, "\n[[peers]]\nid = {p}\nudp = \"127.0.0.1:{}\"", peer.udp);
                 let _ = writeln!(t, "serial = {}", toml_path(&ends[&(id, p)])?);

@@ -56,7 +56,13 @@ pub fn decode_client_entry(payload: &[u8]) -> Option<(u64, u64, &[u8])> {
 /// "not recorded", in tables restored from snapshots written before
 /// fingerprints, and matches any bytes).
 pub fn fingerprint(bytes: &[u8]) -> u64 {
-    ((bytes.len() as u64 + 1) << 32) | u64::from(crc32c::crc32c(bytes))
+    fingerprint_of_crc(crc32c::crc32c(bytes), bytes.len())
+}
+
+/// `fingerprint` of `len` bytes whose CRC32C is `crc`, for a caller that
+/// has the CRC already (apply hashes each record's bytes once).
+pub fn fingerprint_of_crc(crc: u32, len: usize) -> u64 {
+    ((len as u64 + 1) << 32) | u64::from(crc)
 }
 
 /// What applying a client entry found.
