@@ -57,7 +57,7 @@ fn main() {
             let e = Entry {
                 term: 1,
                 index: next,
-                payload: Payload::Normal(payload.clone()),
+                payload: Payload::Normal(payload.clone().into()),
             };
             wal.append(None, std::slice::from_ref(&e)).expect("append");
             next += 1;

@@ -976,7 +976,7 @@ impl World {
                         Entry {
                             term,
                             index,
-                            payload: Payload::Normal(format!("{index}@{term}").into_bytes()),
+                            payload: Payload::Normal(format!("{index}@{term}").into_bytes().into()),
                         }
                     })
                     .collect();

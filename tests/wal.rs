@@ -21,7 +21,7 @@ fn entry(index: Index, term: Term) -> Entry {
         index,
         payload: Payload::Normal(
             format!("record {index} of term {term} {}", "x".repeat(900)).into_bytes(),
-        ),
+        .into()),
     }
 }
 
@@ -82,7 +82,7 @@ fn entries_larger_than_a_flush_are_written_and_oversized_ones_refused(b: Backend
     let big = |index: Index, bytes: usize| Entry {
         term: 1,
         index,
-        payload: Payload::Normal(vec![index as u8; bytes]),
+        payload: Payload::Normal(vec![index as u8; bytes].into()),
     };
     append_range(&mut wal, 1, 3, 1);
     // Three times flush_bytes_max, then small ones behind it.

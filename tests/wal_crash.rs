@@ -65,7 +65,7 @@ fn crash_child() {
                 .map(|i| Entry {
                     term: 1,
                     index: i,
-                    payload: Payload::Normal(payload(i)),
+                    payload: Payload::Normal(payload(i).into()),
                 })
                 .collect();
             wal.append(None, &entries).expect("append");
@@ -168,7 +168,7 @@ fn crash_rounds(backend: BackendChoice, rounds: usize) {
             );
             assert_eq!(
                 e.payload,
-                Payload::Normal(payload(e.index)),
+                Payload::Normal(payload(e.index).into()),
                 "round {round}: entry {} damaged",
                 e.index
             );

@@ -30,7 +30,7 @@ fn entry(i: u64) -> Entry {
     Entry {
         term: 1,
         index: i,
-        payload: Payload::Normal(vec![(i % 251) as u8; 1000]),
+        payload: Payload::Normal(vec![(i % 251) as u8; 1000].into()),
     }
 }
 

@@ -93,7 +93,7 @@ impl WalEngine {
         let e = Entry {
             term: 1,
             index,
-            payload: Payload::Normal(vec![0xa5; bytes]),
+            payload: Payload::Normal(vec![0xa5; bytes].into()),
         };
         self.wal
             .append(None, std::slice::from_ref(&e))

@@ -662,7 +662,7 @@ impl Raft {
     /// the entry got; it is confirmed once `committed` hands it out.
     pub fn propose(&mut self, data: Vec<u8>) -> Result<(Index, Term), RaftError> {
         self.check_can_propose()?;
-        Ok(self.append_as_leader(Payload::Normal(data)))
+        Ok(self.append_as_leader(Payload::Normal(data.into())))
     }
 
     /// Storage reports that everything up to `index` (whose entry has

@@ -82,7 +82,7 @@ pub fn decode_image(bytes: &[u8], index: Index) -> Option<(Vec<u8>, Vec<Entry>)>
             0 => Payload::Noop,
             1 => {
                 let len = u32_at(take(4)?) as usize;
-                Payload::Normal(take(len)?.to_vec())
+                Payload::Normal(take(len)?.to_vec().into())
             }
             2 => {
                 let mut sets = [Default::default(), Default::default()];
@@ -453,7 +453,7 @@ mod tests {
             .map(|index| Entry {
                 term: 1,
                 index,
-                payload: Payload::Normal(vec![index as u8]),
+                payload: Payload::Normal(vec![index as u8].into()),
             })
             .collect();
         f.step(
@@ -480,7 +480,7 @@ mod tests {
             Entry {
                 term: 2,
                 index: 7,
-                payload: Payload::Normal(b"bytes".to_vec()),
+                payload: Payload::Normal(b"bytes".to_vec().into()),
             },
             Entry {
                 term: 2,

@@ -106,7 +106,9 @@ pub enum Payload {
     /// The empty entry a new leader appends to commit its term (thesis §6.4).
     Noop,
     /// Application data: a batch of client records, opaque to the core.
-    Normal(Vec<u8>),
+    /// Shared, not copied: the log, the WAL's writes, the messages to each
+    /// follower and the applier hold the one buffer.
+    Normal(bytes::Bytes),
     /// The complete membership in force from this entry on (thesis §4.1).
     Membership(Membership),
 }

@@ -103,7 +103,7 @@ fn encode_membership(m: &Membership, out: &mut Vec<u8>) {
 fn decode_payload(tag: u8, bytes: &[u8]) -> Result<Payload, FormatError> {
     match tag {
         TAG_NOOP if bytes.is_empty() => Ok(Payload::Noop),
-        TAG_DATA => Ok(Payload::Normal(bytes.to_vec())),
+        TAG_DATA => Ok(Payload::Normal(bytes.to_vec().into())),
         TAG_MEMBERSHIP => {
             if bytes.len() < 8 {
                 return Err(FormatError::BadPayload);
@@ -395,13 +395,13 @@ mod tests {
     fn sample() -> Vec<Entry> {
         vec![
             entry(5, 2, Payload::Noop),
-            entry(6, 2, Payload::Normal(b"hello".to_vec())),
+            entry(6, 2, Payload::Normal(b"hello".to_vec().into())),
             entry(
                 7,
                 3,
                 Payload::Membership(Membership::with_voters([1, 2, 3])),
             ),
-            entry(8, 3, Payload::Normal(vec![7u8; 5000])),
+            entry(8, 3, Payload::Normal(vec![7u8; 5000].into())),
         ]
     }
 

@@ -471,7 +471,7 @@ mod tests {
                 b.push(&Entry {
                     term,
                     index: first + i,
-                    payload: Payload::Normal(vec![(first + i) as u8; 700]),
+                    payload: Payload::Normal(vec![(first + i) as u8; 700].into()),
                 });
             }
             if at + b.disk_bytes() > SEG {
@@ -763,7 +763,7 @@ mod tests {
                 b.push(&Entry {
                     term: 1,
                     index: first + j,
-                    payload: Payload::Normal(vec![0x5a; bytes]),
+                    payload: Payload::Normal(vec![0x5a; bytes].into()),
                 });
             }
             let place = Placement { segment, recycled };

@@ -396,7 +396,7 @@ impl Reader<'_> {
         let index = self.varint()?;
         let payload = match self.u8()? {
             0 => Payload::Noop,
-            1 => Payload::Normal(self.bytes()?),
+            1 => Payload::Normal(self.bytes()?.into()),
             2 => Payload::Membership(self.membership()?),
             _ => return Err(CodecError::BadTag("payload")),
         };
@@ -459,7 +459,7 @@ mod tests {
                         index: big(rng),
                         payload: match rng.gen_range(0..3) {
                             0 => Payload::Noop,
-                            1 => Payload::Normal(bytes(rng)),
+                            1 => Payload::Normal(bytes(rng).into()),
                             _ => Payload::Membership(membership(rng)),
                         },
                     })
@@ -532,7 +532,7 @@ mod tests {
                 entries: vec![Entry {
                     term: u64::MAX,
                     index: u64::MAX,
-                    payload: Payload::Normal(payload.clone()),
+                    payload: Payload::Normal(payload.clone().into()),
                 }],
                 commit: u64::MAX,
             },

@@ -482,11 +482,11 @@ pub(crate) fn payload_at<'a, D: LogDir>(
     move |i| match raft.entry(i) {
         // Only the payload is copied, not the entry.
         Some(e) => match &e.payload {
-            Payload::Normal(p) => Some(p.clone()),
+            Payload::Normal(p) => Some(p.to_vec()),
             _ => None,
         },
         None => match wal.read(i, i).ok()?.pop()?.payload {
-            Payload::Normal(p) => Some(p),
+            Payload::Normal(p) => Some(p.into()),
             _ => None,
         },
     }

@@ -280,7 +280,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     }
                     let data = match decode_client_entry(&p) {
                         Some((_, _, d)) => d.to_vec(),
-                        None => p,
+                        None => p.into(),
                     };
                     bytes += data.len();
                     out.push((e.index, e.term, data));

@@ -77,7 +77,7 @@ fn an_ack_leaves_only_once_the_entries_it_vouches_for_are_durable() {
         .map(|i| Entry {
             term: 1,
             index: i,
-            payload: Payload::Normal(vec![i as u8; 100]),
+            payload: Payload::Normal(vec![i as u8; 100].into()),
         })
         .collect();
     let append = Body::Append {

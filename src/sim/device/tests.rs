@@ -25,7 +25,7 @@ fn entry(i: Index) -> Entry {
     Entry {
         term: 1,
         index: i,
-        payload: Payload::Normal(data),
+        payload: Payload::Normal(data.into()),
     }
 }
 

@@ -569,7 +569,7 @@ mod tests {
         let big = Entry {
             term: 1,
             index: 2,
-            payload: Payload::Normal(vec![7; 20 << 10]),
+            payload: Payload::Normal(vec![7; 20 << 10].into()),
         };
         wal.append(None, &[entry(1), big.clone(), entry(3)])
             .unwrap();
@@ -586,7 +586,7 @@ mod tests {
         let too_big = Entry {
             term: 1,
             index: 1,
-            payload: Payload::Normal(vec![0; wal.entry_bytes_max() + 1]),
+            payload: Payload::Normal(vec![0; wal.entry_bytes_max() + 1].into()),
         };
         let err = wal.append(None, &[too_big]).expect_err("refused");
         assert!(matches!(err, WalError::Invalid(_)), "{err}");

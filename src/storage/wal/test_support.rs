@@ -21,7 +21,7 @@ pub(super) fn entry(i: Index) -> Entry {
     Entry {
         term: 1,
         index: i,
-        payload: Payload::Normal(vec![i as u8; 3000]),
+        payload: Payload::Normal(vec![i as u8; 3000].into()),
     }
 }
 
