@@ -20,8 +20,10 @@ fn entry(index: Index, term: Term) -> Entry {
         term,
         index,
         payload: Payload::Normal(
-            format!("record {index} of term {term} {}", "x".repeat(900)).into_bytes(),
-        .into()),
+            format!("record {index} of term {term} {}", "x".repeat(900))
+                .into_bytes()
+                .into(),
+        ),
     }
 }
 
