@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The whole path, issue 20's acceptance: quire-bench against an embedded
+# 3-node cluster (`--ioengine=cluster --embedded`, 1 KiB appends, 256 in
+# flight per job) at numjobs 1 and NJ, at iodepth 1, and fio's fdatasync
+# latency on the same disk, alternating in every round. Prints each run,
+# then the medians: appends/s, the daemons' CPU per confirmed append
+# (`cpu_us_per_op`, summed over the three), quire-bench's own, clat p50.
+# BASELINE=DIR also runs DIR/quire-bench (with its daemons beside it: a
+# tree before a change) at numjobs 1 and iodepth 1 in every round.
+# Usage: bench/cluster-throughput.sh [rounds] [seconds] [NJ]
+#   (default: 3 5 4)
+# Run it alone on the machine (flock it against builds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+secs=${2:-5}
+nj=${3:-4}
+baseline=${BASELINE:-}
+command -v fio >/dev/null || { echo "fio is missing: apt-get install -y fio" >&2; exit 2; }
+cargo build --release --bins >&2
+dir=$(mktemp -d "${TMPDIR:-/var/tmp}/quire-throughput.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+
+# One quire-bench run: "iops cpu_us_per_op client_cpu_us_per_op p50_us".
+bench() {
+  local exe=$1 depth=$2 jobs=$3
+  "$exe" --name=a --ioengine=cluster --embedded --directory="$dir" --rw=append --bs=1k \
+    --iodepth="$depth" --numjobs="$jobs" --group_reporting --runtime="$secs" --time_based \
+    --output-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+w = j["write"]
+print("%d %.2f %.2f %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_per_op"],
+      w["clat_ns"]["percentile"]["50.000000"] // 1000))'
+}
+
+# fio's p50 of a 4 KiB write + fdatasync (psync), in µs.
+fio_p50() {
+  fio --name=lat --directory="$dir" --ioengine=psync --rw=write --bs=4k --fdatasync=1 \
+    --size=64m --runtime="$secs" --time_based --output-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+print(j["sync"]["lat_ns"]["percentile"]["50.000000"] // 1000)'
+  rm -f "$dir"/lat.*
+}
+
+cells=("this:256:1" "this:256:$nj" "this:1:1")
+[ -n "$baseline" ] && cells+=("base:256:1" "base:1:1")
+declare -A runs
+for r in $(seq "$rounds"); do
+  for c in "${cells[@]}"; do
+    IFS=: read -r who depth jobs <<<"$c"
+    exe=target/release/quire-bench
+    [ "$who" = base ] && exe="$baseline/quire-bench"
+    out=$(bench "$exe" "$depth" "$jobs")
+    echo "round $r $who depth $depth numjobs $jobs: $out (appends/s, daemon us/op, client us/op, p50 us)"
+    runs[$c]+="$out"$'\n'
+  done
+  f=$(fio_p50)
+  echo "round $r fio psync fdatasync p50: $f us"
+  runs[fio]+="$f"$'\n'
+done
+echo "medians of $rounds:"
+for c in "${cells[@]}" fio; do
+  printf '%s\n' "${runs[$c]}" | python3 -c '
+import statistics, sys
+name = sys.argv[1]
+rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
+cols = list(zip(*rows))
+print(name, " ".join("%g" % statistics.median(c) for c in cols))' "$c"
+done
