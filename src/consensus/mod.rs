@@ -94,6 +94,11 @@ pub struct RaftConfig {
     pub apply_bytes_max: usize,
     /// Ask for a snapshot once this many applied entries follow the last one.
     pub snapshot_entries: u64,
+    /// Or once this many bytes of entries (`Entry::size_bytes`) have been
+    /// handed out for applying since the last ask: an entry may hold
+    /// thousands of records, so a count alone would let the log in memory
+    /// grow to gigabytes before a snapshot trims it.
+    pub snapshot_bytes: u64,
     /// Bytes of snapshot data per InstallSnapshot message (well below the
     /// transport's `message_bytes_max`).
     pub snapshot_chunk_bytes: usize,
@@ -127,6 +132,7 @@ impl RaftConfig {
             append_bytes_max: 1 << 20,
             apply_bytes_max: 4 << 20,
             snapshot_entries: 100_000,
+            snapshot_bytes: 64 << 20,
             snapshot_chunk_bytes: 1 << 20,
             snapshot_with_entries: false,
             fast_campaign_jitter_ms: 30,
@@ -153,6 +159,7 @@ impl RaftConfig {
             ("inflight_msgs_max", self.inflight_msgs_max as u64),
             ("inflight_bytes_max", self.inflight_bytes_max as u64),
             ("snapshot_entries", self.snapshot_entries),
+            ("snapshot_bytes", self.snapshot_bytes),
             ("snapshot_chunk_bytes", self.snapshot_chunk_bytes as u64),
         ] {
             if value == 0 {
@@ -404,6 +411,8 @@ pub struct Raft {
     replication_dirty: bool,
     /// Applied index at the last `snapshot_wanted`.
     snapshot_requested_at: Index,
+    /// Bytes of entries handed out for applying since then.
+    committed_bytes_since_request: u64,
     stats: RaftStats,
 }
 
@@ -489,6 +498,7 @@ impl Raft {
             read_states: Vec::new(),
             replication_dirty: false,
             snapshot_requested_at: 0,
+            committed_bytes_since_request: 0,
             stats: RaftStats::default(),
             cfg,
         };
@@ -726,10 +736,17 @@ impl Raft {
         // caller that declines (or is still busy snapshotting) must still
         // see an empty Ready when nothing else happened.
         let th = self.cfg.snapshot_entries;
-        let snapshot_wanted = self.log.applied >= self.log.snapshot_index + th
+        self.committed_bytes_since_request +=
+            committed.iter().map(|e| e.size_bytes() as u64).sum::<u64>();
+        let by_entries = self.log.applied >= self.log.snapshot_index + th
             && self.log.applied >= self.snapshot_requested_at + th;
+        let by_bytes = self.committed_bytes_since_request >= self.cfg.snapshot_bytes
+            && self.log.applied > self.log.snapshot_index
+            && self.log.applied > self.snapshot_requested_at;
+        let snapshot_wanted = by_entries || by_bytes;
         if snapshot_wanted {
             self.snapshot_requested_at = self.log.applied;
+            self.committed_bytes_since_request = 0;
         }
         Ready {
             hard_state,
@@ -827,6 +844,45 @@ impl Raft {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs a one-node group's Ready loop, persisting and applying all.
+    fn settle(r: &mut Raft) -> bool {
+        let mut wanted = false;
+        loop {
+            let rd = r.ready();
+            if rd.is_empty() {
+                return wanted;
+            }
+            wanted |= rd.snapshot_wanted;
+            if let Some(e) = rd.entries.last() {
+                r.persisted(e.index, e.term);
+            }
+            if let Some(e) = rd.committed.last() {
+                r.applied(e.index);
+            }
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_asked_for_by_bytes_when_few_large_entries_pile_up() {
+        let mut cfg = RaftConfig::new(1, vec![1]);
+        cfg.snapshot_entries = 1_000_000;
+        cfg.snapshot_bytes = 100 << 10;
+        let mut r = Raft::new(cfg, 1, 0).unwrap();
+        r.campaign();
+        settle(&mut r);
+        assert_eq!(r.role(), Role::Leader);
+        let mut asked = Vec::new();
+        for i in 0..10 {
+            r.propose(vec![7; 30 << 10]).unwrap();
+            if settle(&mut r) {
+                asked.push(i);
+            }
+        }
+        // 30 KiB (and the overhead) per entry: every fourth entry passes
+        // 100 KiB since the last ask, and the count never would.
+        assert_eq!(asked, vec![3, 7]);
+    }
 
     #[test]
     fn a_bad_config_is_refused_with_the_field_not_a_panic() {

@@ -356,14 +356,20 @@ pub(super) fn client(raw: RawClient) -> Result<ClientLimits, Bad> {
     Ok(limits)
 }
 
-/// `[snapshot]`: when to take one (`entries` of log growth, and at least
-/// every `interval_ms`); returns the interval.
+/// `[snapshot]`: when to take one (`entries` or `bytes` of log growth,
+/// and at least every `interval_ms`); returns the interval.
 pub(super) fn snapshot(raw: RawSnapshot, raft: &mut RaftConfig) -> Result<u64, Bad> {
     if let Some(n) = raw.entries {
         if n == 0 {
             return Err(bad("snapshot.entries", "must be at least 1"));
         }
         raft.snapshot_entries = n;
+    }
+    if let Some(n) = raw.bytes {
+        if n == 0 {
+            return Err(bad("snapshot.bytes", "must be at least 1"));
+        }
+        raft.snapshot_bytes = n;
     }
     match raw.interval_ms {
         Some(0) => Err(bad("snapshot.interval_ms", "must be at least 1")),

@@ -46,6 +46,7 @@ pub(super) struct RawClient {
 pub(super) struct RawSnapshot {
     pub(super) interval_ms: Option<u64>,
     pub(super) entries: Option<u64>,
+    pub(super) bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
