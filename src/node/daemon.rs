@@ -147,7 +147,7 @@ const HEAP_TRIM_THRESHOLD_BYTES: i32 = 64 << 20;
 /// Extra heap the allocator takes each time it grows an arena, in bytes.
 const HEAP_TOP_PAD_BYTES: i32 = 16 << 20;
 /// Allocations at least this large get their own mapping, in bytes.
-const HEAP_MMAP_THRESHOLD_BYTES: i32 = 4 << 20;
+const HEAP_MMAP_THRESHOLD_BYTES: i32 = 32 << 20;
 
 /// Tells glibc's allocator to keep freed heap instead of trimming it:
 /// the loops allocate and free message and batch buffers at a steady
