@@ -863,8 +863,13 @@ fn append_read_tail_and_member_print_json_objects() {
     assert_eq!(appended.len(), 2);
     assert_eq!(appended[0]["data"], "a");
     assert_eq!(appended[1]["data"], "b");
+    // Record addresses are ordered as the log, not dense: two requests
+    // may land in two entries (docs/internals/client-protocol.md).
     let first = appended[0]["index"].as_u64().unwrap();
-    assert_eq!(appended[1]["index"].as_u64(), Some(first + 1));
+    assert!(
+        appended[1]["index"].as_u64().unwrap() > first,
+        "{appended:?}"
+    );
 
     let from = first.to_string();
     let read = objects(&quire_on(

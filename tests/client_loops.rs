@@ -123,13 +123,14 @@ fn one_connection_reaches_groups_on_both_cores_and_answers_in_order() {
     // Appends until the tail is answered (whether it was waiting yet or
     // not, it reads from `next`, which the first of these takes).
     let mut other = Client::new(vec![server.addr()], TOKEN, 9);
+    // Addresses are ordered, not dense: the first lands at or after it.
     let first = other.append(1, b"for the tail").unwrap();
-    assert_eq!(first, next);
+    assert!(first >= next, "{first} before {next}");
     while !tail.is_finished() {
         other.append(1, b"more").unwrap();
     }
     let got = tail.join().unwrap().unwrap();
-    assert_eq!(got[0].index, next);
+    assert_eq!(got[0].index, first);
     assert_eq!(got[0].data, b"for the tail");
     // Leaders and Status gather both loops.
     let leaders = client.leaders(0).unwrap();

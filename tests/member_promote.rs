@@ -49,12 +49,15 @@ fn refused(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Appends `n` records one at a time: each waits for the one before, so
+/// each is an entry of its own (a leader gathers a turn's appends into
+/// one entry, and the learner bound counts entries).
 fn append(c: &LocalProcesses, n: usize, what: &str) {
     let id = quire::client::random_client_id().unwrap();
     let mut client = Client::new(c.client_addrs(), &c.token, id);
     let records: Vec<Vec<u8>> = (0..n).map(|i| format!("{what} {i}").into_bytes()).collect();
     client
-        .append_all(0, &records, 16, 64)
+        .append_all(0, &records, 1, 1)
         .expect("appends confirmed");
 }
 

@@ -54,13 +54,13 @@ fn a_retried_append_is_applied_once_even_across_a_failover() {
     let hashes = wait_for("the survivors to apply everything", || {
         let all = c.statuses();
         let applied: Vec<_> = all.iter().map(|s| s.groups[0].applied).collect();
-        (applied.iter().all(|&a| a >= retry) && applied.windows(2).all(|w| w[0] == w[1])).then(
-            || {
+        let retry_entry = quire::state::dedup::address_index(retry);
+        (applied.iter().all(|&a| a >= retry_entry) && applied.windows(2).all(|w| w[0] == w[1]))
+            .then(|| {
                 all.iter()
                     .map(|s| s.groups[0].applied_hash)
                     .collect::<Vec<_>>()
-            },
-        )
+            })
     });
     assert!(
         hashes.iter().all(|&h| h == applied_once),

@@ -273,14 +273,16 @@ fn a_leader_killed_mid_stream_loses_no_record_and_applies_each_once() {
     // Few enough, and small enough, to stay in the log's first segment:
     // no snapshot compacts them away before they are read back.
     for i in 0..8000u64 {
+        let data = format!("r{i}").into_bytes();
+        let t = send(&mut p, 0, &data, &mut out);
+        sent.insert(t, data);
+        // Right after a send, so at least that record is in flight (the
+        // cluster may have answered all the others already).
         if killed.is_none() && out.len() >= 2000 {
             procs.signal(leader, libc::SIGKILL);
             procs.wait(leader);
             killed = Some((out.len(), p.unresolved()));
         }
-        let data = format!("r{i}").into_bytes();
-        let t = send(&mut p, 0, &data, &mut out);
-        sent.insert(t, data);
         out.extend(std::iter::from_fn(|| p.poll(Duration::ZERO)));
     }
     out.extend(p.flush());

@@ -720,14 +720,7 @@ impl LoopClients {
         parts: &mut LoopParts<'_>,
     ) {
         if let Some(&i) = parts.by_group.get(&group) {
-            let r = &mut parts.replicas[i];
-            for (k, data) in items.iter().enumerate() {
-                let t = ClientTicket {
-                    item: k as u32,
-                    ..ticket
-                };
-                r.propose_client_ticket(client_id, first_seq + k as u64, data, t);
-            }
+            parts.replicas[i].propose_client_batch(client_id, first_seq, &items, ticket);
             return;
         }
         let Some(&owner) = parts.routing.owner.get(&group) else {

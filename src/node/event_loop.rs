@@ -467,18 +467,13 @@ impl EventLoop {
         items: &[Vec<u8>],
         ticket: ClientTicket,
     ) {
-        let tickets = (0..items.len()).map(|k| ClientTicket {
-            item: ticket.item + k as u32,
-            ..ticket
-        });
         match self.by_group.get(&group) {
-            Some(&i) => {
-                let r = &mut self.replicas[i];
-                for ((k, data), t) in items.iter().enumerate().zip(tickets) {
-                    r.propose_client_ticket(client_id, first_seq + k as u64, data, t);
-                }
-            }
+            Some(&i) => self.replicas[i].propose_client_batch(client_id, first_seq, items, ticket),
             None => {
+                let tickets = (0..items.len()).map(|k| ClientTicket {
+                    item: ticket.item + k as u32,
+                    ..ticket
+                });
                 let why = ProposeError::Internal(format!(
                     "group {group} is not on the core it was sent to"
                 ));

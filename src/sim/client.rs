@@ -279,7 +279,9 @@ impl World {
         if self.healed_at.is_some_and(|t| p.invoked_ms >= t) {
             self.recovered[g] = true;
         }
-        let Some(h) = self.checker.chain_at(g, index) else {
+        // The answer is a record's address; the log checks are per entry.
+        let entry = crate::state::dedup::address_index(index);
+        let Some(h) = self.checker.chain_at(g, entry) else {
             return Err(Violation {
                 invariant: "state-machine-safety",
                 detail: format!(
@@ -297,7 +299,7 @@ impl World {
         }
         self.complete(c, p, Outcome::Ok(index));
         let disks = super::world::durables(&self.nodes, g);
-        self.checker.confirmed(g, index, h, &disks)?;
+        self.checker.confirmed(g, entry, h, &disks)?;
         let think = self.rng.gen_range(0..=10);
         self.client_later(c, think);
         Ok(())

@@ -561,9 +561,12 @@ impl World {
                 Note::Applied { entry } => {
                     state_changed = true;
                     if let crate::consensus::Payload::Normal(p) = &entry.payload {
-                        if let Some((client, seq, _)) = crate::state::dedup::decode_client_entry(p)
-                        {
-                            appends.push((entry.index, client, seq));
+                        if let Some(records) = crate::state::dedup::client_records(p) {
+                            for (slot, (client, seq, _)) in records.enumerate() {
+                                let address =
+                                    crate::state::dedup::record_address(entry.index, slot);
+                                appends.push((address, client, seq));
+                            }
                         }
                     }
                     let h = self.nodes[n].hosted[g].as_mut().expect("live");
@@ -578,7 +581,7 @@ impl World {
                     h.chain = c;
                     self.checker.applied(g, id, index, c)?;
                 }
-                Note::Deduplicated { index } => self.checker.appends.deduplicated(g, index),
+                Note::Deduplicated { address } => self.checker.appends.deduplicated(g, address),
                 Note::Stopped => stopped = true,
             }
         }
@@ -752,15 +755,15 @@ impl World {
         g: usize,
         appends: Vec<(Index, u64, u64)>,
     ) -> Result<(), Violation> {
-        for (index, client, seq) in appends {
+        for (address, client, seq) in appends {
             let Some(h) = self.nodes[n].hosted[g].as_mut() else {
                 return Ok(());
             };
             // The read path's own decision, without a log read: a read
             // here would be I/O the run did not ask for.
-            let served = h.replica.serves(index);
+            let served = h.replica.serves(address);
             if served {
-                self.checker.appends.served(g, client, seq, index)?;
+                self.checker.appends.served(g, client, seq, address)?;
             }
         }
         Ok(())

@@ -52,6 +52,111 @@ pub fn decode_client_entry(payload: &[u8]) -> Option<(u64, u64, &[u8])> {
     Some((id, seq, &payload[CLIENT_HEADER_BYTES..]))
 }
 
+/// First byte of a client batch entry: the records of one or more client
+/// appends gathered in one leader turn, one Raft entry for all of them.
+/// `0xC3 | count u32 LE | count × (client_id u64 | seq u64 | len u32 | data)`.
+pub const CLIENT_BATCH_ENTRY: u8 = 0xC3;
+/// Header bytes of a client batch entry (the tag and the count).
+pub const CLIENT_BATCH_HEADER_BYTES: usize = 5;
+/// Bytes before each record's data in a client batch entry.
+pub const CLIENT_RECORD_HEADER_BYTES: usize = 20;
+/// Low bits of a record address that number the record in its entry.
+pub const RECORD_SLOT_BITS: u32 = 16;
+/// Records one entry holds at most (every record of the largest
+/// `AppendBatch`, `api::ITEMS_MAX`, fits in one entry).
+pub const RECORDS_PER_ENTRY_MAX: usize = 1 << RECORD_SLOT_BITS;
+
+/// The address of record `slot` of the entry at `index`: what an append
+/// is answered with and a read starts from. Ordered as the log is; the
+/// addresses of one entry's records are consecutive.
+pub fn record_address(index: Index, slot: usize) -> u64 {
+    debug_assert!(slot < RECORDS_PER_ENTRY_MAX);
+    (index << RECORD_SLOT_BITS) | slot as u64
+}
+
+/// The log index of the entry holding the record at `address`.
+pub fn address_index(address: u64) -> Index {
+    address >> RECORD_SLOT_BITS
+}
+
+/// The record's slot in its entry.
+pub fn address_slot(address: u64) -> usize {
+    (address & (RECORDS_PER_ENTRY_MAX as u64 - 1)) as usize
+}
+
+/// Starts a client batch entry in `out` (cleared first).
+pub fn begin_client_batch(out: &mut Vec<u8>) {
+    out.clear();
+    out.push(CLIENT_BATCH_ENTRY);
+    out.extend_from_slice(&0u32.to_le_bytes());
+}
+
+/// Appends one record to the client batch entry begun in `out`.
+pub fn push_client_record(out: &mut Vec<u8>, client_id: u64, seq: u64, data: &[u8]) {
+    let count = u32::from_le_bytes(out[1..5].try_into().expect("a begun batch"));
+    out[1..5].copy_from_slice(&(count + 1).to_le_bytes());
+    out.extend_from_slice(&client_id.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(data);
+}
+
+/// The records of a client entry (one, in the single-record format) or of
+/// a client batch entry, in slot order, as (client id, seq, data); `None`
+/// for any other payload. A batch whose bytes end early, or hold more
+/// than its count says, yields the records that decode whole and stops:
+/// every replica decodes the same bytes alike.
+pub fn client_records(payload: &[u8]) -> Option<ClientRecords<'_>> {
+    match payload.first() {
+        Some(&CLIENT_ENTRY) => decode_client_entry(payload).map(|r| ClientRecords {
+            single: Some(r),
+            rest: &[],
+            left: 0,
+        }),
+        Some(&CLIENT_BATCH_ENTRY) if payload.len() >= CLIENT_BATCH_HEADER_BYTES => {
+            let count = u32::from_le_bytes(payload[1..5].try_into().ok()?);
+            Some(ClientRecords {
+                single: None,
+                rest: &payload[CLIENT_BATCH_HEADER_BYTES..],
+                left: (count as usize).min(RECORDS_PER_ENTRY_MAX),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The records of a client entry: see [`client_records`].
+pub struct ClientRecords<'a> {
+    single: Option<(u64, u64, &'a [u8])>,
+    rest: &'a [u8],
+    left: usize,
+}
+
+impl<'a> Iterator for ClientRecords<'a> {
+    type Item = (u64, u64, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(r) = self.single.take() {
+            return Some(r);
+        }
+        if self.left == 0 || self.rest.len() < CLIENT_RECORD_HEADER_BYTES {
+            return None;
+        }
+        let h = &self.rest[..CLIENT_RECORD_HEADER_BYTES];
+        let client = u64::from_le_bytes(h[0..8].try_into().ok()?);
+        let seq = u64::from_le_bytes(h[8..16].try_into().ok()?);
+        let len = u32::from_le_bytes(h[16..20].try_into().ok()?) as usize;
+        let body = &self.rest[CLIENT_RECORD_HEADER_BYTES..];
+        if body.len() < len {
+            self.left = 0;
+            return None;
+        }
+        self.rest = &body[len..];
+        self.left -= 1;
+        Some((client, seq, &body[..len]))
+    }
+}
+
 /// A request's fingerprint: its length and CRC32C, never 0 (0 stands for
 /// "not recorded", in tables restored from snapshots written before
 /// fingerprints, and matches any bytes).
@@ -246,6 +351,60 @@ impl DedupTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_entry_yields_its_records_in_slot_order() {
+        let mut b = Vec::new();
+        begin_client_batch(&mut b);
+        push_client_record(&mut b, 7, 1, b"one");
+        push_client_record(&mut b, 8, 5, b"");
+        push_client_record(&mut b, 7, 2, &[9; 300]);
+        let got: Vec<_> = client_records(&b).unwrap().collect();
+        assert_eq!(
+            got,
+            vec![
+                (7, 1, &b"one"[..]),
+                (8, 5, &b""[..]),
+                (7, 2, &[9u8; 300][..])
+            ]
+        );
+        let single = encode_client_entry(3, 4, b"x");
+        assert_eq!(
+            client_records(&single).unwrap().collect::<Vec<_>>(),
+            vec![(3, 4, &b"x"[..])]
+        );
+        assert!(client_records(b"raw bytes").is_none());
+        assert!(client_records(&[]).is_none());
+    }
+
+    #[test]
+    fn a_cut_or_lying_batch_yields_only_whole_records() {
+        let mut b = Vec::new();
+        begin_client_batch(&mut b);
+        push_client_record(&mut b, 1, 1, b"whole");
+        push_client_record(&mut b, 1, 2, b"cut short");
+        for cut in 0..b.len() {
+            let n = client_records(&b[..cut]).map_or(0, |r| r.count());
+            assert!(n <= 2, "cut at {cut}");
+            if cut < b.len() {
+                assert!(n < 2, "cut at {cut} yields a record past its end");
+            }
+        }
+        // A count above what follows stops at the bytes' end.
+        b[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(client_records(&b).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn record_addresses_order_as_the_log_and_split_back() {
+        let a = record_address(5, 3);
+        assert_eq!((address_index(a), address_slot(a)), (5, 3));
+        assert!(record_address(5, RECORDS_PER_ENTRY_MAX - 1) < record_address(6, 0));
+        assert_eq!(
+            record_address(6, 0),
+            record_address(5, RECORDS_PER_ENTRY_MAX - 1) + 1
+        );
+    }
 
     #[test]
     fn a_retry_below_the_newest_seq_is_found_also_after_a_snapshot() {

@@ -236,14 +236,16 @@ impl Cluster {
         }
     }
 
-    /// Every live node's log, once every live node has committed at least
-    /// `commit_min` (the highest index any client saw confirmed).
+    /// Every live node's log, once every live node has committed the
+    /// entry holding `commit_min` (the highest record address any client
+    /// saw confirmed; a node's commit index counts entries).
     pub fn read_all_logs(&self, commit_min: u64) -> BTreeMap<NodeId, Vec<LogEntry>> {
+        let commit_min_index = quire::state::dedup::address_index(commit_min);
         let started = std::time::Instant::now();
         while !self
             .live()
             .into_iter()
-            .all(|id| self.group0(id).is_some_and(|g| g.2 >= commit_min))
+            .all(|id| self.group0(id).is_some_and(|g| g.2 >= commit_min_index))
         {
             if started.elapsed() > SERVE_BOUND {
                 for id in self.live() {

@@ -82,15 +82,22 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     pub(crate) applied_hash: u64,
     /// Client appends applied, for idempotent retries.
     dedup: DedupTable,
-    /// Indexes of client appends the dedup table did not apply (a retry
+    /// Addresses of client records the dedup table did not apply (a retry
     /// of an applied append is proposed again, so the log holds it twice):
     /// reads skip them as they skip no-ops, so a record is read once.
     /// Rebuilt by replay after a restart (apply is deterministic) and
-    /// pruned below the snapshot (those indexes are no longer readable).
-    not_applied: BTreeSet<Index>,
+    /// pruned below the snapshot (those entries are no longer readable).
+    not_applied: BTreeSet<u64>,
     /// The ledgers and queues, applied from committed command entries.
     pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
+    /// Client appends gathered since the last `drive`, encoded as one
+    /// client batch entry (empty: none), and who waits for each record:
+    /// `drive` proposes them as one entry.
+    gathered: Vec<u8>,
+    gathered_replies: Vec<machine::WaiterReply>,
+    /// Bytes of the last gathered entry: the next one's first capacity.
+    gathered_bytes_last: usize,
     /// Outcomes of ticketed client appends not yet taken by the loop.
     client_done: Vec<super::command::TicketDone>,
     /// Linearizable reads (queries and raw-log reads) waiting for their
@@ -202,6 +209,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             not_applied: BTreeSet::new(),
             machine: StateMachine::new(),
             waiters: BTreeMap::new(),
+            gathered: Vec::new(),
+            gathered_replies: Vec::new(),
+            gathered_bytes_last: 0,
             client_done: Vec::new(),
             reads_pending: BTreeMap::new(),
             reads_confirmed: VecDeque::new(),
@@ -235,6 +245,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// Runs the Ready loop until Raft has nothing to say; `out` collects
     /// the messages to send now.
     pub(crate) fn drive(&mut self, now_ms: u64, out: &mut Vec<Message>) {
+        // This turn's client appends, one entry for all of them.
+        self.propose_gathered();
         if self.stopped.is_some() {
             return;
         }

@@ -11,7 +11,7 @@ use super::super::host::Host;
 use super::machine::{payload_at, stored_missing};
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Index, Payload, Role, Term};
-use crate::state::dedup::decode_client_entry;
+use crate::state::dedup::{address_index, client_records, record_address};
 use crate::state::query::decode_command_entry;
 use crate::state::{Answer, Query};
 use crate::storage::LogDir;
@@ -231,37 +231,44 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         }
     }
 
-    /// Whether the read path serves the applied entry at `index`: not a
-    /// retry the dedup table (or a conflict) kept out.
-    pub(crate) fn serves(&self, index: Index) -> bool {
-        !self.not_applied.contains(&index)
+    /// Whether the read path serves the applied record at `address`: not
+    /// a retry the dedup table (or a conflict) kept out.
+    pub(crate) fn serves(&self, address: u64) -> bool {
+        !self.not_applied.contains(&address)
     }
 
-    /// Committed entries from `from` on, at most `max_entries` and about
-    /// `max_bytes` (at least one), as (index, term, data): the data of
-    /// client appends without their header; no-ops, membership changes
-    /// and ledger or queue commands are skipped. Only what is committed is served.
+    /// Committed records from address `from` on, at most `max_records`
+    /// and about `max_bytes` (at least one), as (address, term, data):
+    /// the records of client appends and raw data; no-ops, membership
+    /// changes and ledger or queue commands are skipped. Only what is
+    /// committed is served.
     pub(crate) fn read(
         &mut self,
-        from: Index,
-        max_entries: usize,
+        from: u64,
+        max_records: usize,
         max_bytes: usize,
-    ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
+    ) -> Result<Vec<(u64, Term, Vec<u8>)>, ProposeError> {
         if let Some(why) = &self.stopped {
             return Err(ProposeError::LogStopped(why.clone()));
         }
         // Up to what is applied, not committed: only apply knows which
-        // entries are retries to skip.
+        // records are retries to skip.
         let commit = self.raft.commit_index().min(self.applied);
         let first = self.raft.first_index().max(1);
-        if from < first {
-            return Err(ProposeError::Compacted { first });
+        // Entries below `first` are compacted; a read from an address in
+        // one of them is refused (from the start of the log is not).
+        if address_index(from) < first && first > 1 {
+            return Err(ProposeError::Compacted {
+                first: record_address(first, 0),
+            });
         }
         let mut out = Vec::new();
         let mut bytes = 0usize;
-        let mut at = from;
-        while at <= commit && out.len() < max_entries && (out.is_empty() || bytes < max_bytes) {
-            let hi = commit.min(at + max_entries as u64 - 1);
+        let mut at = address_index(from).max(first);
+        let full = |out: &Vec<_>, bytes: usize| out.len() >= max_records || bytes >= max_bytes;
+        while at <= commit && !(out.len() >= max_records || (!out.is_empty() && bytes >= max_bytes))
+        {
+            let hi = commit.min(at + max_records as u64 - 1);
             let entries = self
                 .wal
                 .read(at, hi)
@@ -269,24 +276,38 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             if entries.is_empty() {
                 break;
             }
-            for e in entries {
+            'entries: for e in entries {
                 at = e.index + 1;
-                if !self.serves(e.index) {
+                let Payload::Normal(p) = e.payload else {
                     continue;
+                };
+                if decode_command_entry(&p).is_some() {
+                    continue; // a ledger or queue command, not an append
                 }
-                if let Payload::Normal(p) = e.payload {
-                    if decode_command_entry(&p).is_some() {
-                        continue; // a ledger or queue command, not an append
+                match client_records(&p) {
+                    Some(records) => {
+                        for (slot, (_, _, data)) in records.enumerate() {
+                            let address = record_address(e.index, slot);
+                            if address < from || !self.serves(address) {
+                                continue;
+                            }
+                            bytes += data.len();
+                            out.push((address, e.term, data.to_vec()));
+                            if full(&out, bytes) {
+                                break 'entries;
+                            }
+                        }
                     }
-                    let data = match decode_client_entry(&p) {
-                        Some((_, _, d)) => d.to_vec(),
-                        None => p.into(),
-                    };
-                    bytes += data.len();
-                    out.push((e.index, e.term, data));
-                    if out.len() >= max_entries || bytes >= max_bytes {
-                        break;
+                    None => {
+                        let address = record_address(e.index, 0);
+                        if address >= from && self.serves(address) {
+                            bytes += p.len();
+                            out.push((address, e.term, p.to_vec()));
+                        }
                     }
+                }
+                if full(&out, bytes) {
+                    break;
                 }
             }
         }

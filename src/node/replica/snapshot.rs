@@ -87,7 +87,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 let (index, term) = (snap.index, snap.term);
                 // Refused if the leader installed a newer one meanwhile.
                 if let Ok(replaced) = self.raft.compact_prepared(snap) {
-                    self.not_applied = self.not_applied.split_off(&(index + 1));
+                    self.not_applied = self
+                        .not_applied
+                        .split_off(&crate::state::dedup::record_address(index + 1, 0));
                     if let Some(old) = replaced.filter(|o| o.data.len() > 1 << 20) {
                         // Freed off the loop: returning tens of MB to
                         // the OS (munmap) takes milliseconds.

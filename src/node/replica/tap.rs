@@ -20,9 +20,9 @@ pub(crate) enum Note {
     },
     /// A committed entry was applied.
     Applied { entry: Entry },
-    /// The dedup table caught the client append at `index` as a retry of
-    /// one applied before.
-    Deduplicated { index: Index },
+    /// The dedup table caught the client record at `address` as a retry
+    /// of one applied before.
+    Deduplicated { address: u64 },
     /// The state was restored from the leader's snapshot at `index`.
     Restored { index: Index },
     /// A snapshot of this replica's own was adopted: the log names it
