@@ -156,20 +156,11 @@ impl LogDir for OsDir {
     }
 
     fn create_new(&self, name: &str) -> io::Result<File> {
-        OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(crate::io::private::FILE_MODE)
-            .open(self.root.join(name))
+        truncating_writer().open(self.root.join(name))
     }
 
     fn create_new_direct(&self, name: &str) -> io::Result<(File, bool)> {
-        let created = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(crate::io::private::FILE_MODE)
+        let created = truncating_writer()
             .custom_flags(libc::O_DIRECT)
             .open(self.root.join(name));
         match created {
@@ -259,6 +250,17 @@ impl LogFile for File {
 
 /// Opens `path` read-write (creating it, owner-only), with O_DIRECT if
 /// wanted and the filesystem accepts it. Returns whether it is on, and why.
+/// Options that create a file (owner-only) or truncate what was there,
+/// for writing.
+fn truncating_writer() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.create(true)
+        .truncate(true)
+        .write(true)
+        .mode(crate::io::private::FILE_MODE);
+    o
+}
+
 fn open_data_file(path: &Path, want_direct: bool) -> io::Result<(File, bool, String)> {
     let base = || {
         let mut o = OpenOptions::new();

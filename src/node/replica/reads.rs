@@ -265,9 +265,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let mut at = address_index(from).max(first);
-        let full = |out: &Vec<_>, bytes: usize| out.len() >= max_records || bytes >= max_bytes;
-        while at <= commit && !(out.len() >= max_records || (!out.is_empty() && bytes >= max_bytes))
-        {
+        // At most `max_records`, and at least one whatever `max_bytes`.
+        let full = |records: usize, bytes: usize| {
+            records >= max_records || (records > 0 && bytes >= max_bytes)
+        };
+        while at <= commit && !full(out.len(), bytes) {
             let hi = commit.min(at + max_records as u64 - 1);
             let entries = self
                 .wal
@@ -293,7 +295,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                             }
                             bytes += data.len();
                             out.push((address, e.term, data.to_vec()));
-                            if full(&out, bytes) {
+                            if full(out.len(), bytes) {
                                 break 'entries;
                             }
                         }
@@ -306,7 +308,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                         }
                     }
                 }
-                if full(&out, bytes) {
+                if full(out.len(), bytes) {
                     break;
                 }
             }
