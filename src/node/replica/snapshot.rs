@@ -1,6 +1,6 @@
 //! The snapshot pipeline of a replica: a snapshot is due when the log
 //! grew (Raft asks) or at the interval; the loop captures the state (an
-//! O(1) copy of the persistent maps, a deep copy of the dedup table), a
+//! O(1) copy of the persistent maps: ledgers, queues, dedup table), a
 //! helper thread encodes it and writes it to the WAL's free slot, and the
 //! loop adopts it (Raft compacts, the WAL names it in the superblock)
 //! only once the log is durable up to its index: its state may refer to
@@ -51,10 +51,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     /// Starts a snapshot when one is due (log growth or the interval) and
     /// adopts one that finished. The loop only captures the state: the
-    /// ledgers and queues are persistent maps, so their copy is O(1) and
-    /// shares everything with the live state (copy-on-write); the dedup
-    /// table is not, and its copy is deep, in time and memory
-    /// proportional to its size (`capture_us` measures both copies).
+    /// ledgers, queues and dedup table are persistent maps, so their copy
+    /// is O(1) and shares everything with the live state (copy-on-write;
+    /// `capture_us` measures it).
     /// Encoding and the fsynced file write run on a helper thread, so
     /// appends do not wait for them.
     pub(super) fn snapshot(&mut self, now_ms: u64) {
