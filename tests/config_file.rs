@@ -379,6 +379,26 @@ fn raft_timers_are_refused_by_raft_s_own_check_under_their_key() {
     assert_eq!(msg, "timers.heartbeat_interval_ms: must be at least 1");
     let (e, _) = d.error(&minimal_with("[timers]\nelection_timeout_ms = 20\n"));
     assert_eq!(e.key, "timers.election_timeout_ms");
+    let (e, msg) = d.error(&minimal_with("[timers]\npreferred_leader_hold_ms = 0\n"));
+    assert_eq!(e.key, "timers.preferred_leader_hold_ms");
+    assert_eq!(msg, "timers.preferred_leader_hold_ms: must be at least 1");
+}
+
+#[test]
+fn preferred_leaders_are_on_by_default_and_each_group_gets_its_rank() {
+    let d = Dir::new();
+    let on = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    assert!(on.node.preferred_leaders);
+    assert_eq!(on.node.raft_config(5).preferred_leader_rank, Some(5));
+    assert_eq!(on.node.raft.preferred_leader_hold_ms, 2_000);
+    let off = d
+        .load(&minimal_with(
+            "[timers]\npreferred_leaders = false\npreferred_leader_hold_ms = 9000\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!off.node.preferred_leaders);
+    assert_eq!(off.node.raft_config(5).preferred_leader_rank, None);
+    assert_eq!(off.node.raft.preferred_leader_hold_ms, 9_000);
 }
 
 /// A spec built in code (not from a file) with a Raft config the core

@@ -43,7 +43,10 @@
 //! Setup:
 //! - `cluster n=3 [pre_vote=true] [check_quorum=true] [election=150]
 //!   [heartbeat=30] [append_bytes=1048576] [snapshot_entries=100000]
-//!   [snapshot_chunk=1048576] [inflight_msgs=64]` starts a fresh world (a file may hold several);
+//!   [snapshot_chunk=1048576] [inflight_msgs=64] [preferred=RANK]
+//!   [hold=2000]` starts a fresh world (a file may hold several);
+//!   `preferred` is the group's `preferred_leader_rank` (none by default)
+//!   and `hold` its `preferred_leader_hold_ms`;
 //! - `log N terms=1,1,4 [term=T] [vote=V] [commit=C]` replaces node N's
 //!   durable state with that log (entry data is `index@term`) and restarts
 //!   it from it; `term` defaults to the last entry's term.
@@ -68,7 +71,9 @@
 //!   nothing moves; messages outside the selection stay queued;
 //! - `deliver [SEL] [type=T] [count=K]`, `drop [SEL] [type=T] [count=K]`;
 //! - `persist NODES`, `isolate NODES`, `cut A B` (both ways between two
-//!   nodes), `heal`, `crash NODES`, `restart NODES`.
+//!   nodes), `lose [SEL] type=T` (every such message is lost from now on),
+//!   `heal` (ends isolations, cuts and losses), `crash NODES`,
+//!   `restart NODES`.
 //!
 //! Failure-detector inputs (what the serial heartbeat would report):
 //! `peer-down NODES peer=P`, `leader-seen NODES leader=L term=T`,
@@ -112,6 +117,7 @@ scenarios!(
     check_quorum,
     failover,
     transfer,
+    preferred_leader,
     membership,
     snapshot,
     snapshot_chunks,
@@ -395,7 +401,7 @@ impl Outcome {
     }
 }
 
-/// Which messages a `deliver`, `drop` or `expect queued` applies to.
+/// Which messages a `deliver`, `drop`, `lose` or `expect queued` applies to.
 struct Selector {
     from: Option<BTreeSet<NodeId>>,
     to: Option<BTreeSet<NodeId>>,
@@ -506,6 +512,8 @@ struct Settings {
     snapshot_entries: u64,
     snapshot_chunk: usize,
     inflight_msgs: usize,
+    preferred: Option<u64>,
+    hold_ms: u64,
 }
 
 /// What one `Ready` asked storage to write, in the order it is carried out.
@@ -569,6 +577,8 @@ struct World {
     isolated: BTreeSet<NodeId>,
     /// Two-way cuts between pairs of nodes, (lower id, higher id).
     cuts: BTreeSet<(NodeId, NodeId)>,
+    /// Messages the network loses until `heal`.
+    losses: Vec<Selector>,
     now_ms: u64,
     trace: bool,
     /// Election safety: the leader seen in each term.
@@ -592,6 +602,8 @@ impl World {
             snapshot_entries: a.u64_or("snapshot_entries", 100_000)?,
             snapshot_chunk: a.u64_or("snapshot_chunk", 1 << 20)? as usize,
             inflight_msgs: a.u64_or("inflight_msgs", 64)? as usize,
+            preferred: a.key("preferred").map_or(Ok(None), |v| opt_num(&v))?,
+            hold_ms: a.u64_or("hold", 2000)?,
         };
         let mut w = World {
             settings,
@@ -599,6 +611,7 @@ impl World {
             net: VecDeque::new(),
             isolated: BTreeSet::new(),
             cuts: BTreeSet::new(),
+            losses: Vec::new(),
             now_ms: 0,
             trace,
             leaders: BTreeMap::new(),
@@ -624,6 +637,8 @@ impl World {
         cfg.snapshot_entries = s.snapshot_entries;
         cfg.snapshot_chunk_bytes = s.snapshot_chunk;
         cfg.inflight_msgs_max = s.inflight_msgs;
+        cfg.preferred_leader_rank = s.preferred;
+        cfg.preferred_leader_hold_ms = s.hold_ms;
         cfg
     }
 
@@ -837,6 +852,10 @@ impl World {
     fn deliver(&mut self, m: Message) -> Result<(), String> {
         if self.cut(m.from, m.to) {
             self.log_trace(|| format!("lost (partition) {}", describe(&m)));
+            return Ok(());
+        }
+        if self.losses.iter().any(|sel| sel.matches(&m)) {
+            self.log_trace(|| format!("lost (by `lose`) {}", describe(&m)));
             return Ok(());
         }
         let now = self.now_ms;
@@ -1188,6 +1207,12 @@ impl World {
             "heal" => {
                 self.isolated.clear();
                 self.cuts.clear();
+                self.losses.clear();
+            }
+            "lose" => {
+                let spec = a.opt_pos();
+                let sel = Selector::parse(spec.as_deref(), Some(&a.req("type")?))?;
+                self.losses.push(sel);
             }
             "crash" => {
                 for id in self.ids(&a.pos("nodes")?)? {
@@ -1395,6 +1420,8 @@ impl World {
                     "out_of_band_leader_contacts" => s.out_of_band_leader_contacts,
                     "out_of_band_step_downs" => s.out_of_band_step_downs,
                     "disk_stall_step_downs" => s.disk_stall_step_downs,
+                    "preferred_leader_transfers" => s.preferred_leader_transfers,
+                    "preferred_leader_transfers_failed" => s.preferred_leader_transfers_failed,
                     other => return Err(format!("unknown stat `{other}`")),
                 };
                 (format!("{name}={}", num(value)?), format!("{name}={got}"))

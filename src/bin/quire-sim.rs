@@ -228,6 +228,7 @@ struct Totals {
     failed: u64,
     unknown: u64,
     snapshots: u64,
+    preferred_handovers: u64,
     dropped: u64,
     detector_transitions: u64,
     serial_frame_errors: u64,
@@ -258,6 +259,7 @@ impl Totals {
         self.failed += r.failed;
         self.unknown += r.unknown;
         self.snapshots += r.snapshots_sent;
+        self.preferred_handovers += r.preferred_handovers;
         self.dropped += r.messages_dropped;
         self.detector_transitions += r.detector_transitions;
         self.serial_frame_errors += r.serial_frame_errors;
@@ -317,8 +319,8 @@ impl Totals {
             self.events
         );
         println!(
-            "elections:   {} started, {} leaders elected, {} snapshots sent",
-            self.elections, self.leaders, self.snapshots
+            "elections:   {} started, {} leaders elected, {} handovers to preferred leaders, {} snapshots sent",
+            self.elections, self.leaders, self.preferred_handovers, self.snapshots
         );
         println!(
             "commits:     {} entries committed, {} appends confirmed, {} failed, {} unknown (leader lost)",

@@ -113,6 +113,19 @@ pub struct RaftConfig {
     /// a delay staggered by rank in slots of this length instead of an
     /// election timeout; a few network round trips (pre-vote and vote).
     pub fast_campaign_jitter_ms: u64,
+    /// Leaders spread over nodes: the group prefers the voter at this
+    /// rank (modulo the voters, in id order) as its leader, so group `d`
+    /// given `Some(d)` prefers node `d % N` counted from the lowest id. The
+    /// preferred voter campaigns first when the group starts, and a leader
+    /// that is not it hands leadership back once it has been healthy for
+    /// `preferred_leader_hold_ms`. `None`: whoever wins leads.
+    pub preferred_leader_rank: Option<u64>,
+    /// How long the preferred voter must have answered (within every
+    /// election timeout) before a leader hands over to it: the hysteresis
+    /// that keeps a preferred node that comes and goes from pulling
+    /// leadership back and forth. Doubled after each handover that does
+    /// not complete, for as long as this node leads.
+    pub preferred_leader_hold_ms: u64,
     /// Fault injection for checker validation only.
     pub planted_bug: Option<PlantedBug>,
 }
@@ -136,6 +149,8 @@ impl RaftConfig {
             snapshot_chunk_bytes: 1 << 20,
             snapshot_with_entries: false,
             fast_campaign_jitter_ms: 30,
+            preferred_leader_rank: None,
+            preferred_leader_hold_ms: 2_000,
             planted_bug: None,
         }
     }
@@ -161,6 +176,7 @@ impl RaftConfig {
             ("snapshot_entries", self.snapshot_entries),
             ("snapshot_bytes", self.snapshot_bytes),
             ("snapshot_chunk_bytes", self.snapshot_chunk_bytes as u64),
+            ("preferred_leader_hold_ms", self.preferred_leader_hold_ms),
         ] {
             if value == 0 {
                 return Err(RaftConfigError::Zero(field));
@@ -354,6 +370,10 @@ pub struct RaftStats {
     pub out_of_band_step_downs: u64,
     /// Times a leader stepped down because its own disk stalled.
     pub disk_stall_step_downs: u64,
+    /// Handovers a leader started to the group's preferred voter.
+    pub preferred_leader_transfers: u64,
+    /// Of those, handovers that timed out before the preferred voter led.
+    pub preferred_leader_transfers_failed: u64,
 }
 
 /// One replica of one Raft group. See the module documentation.
@@ -397,6 +417,11 @@ pub struct Raft {
     /// wait until it is committed.
     pending_membership_index: Index,
     transfer: Option<transfer::Transfer>,
+    /// Leader: since when the preferred voter has answered without a gap.
+    preferred_answering_since_ms: Option<u64>,
+    /// Leader: the hold in force, `preferred_leader_hold_ms` doubled per
+    /// handover that timed out during this leadership.
+    preferred_hold_ms: u64,
     reads: ReadIndexQueue,
 
     // output
@@ -489,6 +514,8 @@ impl Raft {
             quorum_check_deadline_ms: 0,
             pending_membership_index: 0,
             transfer: None,
+            preferred_answering_since_ms: None,
+            preferred_hold_ms: cfg.preferred_leader_hold_ms,
             reads: ReadIndexQueue::default(),
             messages: Vec::new(),
             messages_after_persist: Vec::new(),
@@ -503,6 +530,12 @@ impl Raft {
             cfg,
         };
         raft.reset_election_deadline();
+        if raft.preferred_leader().is_some_and(|p| p != raft.id) {
+            // The preferred voter campaigns first when the group starts, so
+            // a healthy cluster begins with its leaders spread, not with
+            // handovers; without it, the rest campaign one timeout later.
+            raft.election_deadline_ms += raft.cfg.election_timeout_ms;
+        }
         Ok(raft)
     }
 

@@ -4,6 +4,9 @@
 
 use super::{Body, NodeId, Raft, RaftError, Role};
 
+/// The most a failed handover to the preferred voter doubles the hold.
+const PREFERRED_HOLD_DOUBLINGS_MAX: u32 = 6;
+
 /// A transfer in progress.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Transfer {
@@ -14,6 +17,18 @@ pub(super) struct Transfer {
 }
 
 impl Raft {
+    /// The voter this group prefers as leader
+    /// ([`RaftConfig::preferred_leader_rank`](super::RaftConfig)), if any.
+    pub fn preferred_leader(&self) -> Option<NodeId> {
+        let rank = self.cfg.preferred_leader_rank?;
+        let voters = &self.membership().voters;
+        let len = voters.len() as u64;
+        if len == 0 {
+            return None;
+        }
+        voters.iter().nth((rank % len) as usize).copied()
+    }
+
     /// Hands leadership to `target`, a voter. Proposals are refused until
     /// the transfer completes or times out (one election timeout).
     pub fn transfer_leadership(&mut self, target: NodeId) -> Result<(), RaftError> {
@@ -46,6 +61,51 @@ impl Raft {
     /// The target of a transfer in progress, if any.
     pub fn transfer_target(&self) -> Option<NodeId> {
         self.transfer.map(|t| t.target)
+    }
+
+    /// Leader: the transfer in progress did not complete in time. A
+    /// handover to the preferred voter waits twice as long next time.
+    pub(super) fn transfer_timed_out(&mut self) {
+        let Some(t) = self.transfer.take() else {
+            return;
+        };
+        if Some(t.target) == self.preferred_leader() {
+            self.stats.preferred_leader_transfers_failed += 1;
+            let ceiling = self.cfg.preferred_leader_hold_ms << PREFERRED_HOLD_DOUBLINGS_MAX;
+            self.preferred_hold_ms = (self.preferred_hold_ms * 2).min(ceiling);
+            self.preferred_answering_since_ms = None;
+        }
+    }
+
+    /// Leader timers: hands leadership to the preferred voter once it has
+    /// answered within every election timeout for the hold, with no
+    /// transfer or membership change under way.
+    pub(super) fn tick_preferred_leader(&mut self) {
+        let Some(preferred) = self.preferred_leader() else {
+            return;
+        };
+        if preferred == self.id || self.role != Role::Leader {
+            return;
+        }
+        let now = self.now_ms;
+        let answering = self
+            .progress
+            .get(&preferred)
+            .and_then(|p| p.last_active_ms)
+            .is_some_and(|t| now < t + self.cfg.election_timeout_ms);
+        if !answering {
+            self.preferred_answering_since_ms = None;
+            return;
+        }
+        let since = *self.preferred_answering_since_ms.get_or_insert(now);
+        let busy = self.transfer.is_some() || self.pending_membership_index > self.log.commit;
+        if busy || now < since + self.preferred_hold_ms {
+            return;
+        }
+        self.preferred_answering_since_ms = None;
+        if self.transfer_leadership(preferred).is_ok() {
+            self.stats.preferred_leader_transfers += 1;
+        }
     }
 
     /// Sends TimeoutNow once the transfer target's log is complete.

@@ -113,6 +113,16 @@ fn metrics_text_with(s: &NodeStatus, refusals: &RefusalCounts) -> String {
         "raft_disk_stall_step_downs",
         "Leaderships given up for a stalled disk",
     );
+    let preferred_transfers = gauge(
+        &mut reg,
+        "raft_preferred_leader_transfers",
+        "Handovers this node started to the group's preferred leader",
+    );
+    let preferred_failed = gauge(
+        &mut reg,
+        "raft_preferred_leader_transfers_failed",
+        "Handovers to the preferred leader that timed out",
+    );
     let disk_ok = gauge(&mut reg, "disk_healthy", "1 if the group's disk is healthy");
     let wal_gauges: Vec<WalGauge> = vec![
         (
@@ -254,6 +264,12 @@ fn metrics_text_with(s: &NodeStatus, refusals: &RefusalCounts) -> String {
         stall_downs
             .get_or_create(&l)
             .set(g.stats.disk_stall_step_downs);
+        preferred_transfers
+            .get_or_create(&l)
+            .set(g.stats.preferred_leader_transfers);
+        preferred_failed
+            .get_or_create(&l)
+            .set(g.stats.preferred_leader_transfers_failed);
         disk_ok
             .get_or_create(&l)
             .set(u64::from(g.disk == "healthy"));
@@ -431,6 +447,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "role": role_name(g.role),
             "term": g.term,
             "leader": g.leader,
+            "preferred_leader": g.preferred_leader,
             "commit": g.commit,
             "applied": g.applied,
             "persisted": g.persisted,

@@ -43,8 +43,14 @@ pub struct NodeSpec {
     pub peers: Vec<PeerSpec>,
     /// This node's groups.
     pub groups: Vec<GroupSpec>,
-    /// Raft timers and limits (`id` and `initial_voters` are set from above).
+    /// Raft timers and limits (`id`, `initial_voters` and
+    /// `preferred_leader_rank` are set from above and below).
     pub raft: RaftConfig,
+    /// Leaders spread over nodes: group `g` prefers the voter at rank
+    /// `g % voters` (node `g % N + 1` when the ids are 1..=N) and a leader
+    /// hands back to it once it is healthy again
+    /// (`raft.preferred_leader_hold_ms`).
+    pub preferred_leaders: bool,
     /// Log storage.
     pub wal: WalConfig,
     /// The replication transport.
@@ -84,6 +90,7 @@ impl NodeSpec {
         NodeSpec {
             id,
             raft: RaftConfig::new(id, voters.clone()),
+            preferred_leaders: true,
             voters,
             key: ClusterKey::derive(b"quire local cluster"),
             peers: Vec::new(),
@@ -107,13 +114,15 @@ impl NodeSpec {
         }
     }
 
-    /// The Raft config each of this node's groups runs with: `raft`, with
-    /// this node's id and voters, and snapshots that carry the log entries
-    /// at or below them which the ledgers and queues refer to.
-    pub fn raft_config(&self) -> RaftConfig {
+    /// The Raft config `group` runs with on this node: `raft`, with this
+    /// node's id and voters, the group's preferred leader, and snapshots
+    /// that carry the log entries at or below them which the ledgers and
+    /// queues refer to.
+    pub fn raft_config(&self, group: GroupId) -> RaftConfig {
         RaftConfig {
             id: self.id,
             initial_voters: self.voters.clone(),
+            preferred_leader_rank: self.preferred_leaders.then_some(u64::from(group)),
             snapshot_with_entries: true,
             ..self.raft.clone()
         }
@@ -154,7 +163,7 @@ impl NodeSpec {
         }
         self.detector.validate().map_err(SpecError::Detector)?;
         self.transport.validate().map_err(SpecError::Transport)?;
-        self.raft_config().validate().map_err(SpecError::Raft)?;
+        self.raft_config(0).validate().map_err(SpecError::Raft)?;
         self.udp_config(&self.groups)
             .validate()
             .map_err(SpecError::Udp)?;

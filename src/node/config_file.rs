@@ -199,6 +199,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         .timers
         .stall_grace_ms
         .unwrap_or(crate::node::STALL_GRACE_MS);
+    let preferred_leaders = raw.timers.preferred_leaders.unwrap_or(true);
     let (detector, mut raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
     let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
     let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
@@ -225,6 +226,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         peers,
         groups,
         raft,
+        preferred_leaders,
         wal,
         transport,
         udp,

@@ -19,6 +19,8 @@ pub struct GroupView {
     pub term: Term,
     /// The leader it knows.
     pub leader: Option<NodeId>,
+    /// The voter the group prefers as leader (leaders spread over nodes).
+    pub preferred_leader: Option<NodeId>,
     /// Commit index.
     pub commit: Index,
     /// Applied index.

@@ -408,6 +408,7 @@ impl World {
         let stats = h.replica.raft.stats();
         self.retired_elections += stats.elections_started;
         self.retired_snapshots += stats.snapshots_sent;
+        self.retired_preferred_handovers += stats.preferred_leader_transfers;
         self.glue.add(&GlueCounts::of_wal(h.replica.wal.metrics()));
         drop(h);
         self.nodes[n].devices[g].crash();

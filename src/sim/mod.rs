@@ -173,6 +173,8 @@ pub struct RunReport {
     pub unknown: u64,
     /// Snapshots sent to lagging followers.
     pub snapshots_sent: u64,
+    /// Handovers leaders started to their group's preferred leader.
+    pub preferred_handovers: u64,
     /// Faults injected, by kind.
     pub faults: FaultCounts,
     /// What the production glue did (recoveries, flushes, snapshots).

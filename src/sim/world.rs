@@ -201,6 +201,7 @@ pub(crate) struct World {
     /// Stats of replicas that crashed, so counters survive restarts.
     pub(crate) retired_elections: u64,
     pub(crate) retired_snapshots: u64,
+    pub(crate) retired_preferred_handovers: u64,
     /// The production glue's counts: recoveries and snapshots as they
     /// happen, the WAL counters of replicas that have stopped.
     pub(crate) glue: super::glue::GlueCounts,
@@ -284,6 +285,7 @@ impl World {
             endpoint_net: None,
             retired_elections: 0,
             retired_snapshots: 0,
+            retired_preferred_handovers: 0,
             glue: Default::default(),
             leaders: 0,
             answers: Answers::default(),
@@ -367,7 +369,7 @@ impl World {
         w
     }
 
-    pub(crate) fn raft_config(&self, node: usize, _group: usize) -> RaftConfig {
+    pub(crate) fn raft_config(&self, node: usize, group: usize) -> RaftConfig {
         let voters = (1..=self.opts.nodes as u64).collect();
         let mut cfg = RaftConfig::new(node as u64 + 1, voters);
         cfg.election_timeout_ms = self.p.election_timeout_ms;
@@ -385,6 +387,10 @@ impl World {
         cfg.pre_vote = self.p.pre_vote;
         cfg.check_quorum = self.p.check_quorum;
         cfg.planted_bug = self.opts.bug;
+        // Leaders spread as quired spreads them; a hold of a few election
+        // timeouts, so handovers back happen within a run's faults.
+        cfg.preferred_leader_rank = Some(group as u64);
+        cfg.preferred_leader_hold_ms = 5 * self.p.election_timeout_ms;
         // A few of this network's round trips, as an operator would set it.
         cfg.fast_campaign_jitter_ms = 2 * (self.p.net_delay_min_ms + self.p.net_jitter_ms) + 10;
         cfg
@@ -706,11 +712,13 @@ impl World {
     pub(crate) fn report(&self) -> RunReport {
         let mut elections = self.retired_elections;
         let mut snapshots = self.retired_snapshots;
+        let mut handovers = self.retired_preferred_handovers;
         for node in &self.nodes {
             for g in 0..node.hosted.len() {
                 if let Some(raft) = node.raft(g) {
                     elections += raft.stats().elections_started;
                     snapshots += raft.stats().snapshots_sent;
+                    handovers += raft.stats().preferred_leader_transfers;
                 }
             }
         }
@@ -728,6 +736,7 @@ impl World {
             failed: self.count(|o| o == Outcome::Failed),
             unknown: self.count(|o| o == Outcome::Unknown),
             snapshots_sent: snapshots,
+            preferred_handovers: handovers,
             faults: self.faults,
             messages_dropped: self.dropped,
             detector_transitions: self.detector_transitions,

@@ -649,15 +649,16 @@ fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
     for alarm in v["alarms"].as_array().into_iter().flatten() {
         say!("  ALARM: {}", alarm.as_str().unwrap_or("?"));
     }
-    say!("  group  role           term  leader  commit  applied  persisted  disk");
+    say!("  group  role           term  leader  prefers  commit  applied  persisted  disk");
     for g in v["groups"].as_array().into_iter().flatten() {
         let n = |k: &str| g[k].as_u64().map_or("-".into(), |x| x.to_string());
         say!(
-            "  {:<5}  {:<13}  {:>4}  {:>6}  {:>6}  {:>7}  {:>9}  {}",
+            "  {:<5}  {:<13}  {:>4}  {:>6}  {:>7}  {:>6}  {:>7}  {:>9}  {}",
             n("group"),
             g["role"].as_str().unwrap_or("?"),
             n("term"),
             n("leader"),
+            n("preferred_leader"),
             n("commit"),
             n("applied"),
             n("persisted"),

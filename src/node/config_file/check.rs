@@ -327,14 +327,16 @@ pub(super) fn timers(
         disk_stall_ms);
     detector.validate().map_err(|e| in_section("timers", e.0))?;
     let mut raft = RaftConfig::new(id, voters);
-    set_present!(raft, t; election_timeout_ms, heartbeat_interval_ms, fast_campaign_jitter_ms);
+    set_present!(raft, t; election_timeout_ms, heartbeat_interval_ms, fast_campaign_jitter_ms,
+        preferred_leader_hold_ms);
     // Raft's own check, under the key of the field at fault: of this
     // section's keys only the timers can be wrong (id is node.id, checked
     // first; the limits are not in the file).
     raft.validate().map_err(|e| match e.field() {
-        f @ ("election_timeout_ms" | "heartbeat_interval_ms" | "fast_campaign_jitter_ms") => {
-            bad(format!("timers.{f}"), e.reason())
-        }
+        f @ ("election_timeout_ms"
+        | "heartbeat_interval_ms"
+        | "fast_campaign_jitter_ms"
+        | "preferred_leader_hold_ms") => bad(format!("timers.{f}"), e.reason()),
         _ => bad("timers", e.to_string()),
     })?;
     if detector.deadtime_ms < 5 * detector.keepalive_ms {

@@ -102,6 +102,8 @@ pub(super) struct RawTimers {
     pub(super) election_timeout_ms: Option<u64>,
     pub(super) heartbeat_interval_ms: Option<u64>,
     pub(super) fast_campaign_jitter_ms: Option<u64>,
+    pub(super) preferred_leaders: Option<bool>,
+    pub(super) preferred_leader_hold_ms: Option<u64>,
     pub(super) stall_grace_ms: Option<u64>,
 }
 

@@ -164,7 +164,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         host: H,
     ) -> Result<Self, StartError> {
         let snapshot = restored.snapshot.clone();
-        let raft = Raft::restore(spec.raft_config(), host.seed(), now_ms, restored)
+        let raft = Raft::restore(spec.raft_config(g.group), host.seed(), now_ms, restored)
             .map_err(SpecError::Raft)?;
         let seed = host.seed();
         let message_bytes_max = spec.transport.message_bytes_max;
@@ -481,6 +481,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             role: self.raft.role(),
             term: self.raft.term(),
             leader: self.raft.leader(),
+            preferred_leader: self.raft.preferred_leader(),
             commit: self.raft.commit_index(),
             applied: self.applied,
             persisted: self.raft.persisted_index(),
