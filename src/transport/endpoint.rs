@@ -144,6 +144,32 @@ impl Endpoint {
         group: GroupId,
         message: &[u8],
     ) -> Result<RangeInclusive<u64>, SendError> {
+        let mut buf = self.message_buffer(peer, group, message.len());
+        buf.extend_from_slice(message);
+        self.send_buffer(peer, group, buf)
+    }
+
+    /// An empty buffer with room for `bytes`, to encode a message to
+    /// `peer` in `group` into, for [`Endpoint::send_buffer`]: one of that
+    /// channel's sent messages whose frames have all left the history,
+    /// when it has one that large, so that buffers are reused rather than
+    /// allocated (or grown, copying) per message.
+    pub fn message_buffer(&mut self, peer: NodeId, group: GroupId, bytes: usize) -> Vec<u8> {
+        self.channel_index
+            .get(&(peer, group))
+            .and_then(|&c| self.channels[c].tx.spare_buffer(bytes))
+            .unwrap_or_else(|| Vec::with_capacity(bytes))
+    }
+
+    /// [`Endpoint::send`] of a message in the caller's buffer, which the
+    /// history keeps as it is: the message is not copied. Refused as
+    /// `send` refuses (the buffer is then reused or freed).
+    pub fn send_buffer(
+        &mut self,
+        peer: NodeId,
+        group: GroupId,
+        message: Vec<u8>,
+    ) -> Result<RangeInclusive<u64>, SendError> {
         if peer == 0 || peer == self.local {
             return Err(SendError::InvalidPeer);
         }
@@ -163,19 +189,21 @@ impl Endpoint {
         if !ch.tx.window_admits(&self.cfg, message.len(), frags) {
             ch.tx.stalled = true;
             ch.stats.window_stalls += 1;
+            ch.tx.keep_spare(message);
             return Err(SendError::WouldBlock);
         }
         let first = ch.tx.next_seq;
-        let shared = ch.tx.share(message);
+        let len = message.len();
+        let shared = std::sync::Arc::new(message);
         for i in 0..frags {
             let lo = i * frag_bytes;
-            let hi = (lo + frag_bytes).min(message.len());
+            let hi = (lo + frag_bytes).min(len);
             let stamp = self.ledger.add(c, hi - lo);
             // frags <= 65535 is checked by config validation.
             ch.tx.push(&shared, lo..hi, i as u16, frags as u16, stamp);
         }
         ch.stats.messages_sent += 1;
-        ch.stats.message_bytes_sent += message.len() as u64;
+        ch.stats.message_bytes_sent += len as u64;
         self.enforce_history_budget();
         Ok(first..=first + frags as u64 - 1)
     }
@@ -999,6 +1027,47 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_buffer_sent_is_kept_as_it_is_and_reused_once_out_of_the_history() {
+        let cfg = TransportConfig {
+            history_bytes_max: 8 << 10,
+            message_bytes_max: 8 << 10,
+            ..TransportConfig::default()
+        };
+        let (mut a, mut b) = pair(cfg);
+        let mut first = a.message_buffer(2, 0, 5000);
+        assert!(first.capacity() >= 5000, "no channel yet: a new one");
+        first.extend_from_slice(&[7; 5000]);
+        let at = first.as_ptr();
+        a.send_buffer(2, 0, first).unwrap();
+        pump(10, &mut a, &mut b);
+        assert_eq!(delivered(&mut b), vec![vec![7; 5000]]);
+        // Nothing left the history yet: a fresh buffer.
+        let fresh = a.message_buffer(2, 0, 5000);
+        assert_ne!(fresh.as_ptr(), at);
+        // The second message pushes the first out of the 8 KiB history;
+        // its buffer, not a copy of it, comes back for the third.
+        a.send(2, 0, &[8; 8000]).unwrap();
+        pump(20, &mut a, &mut b);
+        assert_eq!(delivered(&mut b), vec![vec![8; 8000]]);
+        // Too small for 6000 bytes: not that one.
+        let larger = a.message_buffer(2, 0, 6000);
+        assert_ne!(larger.as_ptr(), at);
+        let again = a.message_buffer(2, 0, 4000);
+        assert!(again.is_empty() && again.capacity() >= 5000);
+        assert_eq!(
+            again.as_ptr(),
+            at,
+            "the history kept the sent buffer itself"
+        );
+        // Refused as `send` refuses.
+        let huge = vec![0; a.config().message_bytes_max + 1];
+        assert!(matches!(
+            a.send_buffer(2, 0, huge),
+            Err(SendError::TooLarge { .. })
+        ));
     }
 
     #[test]

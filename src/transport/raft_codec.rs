@@ -83,6 +83,18 @@ impl std::fmt::Display for CodecError {
 
 impl std::error::Error for CodecError {}
 
+/// At least the bytes `encode_message` appends for `msg` (a buffer of
+/// this capacity is never grown while it encodes).
+pub fn encoded_bytes_max(msg: &Message) -> usize {
+    const FIXED_BYTES: usize = 64;
+    FIXED_BYTES
+        + match &msg.body {
+            Body::Append { entries, .. } => entries.iter().map(|e| e.size_bytes() + 32).sum(),
+            Body::InstallSnapshot { snapshot, .. } => snapshot.size_bytes() + 32,
+            _ => 0,
+        }
+}
+
 /// Appends the encoding of `msg` to `out`.
 pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
     out.push(CODEC_VERSION);
@@ -127,6 +139,8 @@ pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
             put_varint(out, *prev_term);
             put_varint(out, *commit);
             put_varint(out, entries.len() as u64);
+            // Once, rather than doubling through a message of megabytes.
+            out.reserve(encoded_bytes_max(msg));
             for e in entries {
                 put_entry(out, e);
             }
@@ -512,6 +526,11 @@ mod tests {
             let m = random_message(&mut rng);
             let enc = encode_message_to_vec(&m);
             tags.insert(body_tag(&m));
+            assert!(
+                enc.len() <= encoded_bytes_max(&m),
+                "{} > bound: {m:?}",
+                enc.len()
+            );
             assert_eq!(decode_message(&enc), Ok(m.clone()), "{m:?}");
         }
         assert_eq!(tags.len(), 12, "every body tag exercised");

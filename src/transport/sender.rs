@@ -134,13 +134,13 @@ impl TxHalf {
             && self.inflight_frames() <= cfg.window_frames_max / 2
     }
 
-    /// `message` in a buffer the fragments of its frames can share (a
-    /// spare one when there is one).
-    pub(super) fn share(&mut self, message: &[u8]) -> Arc<Vec<u8>> {
-        let mut buf = self.spare.pop().unwrap_or_default();
+    /// An empty buffer of a message that left the history with room for
+    /// `bytes`, if one is kept (a smaller one stays for a smaller message).
+    pub(super) fn spare_buffer(&mut self, bytes: usize) -> Option<Vec<u8>> {
+        let i = self.spare.iter().rposition(|b| b.capacity() >= bytes)?;
+        let mut buf = self.spare.swap_remove(i);
         buf.clear();
-        buf.extend_from_slice(message);
-        Arc::new(buf)
+        Some(buf)
     }
 
     /// Appends one frame, the bytes `fragment` of `message`, to the
@@ -186,11 +186,16 @@ impl TxHalf {
         let len = f.len;
         // The last fragment of its message to go: keep the buffer.
         if let Ok(buf) = Arc::try_unwrap(f.message) {
-            if self.spare.len() < SPARE_MESSAGES_MAX && buf.capacity() <= SPARE_MESSAGE_BYTES_MAX {
-                self.spare.push(buf);
-            }
+            self.keep_spare(buf);
         }
         Some(len)
+    }
+
+    /// Keeps `buf` for a later message, within the spares' bounds.
+    pub(super) fn keep_spare(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < SPARE_MESSAGES_MAX && buf.capacity() <= SPARE_MESSAGE_BYTES_MAX {
+            self.spare.push(buf);
+        }
     }
 
     /// Seq the receiver may learn we have sent up to (exclusive).
