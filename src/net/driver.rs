@@ -115,6 +115,8 @@ pub struct UdpDriver {
     by_group: BTreeMap<GroupId, usize>,
     rx: RxBatch,
     scratch: Vec<u8>,
+    /// Each datagram's destination and size, for `push_batch_whole`.
+    batch_dests: Vec<(SocketAddr, usize)>,
     clock: Instant,
     gso: Gso,
     gro: Offload,
@@ -221,6 +223,7 @@ impl UdpDriver {
             sockets,
             by_group,
             scratch: Vec::with_capacity(TX_BATCH_MAX * super::config::UDP_PAYLOAD_BYTES_MAX / 16),
+            batch_dests: Vec::new(),
             clock: Instant::now(),
             gso,
             gro,
@@ -525,6 +528,57 @@ impl UdpDriver {
         }
     }
 
+    /// Hands the batch in `scratch` to its socket's queue without copying
+    /// it, if every datagram in it goes to one socket and has an address;
+    /// false (nothing done) otherwise.
+    fn push_batch_whole(&mut self, transmits: &[Transmit]) -> bool {
+        let mut socket = None;
+        let mut dests = std::mem::take(&mut self.batch_dests);
+        dests.clear();
+        for t in transmits {
+            let (s, dest) = self.route(t);
+            let Some(dest) = dest.filter(|_| socket.is_none_or(|prev| prev == s)) else {
+                self.batch_dests = dests;
+                return false;
+            };
+            socket = Some(s);
+            dests.push((dest, t.size_bytes));
+        }
+        if let Some(s) = socket {
+            self.sockets[s]
+                .tx
+                .push_batch(&mut self.scratch, &dests, self.gso.segments_max);
+        }
+        self.batch_dests = dests;
+        true
+    }
+
+    /// Copies each datagram of the batch in `scratch` to its socket's
+    /// queue, dropping (and noticing once) those without an address.
+    fn push_batch_each(&mut self, transmits: &[Transmit], queued: &mut usize) {
+        let mut at = 0;
+        for t in transmits {
+            let datagram = at..at + t.size_bytes;
+            at += t.size_bytes;
+            let (s, dest) = self.route(t);
+            let Some(dest) = dest else {
+                self.stats.unroutable_dropped += 1;
+                if self.unroutable_noticed.insert((t.peer, t.group)) {
+                    self.notice(format!(
+                        "no address for node {} group {:?}: its datagrams are dropped until \
+                         the peer map has one",
+                        t.peer, t.group
+                    ));
+                }
+                continue;
+            };
+            self.sockets[s]
+                .tx
+                .push(dest, &self.scratch[datagram], self.gso.segments_max);
+            *queued += 1;
+        }
+    }
+
     /// Sends everything the endpoint has to send, in batches, until it has
     /// nothing more or a socket buffer is full (then `run_once` waits for
     /// room before taking more from the endpoint). After every
@@ -555,26 +609,10 @@ impl UdpDriver {
             let got = self
                 .endpoint
                 .poll_transmits(now, want, &mut self.scratch, &mut transmits);
-            let mut at = 0;
-            for t in &transmits {
-                let datagram = at..at + t.size_bytes;
-                at += t.size_bytes;
-                let (s, dest) = self.route(t);
-                let Some(dest) = dest else {
-                    self.stats.unroutable_dropped += 1;
-                    if self.unroutable_noticed.insert((t.peer, t.group)) {
-                        self.notice(format!(
-                            "no address for node {} group {:?}: its datagrams are dropped until \
-                             the peer map has one",
-                            t.peer, t.group
-                        ));
-                    }
-                    continue;
-                };
-                self.sockets[s]
-                    .tx
-                    .push(dest, &self.scratch[datagram], self.gso.segments_max);
-                queued += 1;
+            if self.push_batch_whole(&transmits) {
+                queued += got;
+            } else {
+                self.push_batch_each(&transmits, &mut queued);
             }
             if got < want {
                 break;

@@ -83,9 +83,44 @@ impl TxQueue {
     /// Appends a datagram, joining the last run where GSO allows.
     pub(crate) fn push(&mut self, dest: SocketAddr, datagram: &[u8], gso_segments_max: usize) {
         debug_assert!(!datagram.is_empty() && datagram.len() <= UDP_PAYLOAD_BYTES_MAX);
-        let n = datagram.len();
         let start = self.buf.len();
         self.buf.extend_from_slice(datagram);
+        self.add_run(dest, start, datagram.len(), gso_segments_max);
+    }
+
+    /// Takes a whole batch of datagrams laid end to end in `batch`, to
+    /// `dests` with their sizes, as `push` of each would, but by swapping
+    /// buffers when nothing is waiting (the usual case): the batch is not
+    /// copied. `batch` gets a cleared buffer back, with its capacity.
+    pub(crate) fn push_batch(
+        &mut self,
+        batch: &mut Vec<u8>,
+        dests: &[(SocketAddr, usize)],
+        gso_segments_max: usize,
+    ) {
+        debug_assert_eq!(dests.iter().map(|d| d.1).sum::<usize>(), batch.len());
+        if !self.is_empty() {
+            let mut at = 0;
+            for &(dest, n) in dests {
+                self.push(dest, &batch[at..at + n], gso_segments_max);
+                at += n;
+            }
+            batch.clear();
+            return;
+        }
+        self.buf.clear();
+        std::mem::swap(&mut self.buf, batch);
+        let mut at = 0;
+        for &(dest, n) in dests {
+            debug_assert!(n > 0 && n <= UDP_PAYLOAD_BYTES_MAX);
+            self.add_run(dest, at, n, gso_segments_max);
+            at += n;
+        }
+    }
+
+    /// Counts the datagram of `n` bytes at `buf[start..]`, joining the
+    /// last run where GSO allows.
+    fn add_run(&mut self, dest: SocketAddr, start: usize, n: usize, gso_segments_max: usize) {
         self.datagrams += 1;
         if self.runs.len() > self.head {
             let last = self.runs.last_mut().expect("non-empty");
@@ -311,6 +346,50 @@ mod tests {
         assert_eq!(q.runs.len(), 7);
         assert!(q.runs.iter().all(|r| r.segments == 1));
         assert_eq!(q.runs[3].len, 50);
+    }
+
+    #[test]
+    fn a_batch_is_taken_as_pushing_each_would_and_not_copied_into_an_empty_queue() {
+        let datagrams: Vec<(SocketAddr, Vec<u8>)> = vec![
+            (a(1), vec![1; 100]),
+            (a(1), vec![2; 100]),
+            (a(1), vec![3; 40]),
+            (a(2), vec![4; 70]),
+        ];
+        let mut batch: Vec<u8> = datagrams.iter().flat_map(|d| d.1.clone()).collect();
+        let dests: Vec<(SocketAddr, usize)> = datagrams.iter().map(|d| (d.0, d.1.len())).collect();
+        let mut each = TxQueue::default();
+        for (dest, d) in &datagrams {
+            each.push(*dest, d, 64);
+        }
+        let shape = |q: &TxQueue| -> Vec<_> {
+            q.runs
+                .iter()
+                .map(|r| (r.dest, r.start, r.len, r.segments, r.closed))
+                .collect()
+        };
+        // Into an empty queue: the batch's own buffer, swapped in.
+        let mut whole = TxQueue::default();
+        let at = batch.as_ptr();
+        whole.push_batch(&mut batch, &dests, 64);
+        assert_eq!(whole.buf.as_ptr(), at, "not copied");
+        assert!(batch.is_empty());
+        assert_eq!(
+            (shape(&whole), whole.datagrams()),
+            (shape(&each), each.datagrams())
+        );
+        assert_eq!(whole.buf, each.buf);
+        // Behind datagrams still waiting: appended, as pushes would.
+        let mut batch2: Vec<u8> = datagrams.iter().flat_map(|d| d.1.clone()).collect();
+        whole.push_batch(&mut batch2, &dests, 64);
+        for (dest, d) in &datagrams {
+            each.push(*dest, d, 64);
+        }
+        assert_eq!(
+            (shape(&whole), whole.datagrams()),
+            (shape(&each), each.datagrams())
+        );
+        assert_eq!(whole.buf, each.buf);
     }
 
     #[test]
