@@ -243,8 +243,7 @@ impl Raft {
             .collect();
         self.heartbeat_deadline_ms = self.now_ms + self.cfg.heartbeat_interval_ms;
         self.quorum_check_deadline_ms = self.now_ms + self.cfg.election_timeout_ms;
-        self.preferred_answering_since_ms = None;
-        self.preferred_hold_ms = self.cfg.preferred_leader_hold_ms;
+        self.preferred_hold_on_election();
         // Any membership entry not yet committed counts as pending.
         self.pending_membership_index = *self.memberships.keys().next_back().unwrap_or(&0);
         // §6.4: a new leader commits an entry of its own term at once, which

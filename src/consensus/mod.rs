@@ -45,7 +45,7 @@ use log::RaftLog;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use read_index::ReadIndexQueue;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// A deliberately wrong behaviour, switched on only to show that the
 /// simulator's checkers catch it. Fault injection: never enable outside
@@ -124,7 +124,8 @@ pub struct RaftConfig {
     /// election timeout) before a leader hands over to it: the hysteresis
     /// that keeps a preferred node that comes and goes from pulling
     /// leadership back and forth. Doubled after each handover that does
-    /// not complete, for as long as this node leads.
+    /// not complete, for as long as this node leads, and for each other
+    /// time this node became leader within 64 holds.
     pub preferred_leader_hold_ms: u64,
     /// Fault injection for checker validation only.
     pub planted_bug: Option<PlantedBug>,
@@ -420,8 +421,13 @@ pub struct Raft {
     /// Leader: since when the preferred voter has answered without a gap.
     preferred_answering_since_ms: Option<u64>,
     /// Leader: the hold in force, `preferred_leader_hold_ms` doubled per
-    /// handover that timed out during this leadership.
+    /// other time this node became leader lately and per handover that
+    /// timed out during this leadership.
     preferred_hold_ms: u64,
+    /// When this node became leader, the last few times within the
+    /// longest hold: a node that keeps getting leadership back (the
+    /// preferred voter takes it, then fails again) waits longer each time.
+    leaderships_won_ms: VecDeque<u64>,
     reads: ReadIndexQueue,
 
     // output
@@ -516,6 +522,7 @@ impl Raft {
             transfer: None,
             preferred_answering_since_ms: None,
             preferred_hold_ms: cfg.preferred_leader_hold_ms,
+            leaderships_won_ms: VecDeque::new(),
             reads: ReadIndexQueue::default(),
             messages: Vec::new(),
             messages_after_persist: Vec::new(),

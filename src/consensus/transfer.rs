@@ -63,6 +63,28 @@ impl Raft {
         self.transfer.map(|t| t.target)
     }
 
+    /// Leader, just elected: the hold starts from `preferred_leader_hold_ms`,
+    /// doubled for each other time this node became leader within the
+    /// longest hold (the preferred voter took over and failed again).
+    pub(super) fn preferred_hold_on_election(&mut self) {
+        let base = self.cfg.preferred_leader_hold_ms;
+        let window = base << PREFERRED_HOLD_DOUBLINGS_MAX;
+        let now = self.now_ms;
+        let won = &mut self.leaderships_won_ms;
+        while won
+            .front()
+            .is_some_and(|&t| now >= t.saturating_add(window))
+        {
+            won.pop_front();
+        }
+        if won.len() > PREFERRED_HOLD_DOUBLINGS_MAX as usize {
+            won.pop_front();
+        }
+        won.push_back(now);
+        self.preferred_hold_ms = base << (won.len() - 1);
+        self.preferred_answering_since_ms = None;
+    }
+
     /// Leader: the transfer in progress did not complete in time. A
     /// handover to the preferred voter waits twice as long next time.
     pub(super) fn transfer_timed_out(&mut self) {
