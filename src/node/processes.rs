@@ -76,19 +76,6 @@ fn free_udp_base(groups: u32) -> std::io::Result<u16> {
     Err(std::io::Error::other("no run of free UDP ports"))
 }
 
-/// The core node `id` of a local cluster is pinned to, on a host of
-/// `cores`: node 1, which leads group 0 (its preferred leader, the group
-/// quire up and quire-bench use), has core 0 to itself; the others share
-/// the rest (on 2 cores: nodes 2 and 3 on core 1). A leader does the most
-/// work of the three, and one that shares its core with a follower waits
-/// for it.
-fn local_core(id: NodeId, cores: usize) -> usize {
-    match (id, cores) {
-        (1, _) | (_, 0 | 1) => 0,
-        _ => 1 + (id as usize - 2) % (cores - 1),
-    }
-}
-
 /// The MTU of the loopback interface (`/sys/class/net/lo/mtu`), capped at
 /// the transport's largest (65,535); 1500 when it cannot be read.
 fn loopback_mtu_bytes() -> usize {
@@ -181,7 +168,7 @@ impl LocalProcesses {
             let _ = writeln!(t, "cluster_key_file = \"../cluster.key\"");
             let _ = writeln!(t, "auth_token_file = \"../client.token\"");
             let _ = writeln!(t, "admin_token_file = \"../admin.token\"");
-            let _ = writeln!(t, "cores = [{}]", local_core(id, cores));
+            let _ = writeln!(t, "cores = [{}]", (id as usize - 1) % cores);
             let _ = writeln!(t, "client_listen = \"{}\"", node.client);
             let _ = writeln!(t, "admin_listen = \"{}\"", node.admin);
             let _ = writeln!(t, "\n[udp]\nbind = \"127.0.0.1\"\nbase_port = {}", node.udp);
@@ -308,18 +295,5 @@ impl Drop for LocalProcesses {
                 self.wait(id);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::local_core;
-
-    #[test]
-    fn node_1_has_a_core_to_itself_where_there_are_two() {
-        let on = |cores| (1..=5).map(|id| local_core(id, cores)).collect::<Vec<_>>();
-        assert_eq!(on(1), [0, 0, 0, 0, 0]);
-        assert_eq!(on(2), [0, 1, 1, 1, 1]);
-        assert_eq!(on(4), [0, 1, 2, 3, 1]);
     }
 }
