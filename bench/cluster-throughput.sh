@@ -2,7 +2,9 @@
 # The whole path, issue 20's acceptance: quire-bench against an embedded
 # 3-node cluster (`--ioengine=cluster --embedded`, 1 KiB appends, 256 in
 # flight per job) at numjobs 1 and NJ, at iodepth 1, and fio's fdatasync
-# latency on the same disk, alternating in every round. Prints each run,
+# latency on the same disk (one job, and three at once as the three
+# replicas' fsyncs meet on a local cluster's one disk), alternating in
+# every round. Prints each run,
 # then the medians: appends/s, the daemons' CPU per confirmed append
 # (`cpu_us_per_op`, summed over the three), quire-bench's own, clat p50.
 # BASELINE=DIR also runs DIR/quire-bench (with its daemons beside it: a
@@ -35,10 +37,12 @@ print("%d %.2f %.2f %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_per_o
       w["clat_ns"]["percentile"]["50.000000"] // 1000))'
 }
 
-# fio's p50 of a 4 KiB write + fdatasync (psync), in µs.
+# fio's p50 of a 4 KiB write + fdatasync (psync), in µs, with $1 jobs
+# at once (3: as the three replicas of a local cluster fsync one disk).
 fio_p50() {
   fio --name=lat --directory="$dir" --ioengine=psync --rw=write --bs=4k --fdatasync=1 \
-    --size=64m --runtime="$secs" --time_based --output-format=json 2>/dev/null |
+    --size=64m --runtime="$secs" --time_based --numjobs="${1:-1}" --group_reporting \
+    --output-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
@@ -58,12 +62,15 @@ for r in $(seq "$rounds"); do
     echo "round $r $who depth $depth numjobs $jobs: $out (appends/s, daemon us/op, client us/op, p50 us)"
     runs[$c]+="$out"$'\n'
   done
-  f=$(fio_p50)
+  f=$(fio_p50 1)
   echo "round $r fio psync fdatasync p50: $f us"
   runs[fio]+="$f"$'\n'
+  f3=$(fio_p50 3)
+  echo "round $r fio psync fdatasync p50, 3 jobs at once: $f3 us"
+  runs[fio3]+="$f3"$'\n'
 done
 echo "medians of $rounds:"
-for c in "${cells[@]}" fio; do
+for c in "${cells[@]}" fio fio3; do
   printf '%s\n' "${runs[$c]}" | python3 -c '
 import statistics, sys
 name = sys.argv[1]
