@@ -30,7 +30,7 @@ bench() {
     python3 -c '
 import json, sys
 jobs = json.load(sys.stdin)["jobs"]
-# One report per group (its clones merged); the CPU block is the run's.
+# One report per group (its clones merged); one CPU block for the run.
 iops = sum(j["write"]["iops"] for j in jobs)
 p50 = max(j["write"]["clat_ns"]["percentile"]["50.000000"] for j in jobs) // 1000
 j = jobs[0]
