@@ -8,7 +8,7 @@
 # then the medians: appends/s, the daemons' CPU per confirmed append
 # (`cpu_us_per_op`, summed over the three), quire-bench's own, clat p50.
 # BASELINE=DIR also runs DIR/quire-bench (with its daemons beside it: a
-# tree before a change) at numjobs 1 and iodepth 1 in every round.
+# tree before a change) at numjobs 1 and NJ and iodepth 1 in every round.
 # Usage: bench/cluster-throughput.sh [rounds] [seconds] [NJ]
 #   (default: 3 5 4)
 # Run it alone on the machine (flock it against builds).
@@ -51,7 +51,7 @@ print(j["sync"]["lat_ns"]["percentile"]["50.000000"] // 1000)'
 }
 
 cells=("this:256:1" "this:256:$nj" "this:1:1")
-[ -n "$baseline" ] && cells+=("base:256:1" "base:1:1")
+[ -n "$baseline" ] && cells+=("base:256:1" "base:256:$nj" "base:1:1")
 declare -A runs
 for r in $(seq "$rounds"); do
   for c in "${cells[@]}"; do
