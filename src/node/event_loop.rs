@@ -29,7 +29,7 @@ use crate::heartbeat::{Channel, GroupStatus, Heartbeat};
 use crate::net::{PeerMap, UdpDriver};
 use crate::storage::Wal;
 use crate::transport::raft_codec::{
-    decode_message, encode_message, encoded_bytes_max, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
+    decode_raft_delivery, encode_message, encoded_bytes_max, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
 };
 use crate::transport::{Endpoint, Event, GroupId};
 use crossbeam_channel::Receiver;
@@ -518,15 +518,24 @@ impl EventLoop {
                 continue;
             };
             self.heard_udp(now, peer);
-            match message.split_first() {
-                Some((&ENVELOPE_RAFT, body)) => match decode_message(body) {
+            if message.first() == Some(&ENVELOPE_RAFT) {
+                let (decoded, spare) = decode_raft_delivery(message);
+                match decoded {
                     Ok(msg) if msg.from == peer && msg.to == self.spec.id => {
                         if let Some(&i) = self.by_group.get(&group) {
                             self.replicas[i].raft.step(now, msg);
                         }
                     }
                     Ok(_) | Err(_) => self.note(format!("dropped a bad message from node {peer}")),
-                },
+                }
+                // An append's entries keep its buffer; any other message's
+                // carries the next reassembled one.
+                if let Some(buf) = spare {
+                    self.udp.endpoint_mut().recycle_message(buf);
+                }
+                continue;
+            }
+            match message.split_first() {
                 Some((&ENVELOPE_HEARTBEAT, body)) => match Heartbeat::decode(body) {
                     Ok(hb) if hb.node == peer => self.udp_heartbeat(now, hb),
                     Ok(_) | Err(_) => {
@@ -536,8 +545,7 @@ impl EventLoop {
                 _ => self.note(format!("dropped an unknown message from node {peer}")),
             }
             // Decoded into owned values above: the buffer can carry the
-            // next reassembled message (no allocation and page faults per
-            // large AppendEntries).
+            // next reassembled message (no allocation and page faults).
             self.udp.endpoint_mut().recycle_message(message);
         }
     }

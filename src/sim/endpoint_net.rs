@@ -18,7 +18,7 @@ use super::RunReport;
 use crate::consensus::{Message, NodeId};
 use crate::heartbeat::{Channel, Heartbeat};
 use crate::transport::raft_codec::{
-    decode_message, encode_message, encoded_bytes_max, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
+    decode_raft_delivery, encode_message, encoded_bytes_max, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
 };
 use crate::transport::{
     ClusterKey, DropReason, Endpoint, Event as Delivery, GroupId, SendError, TransportConfig,
@@ -235,7 +235,9 @@ impl World {
                 continue;
             }
             assert_eq!(envelope, ENVELOPE_RAFT, "n{}: an unknown envelope", to + 1);
-            let msg = decode_message(body)
+            // As the node's loop decodes: an append shares its buffer.
+            let (decoded, _) = decode_raft_delivery(message);
+            let msg = decoded
                 .unwrap_or_else(|e| panic!("n{}: undecodable message from n{peer}: {e}", to + 1));
             assert!(
                 msg.from == peer && idx(msg.to) == to && (group as usize) < self.opts.groups,

@@ -29,6 +29,7 @@ pub const ENVELOPE_RAFT: u8 = 0;
 pub const ENVELOPE_HEARTBEAT: u8 = 1;
 
 use crate::consensus::{AppendResult, Body, Entry, Membership, Message, Payload, Snapshot};
+use bytes::Bytes;
 use std::collections::BTreeSet;
 
 /// Version byte at the start of every encoded message.
@@ -199,7 +200,50 @@ pub fn encode_message_to_vec(msg: &Message) -> Vec<u8> {
 
 /// Decodes one message that must fill `bytes` exactly. Never panics.
 pub fn decode_message(bytes: &[u8]) -> Result<Message, CodecError> {
-    let mut r = Reader { bytes };
+    decode_with(Reader {
+        bytes,
+        shared: None,
+    })
+}
+
+/// `decode_message`, with the entries' payloads slices of `bytes` itself
+/// rather than copies: a follower's entries then share the buffer the
+/// transport reassembled the message in, from the log to the WAL's batch.
+pub fn decode_message_shared(bytes: &Bytes) -> Result<Message, CodecError> {
+    decode_with(Reader {
+        bytes,
+        shared: Some(bytes),
+    })
+}
+
+/// True if `bytes` (a message as `encode_message` makes it) is an
+/// AppendEntries: the one message whose payloads are worth sharing.
+pub fn is_append(bytes: &[u8]) -> bool {
+    let mut r = Reader {
+        bytes,
+        shared: None,
+    };
+    let header = r.u8().is_ok() && r.varint().is_ok() && r.varint().is_ok() && r.varint().is_ok();
+    header && r.u8() == Ok(4)
+}
+
+/// Decodes a delivered `ENVELOPE_RAFT` message (the envelope byte
+/// first). An AppendEntries is decoded shared: its entries keep the
+/// buffer (one copy of each payload byte fewer on a follower). Anything
+/// else is decoded by copy and the buffer handed back, for
+/// `Endpoint::recycle_message`.
+pub fn decode_raft_delivery(message: Vec<u8>) -> (Result<Message, CodecError>, Option<Vec<u8>>) {
+    let body = message.get(1..).unwrap_or_default();
+    if is_append(body) {
+        let shared = Bytes::from(message).slice(1..);
+        (decode_message_shared(&shared), None)
+    } else {
+        let decoded = decode_message(body);
+        (decoded, Some(message))
+    }
+}
+
+fn decode_with(mut r: Reader<'_>) -> Result<Message, CodecError> {
     let version = r.u8()?;
     if version != CODEC_VERSION {
         return Err(CodecError::BadVersion(version));
@@ -325,6 +369,8 @@ fn put_entry(out: &mut Vec<u8>, e: &Entry) {
 
 struct Reader<'a> {
     bytes: &'a [u8],
+    /// The buffer `bytes` lies in, when payloads may be slices of it.
+    shared: Option<&'a Bytes>,
 }
 
 impl Reader<'_> {
@@ -380,6 +426,17 @@ impl Reader<'_> {
         Ok(head.to_vec())
     }
 
+    /// A byte string as a payload: a slice of the shared buffer, or a copy.
+    fn payload(&mut self) -> Result<Bytes, CodecError> {
+        let n = self.count(1, "byte string")?;
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(match self.shared {
+            Some(buf) => buf.slice_ref(head),
+            None => Bytes::copy_from_slice(head),
+        })
+    }
+
     fn set(&mut self) -> Result<BTreeSet<u64>, CodecError> {
         let n = self.count(1, "member set")?;
         if n > MEMBERS_MAX {
@@ -410,7 +467,7 @@ impl Reader<'_> {
         let index = self.varint()?;
         let payload = match self.u8()? {
             0 => Payload::Noop,
-            1 => Payload::Normal(self.bytes()?.into()),
+            1 => Payload::Normal(self.payload()?),
             2 => Payload::Membership(self.membership()?),
             _ => return Err(CodecError::BadTag("payload")),
         };
@@ -532,6 +589,9 @@ mod tests {
                 enc.len()
             );
             assert_eq!(decode_message(&enc), Ok(m.clone()), "{m:?}");
+            let shared = Bytes::from(enc.clone());
+            assert_eq!(decode_message_shared(&shared), Ok(m.clone()), "{m:?}");
+            assert_eq!(is_append(&enc), matches!(m.body, Body::Append { .. }));
         }
         assert_eq!(tags.len(), 12, "every body tag exercised");
     }
@@ -582,6 +642,43 @@ mod tests {
     }
 
     #[test]
+    fn shared_decoding_points_into_the_message_and_refuses_what_copying_refuses() {
+        let m = Message {
+            from: 1,
+            to: 2,
+            term: 3,
+            body: Body::Append {
+                prev_index: 4,
+                prev_term: 3,
+                entries: vec![Entry {
+                    term: 3,
+                    index: 5,
+                    payload: Payload::Normal(vec![9u8; 1000].into()),
+                }],
+                commit: 4,
+            },
+        };
+        let shared = Bytes::from(encode_message_to_vec(&m));
+        let span = shared.as_ptr_range();
+        let Body::Append { entries, .. } = decode_message_shared(&shared).unwrap().body else {
+            panic!("an append");
+        };
+        let Payload::Normal(data) = &entries[0].payload else {
+            panic!("a normal entry");
+        };
+        assert!(span.contains(&data.as_ptr()), "not a copy");
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..200 {
+            let enc = encode_message_to_vec(&random_message(&mut rng));
+            for len in 0..enc.len() {
+                let cut = Bytes::copy_from_slice(&enc[..len]);
+                assert_eq!(decode_message_shared(&cut), decode_message(&cut));
+                assert!(decode_message_shared(&cut).is_err());
+            }
+        }
+    }
+
+    #[test]
     fn every_truncation_is_rejected() {
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         for _ in 0..300 {
@@ -599,15 +696,34 @@ mod tests {
     fn varints_are_canonical() {
         let mut r = Reader {
             bytes: &[0x80, 0x00],
+            shared: None,
         };
         assert_eq!(r.varint(), Err(CodecError::BadVarint), "overlong zero");
         let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
-        assert_eq!(Reader { bytes: &max }.varint(), Ok(u64::MAX));
+        assert_eq!(
+            Reader {
+                bytes: &max,
+                shared: None
+            }
+            .varint(),
+            Ok(u64::MAX)
+        );
         let over = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
-        assert_eq!(Reader { bytes: &over }.varint(), Err(CodecError::BadVarint));
+        assert_eq!(
+            Reader {
+                bytes: &over,
+                shared: None
+            }
+            .varint(),
+            Err(CodecError::BadVarint)
+        );
         let eleven = [0x80; 11];
         assert_eq!(
-            Reader { bytes: &eleven }.varint(),
+            Reader {
+                bytes: &eleven,
+                shared: None
+            }
+            .varint(),
             Err(CodecError::BadVarint)
         );
     }
