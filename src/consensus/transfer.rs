@@ -2,7 +2,7 @@
 //! brings the target up to date, then tells it to time out now; the target
 //! campaigns at once and voters ignore their leader lease for it.
 
-use super::{Body, NodeId, Raft, RaftError, Role};
+use super::{Body, NodeId, Raft, RaftError, ReplicationState, Role};
 
 /// The most a failed handover to the preferred voter doubles the hold.
 const PREFERRED_HOLD_DOUBLINGS_MAX: u32 = 6;
@@ -121,7 +121,13 @@ impl Raft {
         }
         let since = *self.preferred_answering_since_ms.get_or_insert(now);
         let busy = self.transfer.is_some() || self.pending_membership_index > self.log.commit;
-        if busy || now < since + self.preferred_hold_ms {
+        // A voter still catching up (probing, a snapshot on its way, or
+        // short of the commit index) would hold proposals off for the
+        // whole transfer: wait until it streams and has what is committed.
+        let caught_up = self.progress.get(&preferred).is_some_and(|p| {
+            p.state == ReplicationState::Replicate && p.match_index >= self.log.commit
+        });
+        if busy || !caught_up || now < since + self.preferred_hold_ms {
             return;
         }
         self.preferred_answering_since_ms = None;
