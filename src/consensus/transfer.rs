@@ -4,7 +4,8 @@
 
 use super::{Body, NodeId, Raft, RaftError, ReplicationState, Role};
 
-/// The most a failed handover to the preferred voter doubles the hold.
+/// The most times the hold before a handover to the preferred voter
+/// doubles (after failed handovers, or leaderships won again): 64×.
 const PREFERRED_HOLD_DOUBLINGS_MAX: u32 = 6;
 
 /// A transfer in progress.
@@ -99,34 +100,30 @@ impl Raft {
         }
     }
 
-    /// Leader timers: hands leadership to the preferred voter once it has
-    /// answered within every election timeout for the hold, with no
-    /// transfer or membership change under way.
+    /// Leader timers (`tick_leader`): hands leadership to the preferred
+    /// voter once it has answered within every election timeout for the
+    /// hold and caught up, with no transfer or membership change under way.
     pub(super) fn tick_preferred_leader(&mut self) {
-        let Some(preferred) = self.preferred_leader() else {
+        let Some(preferred) = self.preferred_leader().filter(|&p| p != self.id) else {
             return;
         };
-        if preferred == self.id || self.role != Role::Leader {
-            return;
-        }
         let now = self.now_ms;
-        let answering = self
-            .progress
-            .get(&preferred)
-            .and_then(|p| p.last_active_ms)
+        let Some(p) = self.progress.get(&preferred) else {
+            return;
+        };
+        let answering = p
+            .last_active_ms
             .is_some_and(|t| now < t + self.cfg.election_timeout_ms);
+        // A voter still catching up (probing, a snapshot on its way, or
+        // short of the commit index) would hold proposals off for the
+        // whole transfer: wait until it streams and has what is committed.
+        let caught_up = p.state == ReplicationState::Replicate && p.match_index >= self.log.commit;
         if !answering {
             self.preferred_answering_since_ms = None;
             return;
         }
         let since = *self.preferred_answering_since_ms.get_or_insert(now);
         let busy = self.transfer.is_some() || self.pending_membership_index > self.log.commit;
-        // A voter still catching up (probing, a snapshot on its way, or
-        // short of the commit index) would hold proposals off for the
-        // whole transfer: wait until it streams and has what is committed.
-        let caught_up = self.progress.get(&preferred).is_some_and(|p| {
-            p.state == ReplicationState::Replicate && p.match_index >= self.log.commit
-        });
         if busy || !caught_up || now < since + self.preferred_hold_ms {
             return;
         }

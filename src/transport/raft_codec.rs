@@ -84,8 +84,9 @@ impl std::fmt::Display for CodecError {
 
 impl std::error::Error for CodecError {}
 
-/// At least the bytes `encode_message` appends for `msg` (a buffer of
-/// this capacity is never grown while it encodes).
+/// At least the bytes `encode_message` appends for `msg`: size its
+/// buffer with this, and a message of megabytes is not grown by doubling
+/// (each growth a realloc that copies).
 pub fn encoded_bytes_max(msg: &Message) -> usize {
     const FIXED_BYTES: usize = 64;
     FIXED_BYTES
@@ -140,8 +141,6 @@ pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
             put_varint(out, *prev_term);
             put_varint(out, *commit);
             put_varint(out, entries.len() as u64);
-            // Once, rather than doubling through a message of megabytes.
-            out.reserve(encoded_bytes_max(msg));
             for e in entries {
                 put_entry(out, e);
             }
@@ -193,7 +192,7 @@ pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
 
 /// The encoding of `msg` in a new buffer.
 pub fn encode_message_to_vec(msg: &Message) -> Vec<u8> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(encoded_bytes_max(msg));
     encode_message(msg, &mut out);
     out
 }
