@@ -105,7 +105,7 @@ fn one_connection_reaches_groups_on_both_cores_and_answers_in_order() {
         assert!(indexes.windows(2).all(|w| w[0] < w[1]), "{indexes:?}");
         assert!(indexes[0] > one);
         let read = client.read(g, one, 1000).unwrap();
-        let data: Vec<&[u8]> = read.iter().map(|e| e.data.as_slice()).collect();
+        let data: Vec<&[u8]> = read.iter().map(|e| &e.data[..]).collect();
         assert_eq!(data[0], format!("first of {g}").as_bytes());
         assert_eq!(
             &data[1..],
@@ -131,7 +131,7 @@ fn one_connection_reaches_groups_on_both_cores_and_answers_in_order() {
     }
     let got = tail.join().unwrap().unwrap();
     assert_eq!(got[0].index, first);
-    assert_eq!(got[0].data, b"for the tail");
+    assert_eq!(got[0].data[..], b"for the tail"[..]);
     // Leaders and Status gather both loops.
     let leaders = client.leaders(0).unwrap();
     assert_eq!(leaders.len(), 2, "{leaders:?}");

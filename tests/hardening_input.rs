@@ -43,7 +43,7 @@ fn read_everywhere(procs: &LocalProcesses, c: &mut Client, until: u64) -> Vec<Ve
                     all.extend(batch.into_iter().map(|e| (e.index, e.data)));
                 }
                 let done = all.last().is_some_and(|(ix, _)| *ix >= until);
-                done.then(|| all.into_iter().map(|(_, d)| d).collect())
+                done.then(|| all.into_iter().map(|(_, d)| d.to_vec()).collect())
             })
             .0
         })

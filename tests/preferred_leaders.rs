@@ -113,7 +113,7 @@ fn each_group_is_led_by_its_preferred_node_and_gets_it_back_after_a_failover() {
     let mut reader = Client::new(c.client_addrs(), &c.token, 8);
     reader.deadline = BOUND;
     let read = reader.read(0, 0, 100).expect("group 0 reads");
-    let data: Vec<&[u8]> = read.iter().map(|r| r.data.as_slice()).collect();
+    let data: Vec<&[u8]> = read.iter().map(|r| &r.data[..]).collect();
     for want in [
         &b"spread"[..],
         b"while node 1 is down",

@@ -66,7 +66,7 @@ fn log_of(c: &mut Client, i: usize, group: u32) -> Option<BTreeMap<u64, Vec<u8>>
             return Some(out);
         };
         from = last.index + 1;
-        out.extend(page.into_iter().map(|e| (e.index, e.data)));
+        out.extend(page.into_iter().map(|e| (e.index, e.data.to_vec())));
     }
 }
 

@@ -49,7 +49,7 @@ fn copies(c: &mut Client, nodes: usize, n: usize) -> Vec<Vec<(u64, Vec<u8>)>> {
                 Duration::from_secs(20),
                 || {
                     let got = read_all(c, i)?;
-                    (got.len() >= n).then(|| got.into_iter().map(|e| (e.index, e.data)).collect())
+                    (got.len() >= n).then(|| got.into_iter().map(|e| (e.index, e.data.to_vec())).collect())
                 },
             )
             .0
@@ -139,7 +139,7 @@ fn sigkill_of_the_leader_loses_no_confirmed_append_and_applies_retries_once() {
         .0;
         let mut seen: BTreeMap<Vec<u8>, u32> = BTreeMap::new();
         for e in &got {
-            *seen.entry(e.data.clone()).or_default() += 1;
+            *seen.entry(e.data.to_vec()).or_default() += 1;
         }
         for r in &confirmed {
             assert_eq!(seen.get(r.as_bytes()), Some(&1), "node {}: {r}", s + 1);

@@ -160,7 +160,7 @@ fn a_stale_read_is_served_by_a_follower_and_a_default_one_redirected() {
         || match ask(follower, &procs.token, &read(true)) {
             Response::Entries { entries } => entries
                 .first()
-                .filter(|e| e.index == index && e.data == b"seen everywhere")
+                .filter(|e| e.index == index && e.data[..] == b"seen everywhere"[..])
                 .map(|_| ()),
             other => panic!("a stale read on a follower: {other:?}"),
         },

@@ -181,12 +181,12 @@ fn all_responses() -> Vec<Response> {
                 Entry {
                     index: 1,
                     term: 1,
-                    data: b"x".to_vec(),
+                    data: bytes::Bytes::from_static(b"x"),
                 },
                 Entry {
                     index: 2,
                     term: 3,
-                    data: Vec::new(),
+                    data: bytes::Bytes::new(),
                 },
             ],
         },

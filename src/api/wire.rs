@@ -196,8 +196,9 @@ pub struct Entry {
     pub index: u64,
     /// Raft term the entry was written in.
     pub term: u64,
-    /// The appended bytes.
-    pub data: Vec<u8>,
+    /// The appended bytes: on the server, a slice of the entry in the
+    /// log (encoding the reply is its one copy).
+    pub data: bytes::Bytes,
 }
 
 /// One row of the leader map.
@@ -952,7 +953,7 @@ impl Response {
                     entries.push(Entry {
                         index: r.u64()?,
                         term: r.u64()?,
-                        data: r.bytes()?.to_vec(),
+                        data: bytes::Bytes::copy_from_slice(r.bytes()?),
                     });
                 }
                 Response::Entries { entries }

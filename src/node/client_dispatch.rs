@@ -362,7 +362,7 @@ impl BatchOutcomes {
 
 /// The answer to a `Read` or a `Tail`.
 pub fn entries_response(
-    r: Result<Vec<(Index, Term, Vec<u8>)>, ProposeError>,
+    r: Result<Vec<(Index, Term, bytes::Bytes)>, ProposeError>,
     addrs: &BTreeMap<NodeId, String>,
 ) -> Response {
     or_error(r, addrs, |v| Response::Entries {

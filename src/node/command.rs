@@ -137,7 +137,7 @@ impl std::error::Error for ProposeError {}
 pub type Reply = Box<dyn FnOnce(Result<Index, ProposeError>) + Send>;
 
 /// Where a read's entries go: called once, on the loop's thread.
-pub type ReadReply = Box<dyn FnOnce(Result<Vec<(Index, Term, Vec<u8>)>, ProposeError>) + Send>;
+pub type ReadReply = Box<dyn FnOnce(Result<Vec<(Index, Term, bytes::Bytes)>, ProposeError>) + Send>;
 
 /// Where a state-machine command's outcome goes: called once, on the loop.
 pub type StateReply = Box<dyn FnOnce(Result<crate::state::Outcome, ProposeError>) + Send>;

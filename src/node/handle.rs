@@ -446,7 +446,7 @@ impl NodeHandle {
         from: Index,
         max_entries: usize,
         timeout: Duration,
-    ) -> Result<Vec<(Index, Term, Vec<u8>)>, ProposeError> {
+    ) -> Result<Vec<(Index, Term, bytes::Bytes)>, ProposeError> {
         let (tx, answer) = bounded(1);
         self.read_with(
             group,

@@ -232,7 +232,7 @@ impl Cluster {
                 return Ok(out);
             };
             from = last.index + 1;
-            out.extend(page.into_iter().map(|e| (e.index, e.term, e.data)));
+            out.extend(page.into_iter().map(|e| (e.index, e.term, e.data.to_vec())));
         }
     }
 
