@@ -845,11 +845,18 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     let mut copies = Vec::new();
     for i in 0..addrs.len() {
         loop {
-            let got = c.read_from(i, 0, first, 5).map_err(|e| e.to_string())?;
+            // The appends needed only a majority: a node may still be
+            // starting (refusing connections) or applying; ask again.
+            let got = match c.read_from(i, 0, first, 5) {
+                Ok(got) => got,
+                Err(_) if Instant::now() <= deadline => Vec::new(),
+                Err(e) => return Err(e.to_string()),
+            };
             if got.len() == 5 || Instant::now() > deadline {
                 copies.push(got);
                 break;
             }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
     let same = copies.windows(2).all(|w| w[0] == w[1]) && copies[0].len() == 5;
