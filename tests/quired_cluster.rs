@@ -49,7 +49,11 @@ fn copies(c: &mut Client, nodes: usize, n: usize) -> Vec<Vec<(u64, Vec<u8>)>> {
                 Duration::from_secs(20),
                 || {
                     let got = read_all(c, i)?;
-                    (got.len() >= n).then(|| got.into_iter().map(|e| (e.index, e.data.to_vec())).collect())
+                    (got.len() >= n).then(|| {
+                        got.into_iter()
+                            .map(|e| (e.index, e.data.to_vec()))
+                            .collect()
+                    })
                 },
             )
             .0

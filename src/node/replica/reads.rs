@@ -276,7 +276,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         while at <= commit && !full(out.len(), bytes) {
             let Some(e) = self.raft.entry(at) else {
                 // Raft holds every entry from `first` to its last index.
-                let why = format!("group {}: committed entry {at} is not in memory", self.group);
+                let why = format!(
+                    "group {}: committed entry {at} is not in memory",
+                    self.group
+                );
                 return Err(ProposeError::Unreadable(why));
             };
             at += 1;
