@@ -327,21 +327,26 @@ impl Endpoint {
         match self.peers[p].check_epoch(now_us, h.epoch, to, limits) {
             EpochCheck::Current | EpochCheck::First => {}
             EpochCheck::Restarted => self.peer_restarted(p),
-            EpochCheck::Retired => {
+            EpochCheck::Retired if self.peers[p].has_vouched() => {
+                // The life we took knows us: this one is a dead life's.
                 self.peers[p].stats.stale_epoch_dropped += 1;
                 return Err(DropReason::StaleEpoch);
             }
-            EpochCheck::Unconfirmed => {
-                // A new life of the peer that does not know ours yet, or a
-                // dead one: the announcement lets a new life vouch.
-                self.refuse_and_announce(p, now_us);
+            EpochCheck::Retired | EpochCheck::Unconfirmed => {
+                // A dead life's straggler, or the live one that does not
+                // know our epoch yet (a straggler may have taken its place
+                // here before it vouched). Addressed to that life, our
+                // announcement lets a live one vouch; a dead one never
+                // answers. Answering only the epoch we took would leave
+                // both ends waiting for the other to vouch, for good.
+                self.refuse_and_announce(p, now_us, h.epoch);
                 return Err(DropReason::StaleEpoch);
             }
         }
         if to == Addressed::Earlier {
             // Meant for an earlier life of ours. Say who we are now, or a
             // peer that never hears from us would keep sending into the void.
-            self.refuse_and_announce(p, now_us);
+            self.refuse_and_announce(p, now_us, h.epoch);
             return Err(DropReason::StaleEpoch);
         }
         let peer = &mut self.peers[p];
@@ -360,13 +365,18 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Counts a datagram of peer `p` dropped for its epochs, and has our
-    /// epoch announced to it (at most once per `nack_interval_ms`).
-    fn refuse_and_announce(&mut self, p: usize, now_us: u64) {
+    /// Counts a datagram of peer `p`'s life `epoch` dropped for its
+    /// epochs, and has our epoch announced to that life (at most once per
+    /// `nack_interval_ms`).
+    fn refuse_and_announce(&mut self, p: usize, now_us: u64, epoch: u64) {
         let peer = &mut self.peers[p];
         peer.stats.stale_epoch_dropped += 1;
         if now_us >= peer.announce_allowed_us {
-            peer.announce = true;
+            if epoch == peer.epoch {
+                peer.announce = true;
+            } else {
+                peer.vouch_for = Some(epoch);
+            }
             peer.announce_allowed_us = now_us + self.cfg.nack_interval_ms * 1000;
         }
     }
@@ -676,6 +686,7 @@ impl Endpoint {
     fn wants_transmit(&self, p: usize) -> bool {
         let peer = &self.peers[p];
         peer.announce
+            || peer.vouch_for.is_some()
             || !peer.pending_nacks.is_empty()
             || !peer.rexmit.is_empty()
             || peer.channels.iter().any(|&c| {
@@ -694,6 +705,26 @@ impl Endpoint {
         let probe_us = self.probe_after_us(p);
         let cfg = &self.cfg;
         let peer = &mut self.peers[p];
+        if let Some(epoch) = peer.vouch_for.take() {
+            // Empty: frames, acks and echoes belong to the life we took.
+            let header = Header {
+                sender: self.local,
+                receiver: peer.id,
+                epoch: self.epoch,
+                peer_epoch: epoch,
+                sent_us: now_us as u32,
+                echo: None,
+            };
+            let w = DatagramWriter::append(buf, &header, cfg.datagram_bytes_max());
+            let size_bytes = w.finish_unsealed();
+            peer.stats.datagrams_sent += 1;
+            peer.stats.bytes_sent += size_bytes as u64;
+            return Some(Transmit {
+                peer: peer.id,
+                group: None,
+                size_bytes,
+            });
+        }
         let header = Header {
             sender: self.local,
             receiver: peer.id,

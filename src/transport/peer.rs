@@ -19,11 +19,18 @@
 //! (sent a datagram addressed to our epoch: it is alive, and knows us), a
 //! new epoch replaces it only through a datagram that vouches for us too.
 //! A new life's first datagrams, which know no epoch of ours, are dropped
-//! then and answered with an announcement; its next ones vouch. And a
-//! retired epoch comes back when it vouches for us while the one that
-//! replaced it never did, or has been silent for `epoch_silence_ms`: a
-//! dead life's straggler that slipped in (before the live one had heard
-//! from us, or having heard from us itself) is replaced within that time.
+//! then and answered with an announcement addressed to that new life (an
+//! empty datagram; frames belong to the life we took); its next ones
+//! vouch. And a retired epoch comes back when it vouches for us while the
+//! one that replaced it never did, or has been silent for
+//! `epoch_silence_ms`: a dead life's straggler that slipped in (before the
+//! live one had heard from us, or having heard from us itself) is replaced
+//! within that time. For that, a datagram of a retired epoch is answered
+//! the same way while the epoch we took has not vouched: otherwise the live
+//! life, refused here, and our life, addressing only the straggler there,
+//! would each wait for the other to vouch, for good (two stragglers of
+//! dead lives, released together when a partition healed, did that to a
+//! new life: simulator seed 22 of the queue workload).
 //! The sessions then start over on our side only: the peer's receiving
 //! half drops our first frames as duplicates of what it already had from
 //! us, as many frames as we sent it while the straggler was on its way
@@ -108,6 +115,10 @@ pub(super) struct Peer {
     pub(super) pending_nacks: VecDeque<(GroupId, Vec<(u64, u32)>)>,
     /// Send a datagram even if empty, so the peer learns our epoch.
     pub(super) announce: bool,
+    /// An epoch of the peer we refused (a new one not taken, or a retired
+    /// one) to address an empty datagram to, so that, if it is the live
+    /// life, it learns our epoch and its next datagrams vouch for us.
+    pub(super) vouch_for: Option<u64>,
     /// No announcement before this time (rate limit).
     pub(super) announce_allowed_us: u64,
     /// Retransmissions waiting for a datagram: (channel index, seq).
@@ -138,6 +149,7 @@ impl Peer {
             rtt_min_at_us: 0,
             pending_nacks: VecDeque::new(),
             announce: false,
+            vouch_for: None,
             announce_allowed_us: 0,
             rexmit: VecDeque::new(),
             echo: None,
@@ -145,6 +157,11 @@ impl Peer {
             data_cursor: 0,
             stats: PeerStats::default(),
         }
+    }
+
+    /// Whether the current epoch has sent a datagram addressed to ours.
+    pub(super) fn has_vouched(&self) -> bool {
+        self.vouched
     }
 
     /// Classifies `epoch`, of a datagram addressed to `to` arriving at
