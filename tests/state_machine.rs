@@ -7,7 +7,7 @@
 
 use quire::state::query::{decode_command, encode_command_entry, Answer, Query};
 use quire::state::queue::Delivery;
-use quire::state::{Command, Error, Outcome, StateMachine, Stored};
+use quire::state::{Command, Error, Lookup, Outcome, StateMachine, Stored};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,8 +41,11 @@ impl Driver {
         Ok(out)
     }
 
-    fn payload_at(&self) -> impl FnMut(u64) -> Option<Vec<u8>> + '_ {
-        |i| self.log.get(i.checked_sub(1)? as usize).cloned()
+    fn payload_at(&self) -> impl FnMut(u64) -> Lookup + '_ {
+        |i| {
+            let held = i.checked_sub(1).and_then(|i| self.log.get(i as usize));
+            held.map_or(Lookup::Missing, |p| Lookup::Payload(p.clone().into()))
+        }
     }
 
     fn consume(&mut self, queue: &str, max: u32, visibility_ms: u64, now_ms: u64) -> Vec<u64> {

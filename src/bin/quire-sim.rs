@@ -342,8 +342,8 @@ impl Totals {
         );
         let c = self.glue;
         println!(
-            "glue:        {} log recoveries ({} torn tails discarded, {} damaged batches found for repair), {} group commits, {} appends refused for a full disk, {} snapshots installed, {} adopted",
-            c.recoveries, c.torn_tails, c.corruptions_found, c.flushes, c.disk_full_refusals, c.snapshots_installed, c.snapshots_adopted
+            "glue:        {} log recoveries ({} torn tails discarded, {} damaged batches found for repair), {} group commits, {} appends refused for a full disk, {} snapshots installed, {} adopted, {} cold reads",
+            c.recoveries, c.torn_tails, c.corruptions_found, c.flushes, c.disk_full_refusals, c.snapshots_installed, c.snapshots_adopted, c.cold_reads
         );
         if opts.net == Net::Endpoint {
             println!(

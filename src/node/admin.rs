@@ -193,6 +193,22 @@ fn metrics_text_with(s: &NodeStatus, refusals: &RefusalCounts) -> String {
             ),
             |w| w.disk_full_refusals,
         ),
+        (
+            gauge(
+                &mut reg,
+                "wal_cold_reads",
+                "Batches read back from the segments for answers",
+            ),
+            |w| w.cold_reads,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "wal_cold_read_errors",
+                "Cold reads that failed; the answer that wanted it got an error",
+            ),
+            |w| w.cold_read_errors,
+        ),
     ];
     let snapshot_gauges: [SnapshotGauge; 7] = [
         (

@@ -74,6 +74,10 @@ pub struct WalView {
     pub io_errors: u64,
     /// Appends refused for a full disk.
     pub disk_full_refusals: u64,
+    /// Batches read back from the segments for answers (cold reads).
+    pub cold_reads: u64,
+    /// Cold reads that failed (the answer that wanted it got an error).
+    pub cold_read_errors: u64,
 }
 
 /// One link (peer × channel) as this node's detector sees it.

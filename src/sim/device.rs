@@ -116,6 +116,7 @@ struct Device {
     done: VecDeque<IoCompletion>,
     fail_next_sync: bool,
     fail_next_create: bool,
+    fail_next_read: bool,
     capacity_bytes: Option<u64>,
 }
 
@@ -192,6 +193,9 @@ impl Device {
                     r
                 }
                 IoOp::Fdatasync { fd } => self.inode_of_fd(fd).and_then(|i| self.sync(i)),
+                IoOp::Read { .. } if std::mem::take(&mut self.fail_next_read) => {
+                    Err(io::Error::from_raw_os_error(libc::EIO))
+                }
                 IoOp::Read { fd, offset, len } => self.inode_of_fd(fd).map(|i| {
                     let mut buf = AlignedBuf::zeroed(len);
                     let data = &self.inodes[i].data;
@@ -229,6 +233,7 @@ impl Device {
         self.synced_max = 0;
         // A fault planted for the next sync was for the life that ended.
         self.fail_next_sync = false;
+        self.fail_next_read = false;
         for i in 0..self.inodes.len() {
             // A file with nothing unsynced is what it was: no copy.
             if self.inodes[i].cached.is_empty() {
@@ -295,6 +300,7 @@ impl SimDir {
             done: VecDeque::new(),
             fail_next_sync: false,
             fail_next_create: false,
+            fail_next_read: false,
             capacity_bytes: None,
         };
         SimDir {
@@ -366,6 +372,11 @@ impl SimDir {
     /// prepared) fails with EIO.
     pub fn fail_next_create(&self) {
         self.dev().fail_next_create = true;
+    }
+
+    /// The next read request on the ring (a cold read) fails with EIO.
+    pub fn fail_next_read(&self) {
+        self.dev().fail_next_read = true;
     }
 
     /// Cancels a pending [`SimDir::fail_next_sync`].

@@ -109,6 +109,9 @@ pub struct GlueCounts {
     pub snapshots_installed: u64,
     /// Snapshots of a replica's own adopted (its log compacted under them).
     pub snapshots_adopted: u64,
+    /// Batches read back on the ring for answers (cold reads: ledger
+    /// entries and queue messages below the snapshot).
+    pub cold_reads: u64,
 }
 
 impl GlueCounts {
@@ -121,6 +124,7 @@ impl GlueCounts {
         self.disk_full_refusals += o.disk_full_refusals;
         self.snapshots_installed += o.snapshots_installed;
         self.snapshots_adopted += o.snapshots_adopted;
+        self.cold_reads += o.cold_reads;
     }
 
     /// The WAL's own counters of one replica's life.
@@ -128,6 +132,7 @@ impl GlueCounts {
         GlueCounts {
             flushes: m.flushes,
             disk_full_refusals: m.disk_full_refusals,
+            cold_reads: m.cold_reads,
             ..GlueCounts::default()
         }
     }

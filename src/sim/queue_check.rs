@@ -16,17 +16,17 @@
 use super::checker::Violation;
 use super::workload::{StateOp, StateRequest, StateResult};
 use crate::state::queue::{Delivery, CONSUME_MAX};
-use crate::state::{Command, Outcome, StateMachine};
+use crate::state::{Command, Lookup, Outcome, StateMachine, Unfilled};
 use std::collections::{BTreeMap, HashMap};
 
 /// Consumes everything deliverable from a copy of `sm`'s queue `name`,
 /// the messages' bytes read through `payload_at` (the replica's log);
-/// `Err(index)` names a log entry the state refers to and it lacks.
+/// `Err` names a log entry the state refers to and it lacks.
 pub fn drain(
     sm: &StateMachine,
     name: &str,
-    payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
-) -> Result<Vec<Delivery>, u64> {
+    payload_at: &mut dyn FnMut(u64) -> Lookup,
+) -> Result<Vec<Delivery>, Unfilled> {
     let mut sm = sm.clone();
     // Far past every visibility timeout the workload sets; one clock for
     // the whole drain, so nothing it hands out comes back within it.
@@ -60,13 +60,16 @@ pub fn check_queue_history(
     history: &[StateOp],
     final_sm: &StateMachine,
     name: &str,
-    payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
+    payload_at: &mut dyn FnMut(u64) -> Lookup,
 ) -> Result<(), Violation> {
-    let drained = drain(final_sm, name, payload_at).map_err(|index| Violation {
+    let drained = drain(final_sm, name, payload_at).map_err(|u| Violation {
         invariant: "stored-bytes-readable",
-        detail: format!(
-            "group {group}: the final state refers to log entry {index}, which its replica does not hold"
-        ),
+        detail: match u {
+            Unfilled::Missing(index) => format!(
+                "group {group}: the final state refers to log entry {index}, which its replica does not hold"
+            ),
+            Unfilled::Reading => format!("group {group}: a blocking read left entries unread"),
+        },
     })?;
     let ops: Vec<&StateOp> = history.iter().filter(|op| op.group == group).collect();
     // When each id's first ack completed.

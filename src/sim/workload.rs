@@ -801,7 +801,7 @@ impl World {
                 let mut read = crate::node::replica::payload_at(&r.raft, &mut r.wal);
                 let mut missing = None;
                 r.machine.each_stored(&mut |i| {
-                    if missing.is_none() && read(i).is_none() {
+                    if missing.is_none() && read(i) == crate::state::Lookup::Missing {
                         missing = Some(i);
                     }
                 });

@@ -11,4 +11,4 @@ mod wire;
 
 pub use machine::{BadSnapshot, Command, Error, Outcome, StateMachine};
 pub use query::{Answer, Query};
-pub use stored::Stored;
+pub use stored::{Lookup, Stored, Unfilled};

@@ -13,7 +13,7 @@ use super::ledger::{
 };
 use super::machine::{Error, Outcome, StateMachine};
 use super::queue::{Delivery, QueueInfo, CONSUME_MAX, MESSAGE_BYTES_MAX, QUEUES_MAX};
-use super::stored::{fill, Stored};
+use super::stored::{fill, Lookup, Stored, Unfilled};
 use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 
 /// First byte of a log entry that carries a state-machine command.
@@ -410,9 +410,9 @@ impl Outcome {
 
 impl Answer {
     /// Fills in the bytes of the entries or messages it carries from the
-    /// log (`payload_at`: the payload of the log entry at an index);
-    /// `Err(index)` names an entry that does not hold what the state says.
-    pub fn fill(&mut self, payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>) -> Result<(), u64> {
+    /// log (`payload_at`: looks up the payload of the log entry at an
+    /// index), as [`stored::fill`](super::stored::fill) does.
+    pub fn fill(&mut self, payload_at: &mut dyn FnMut(u64) -> Lookup) -> Result<(), Unfilled> {
         match self {
             Answer::Entries(es) => fill(es.iter_mut().map(|e| (e.stored, &mut e.data)), payload_at),
             Answer::Deliveries(ds) => {
@@ -426,7 +426,7 @@ impl Answer {
 impl Outcome {
     /// Fills in the bytes of the messages a consume hands out, as
     /// [`Answer::fill`] does.
-    pub fn fill(&mut self, payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>) -> Result<(), u64> {
+    pub fn fill(&mut self, payload_at: &mut dyn FnMut(u64) -> Lookup) -> Result<(), Unfilled> {
         match self {
             Outcome::Consumed(ds) => {
                 fill(ds.iter_mut().map(|d| (d.stored, &mut d.data)), payload_at)

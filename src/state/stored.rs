@@ -17,29 +17,63 @@ pub struct Stored {
     pub slot: u32,
 }
 
+/// What the log has for an entry, as [`fill`] asks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The entry's payload.
+    Payload(bytes::Bytes),
+    /// It is being read from disk: fill again once it is.
+    Reading,
+    /// Not held, or it could not be read.
+    Missing,
+}
+
+/// Why [`fill`] did not fill everything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unfilled {
+    /// The entry at this index is missing or does not hold what the state
+    /// says it does: the log and the state disagree.
+    Missing(u64),
+    /// Entries are being read from disk (the reads are started): fill
+    /// again once they are done.
+    Reading,
+}
+
 /// Fills in the bytes of each `(stored, data)` pair from the log.
-/// `payload_at(index)` returns the payload of the log entry at `index`
-/// (`None` if it is not held); consecutive pairs from one entry decode it
-/// once. `Err(index)` names the first entry that is missing or does not
-/// hold what the state says it does: the log and the state disagree.
+/// `payload_at(index)` looks up the payload of the log entry at `index`;
+/// consecutive pairs from one entry decode it once. Every entry is asked
+/// for even after one is still [`Lookup::Reading`], so all the reads an
+/// answer needs start at once; a missing one ends it.
 pub fn fill<'a>(
     items: impl IntoIterator<Item = (Stored, &'a mut Vec<u8>)>,
-    payload_at: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
-) -> Result<(), u64> {
+    payload_at: &mut dyn FnMut(u64) -> Lookup,
+) -> Result<(), Unfilled> {
     let mut decoded: Option<(u64, Option<Command>)> = None;
+    let mut reading = false;
     for (at, data) in items {
         if decoded.as_ref().is_none_or(|(i, _)| *i != at.index) {
-            let cmd = payload_at(at.index).and_then(|p| decode_command(&p));
+            let cmd = match payload_at(at.index) {
+                Lookup::Payload(p) => Some(decode_command(&p).ok_or(Unfilled::Missing(at.index))?),
+                Lookup::Reading => None,
+                Lookup::Missing => return Err(Unfilled::Missing(at.index)),
+            };
             decoded = Some((at.index, cmd));
         }
         let bytes = match decoded.as_ref().and_then(|(_, c)| c.as_ref()) {
-            Some(Command::AddEntry { data, .. }) if at.slot == 0 => data,
-            Some(Command::Produce { messages, .. }) => {
-                messages.get(at.slot as usize).ok_or(at.index)?
+            None => {
+                reading = true;
+                continue;
             }
-            _ => return Err(at.index),
+            Some(Command::AddEntry { data, .. }) if at.slot == 0 => data,
+            Some(Command::Produce { messages, .. }) => messages
+                .get(at.slot as usize)
+                .ok_or(Unfilled::Missing(at.index))?,
+            _ => return Err(Unfilled::Missing(at.index)),
         };
         data.clone_from(bytes);
+    }
+    if reading {
+        return Err(Unfilled::Reading);
     }
     Ok(())
 }
@@ -69,7 +103,12 @@ mod tests {
         let reads = std::cell::Cell::new(0);
         let mut payload_at = |i: u64| {
             reads.set(reads.get() + 1);
-            log.get(i as usize - 1).cloned()
+            match i {
+                4 => Lookup::Reading,
+                _ => log
+                    .get(i as usize - 1)
+                    .map_or(Lookup::Missing, |p| Lookup::Payload(p.clone().into())),
+            }
         };
         let mut out = [Vec::new(), Vec::new(), Vec::new()];
         let at = [(1, 1), (1, 0), (2, 0)].map(|(index, slot)| Stored { index, slot });
@@ -79,7 +118,27 @@ mod tests {
         for (index, slot) in [(1, 2), (2, 1), (3, 0)] {
             let mut d = Vec::new();
             let r = fill([(Stored { index, slot }, &mut d)], &mut payload_at);
-            assert_eq!(r, Err(index), "({index}, {slot})");
+            assert_eq!(r, Err(Unfilled::Missing(index)), "({index}, {slot})");
         }
+        // An entry still being read leaves the answer unfilled, but the
+        // others are still asked for (their reads start now too).
+        reads.set(0);
+        let mut out = [Vec::new(), Vec::new(), Vec::new()];
+        let at = [(4, 0), (1, 0), (9, 0)].map(|(index, slot)| Stored { index, slot });
+        let r = fill(at.into_iter().zip(out.iter_mut()), &mut payload_at);
+        assert_eq!(
+            r,
+            Err(Unfilled::Missing(9)),
+            "a missing entry still ends it"
+        );
+        let at = [(4, 0), (1, 0), (2, 0)].map(|(index, slot)| Stored { index, slot });
+        let r = fill(at.into_iter().zip(out.iter_mut()), &mut payload_at);
+        assert_eq!(r, Err(Unfilled::Reading));
+        assert_eq!(
+            out[1..],
+            [b"m0".to_vec(), b"e".to_vec()],
+            "the rest is filled"
+        );
+        assert_eq!(reads.get(), 6, "every entry asked for");
     }
 }

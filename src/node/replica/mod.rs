@@ -19,8 +19,11 @@
 //!   the loop, encoding and writing off it, adoption once the log is
 //!   durable up to it, and images for a follower behind the trimmed log;
 //! - `reads`: linearizable reads (read-index rounds) and what waits for
-//!   an entry: tails of the raw log and ledger long polls.
+//!   an entry: tails of the raw log and ledger long polls;
+//! - `cold`: answers waiting for the bytes they carry to be read back
+//!   from the segments (cold reads on the ring, never a wait on the loop).
 
+mod cold;
 mod machine;
 mod planted;
 mod reads;
@@ -114,6 +117,10 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// (deadline in node ms, from, max entries, max bytes, reply).
     log_tails: Vec<(u64, Index, usize, usize, ReadReply)>,
     next_read_id: u64,
+    /// Answers waiting for cold reads (`cold`), and the WAL's count of
+    /// finished cold reads when they were last filled.
+    cold_waits: Vec<cold::Parked>,
+    cold_reads_seen: u64,
     /// When (node ms) the WAL last made progress, and since when writes
     /// have been pending without any.
     pub(crate) last_fsync_ms: u64,
@@ -218,6 +225,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             tails: Vec::new(),
             log_tails: Vec::new(),
             next_read_id: 1,
+            cold_waits: Vec::new(),
+            cold_reads_seen: 0,
             last_fsync_ms: now_ms,
             pending_since_ms: None,
             last_durable_ticket: 0,
@@ -408,6 +417,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 return;
             }
         }
+        self.retry_cold_waits();
         let durable_ticket = self.wal.durable_ticket();
         // Durability only grows, and only over what was queued: messages
         // released for a ticket vouch for its writes, so a ticket that
@@ -469,6 +479,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         for (_, _, _, _, reply) in std::mem::take(&mut self.log_tails) {
             reply(Err(ProposeError::LogStopped(why.clone())));
         }
+        self.fail_cold_waits(&ProposeError::LogStopped(why.clone()));
         self.held.clear();
         self.note(|| Note::Stopped);
         self.stopped = Some(why);
@@ -505,6 +516,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     stalls: m.stalls,
                     io_errors: m.io_errors,
                     disk_full_refusals: m.disk_full_refusals,
+                    cold_reads: m.cold_reads,
+                    cold_read_errors: m.cold_read_errors,
                 }
             },
             follower_lag: if self.raft.role() == Role::Leader {

@@ -8,7 +8,6 @@
 
 use super::super::command::{ProposeError, QueryReply, ReadReply};
 use super::super::host::Host;
-use super::machine::{payload_at, stored_missing};
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Index, Payload, Role, Term};
 use crate::state::dedup::{address_index, client_records, record_address};
@@ -56,7 +55,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         if self.planted_workload == Some(super::tap::WorkloadBug::StaleLac) {
             // Whatever this node has applied, leader or not.
             let answer = self.machine.query(&query).map_err(ProposeError::Refused);
-            reply(self.filled(answer));
+            self.answer_query(answer, reply);
             return;
         }
         self.read_linear(LinearRead::Query {
@@ -140,7 +139,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 self.tails.push((deadline, q, reply));
                 continue;
             }
-            reply(self.filled(answer));
+            self.answer_query(answer, reply);
         }
         let mut i = 0;
         while i < self.tails.len() {
@@ -152,7 +151,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 continue;
             }
             let (_, _, reply) = self.tails.swap_remove(i);
-            reply(self.filled(answer));
+            self.answer_query(answer, reply);
         }
         if self.raft.role() != Role::Leader
             && !(self.reads_pending.is_empty() && self.tails.is_empty())
@@ -167,23 +166,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         }
     }
 
-    /// An answer with the bytes of its entries or messages read from the
-    /// log.
-    fn filled(&mut self, answer: Result<Answer, ProposeError>) -> Result<Answer, ProposeError> {
-        answer.and_then(
-            |mut a| match a.fill(&mut payload_at(&self.raft, &mut self.wal)) {
-                Ok(()) => Ok(a),
-                Err(i) => {
-                    self.snapshot_stats.unreadable_entries += 1;
-                    Err(stored_missing(self.group, i))
-                }
-            },
-        )
-    }
-
-    /// Reads waiting for an entry: ledger reads and raw-log tails.
+    /// Reads waiting: for an entry (ledger reads and raw-log tails), or
+    /// for the bytes they carry to be read back from disk.
     pub(crate) fn waiting_reads(&self) -> usize {
-        self.tails.len() + self.log_tails.len()
+        self.tails.len() + self.log_tails.len() + self.cold_waits()
     }
 
     /// The earliest deadline of a waiting read (node ms), so the loop

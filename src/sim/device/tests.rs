@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::consensus::{Entry, Index, Membership, Payload, Snapshot};
-use crate::storage::{DiskState, Wal, WalConfig, WalError};
+use crate::storage::{CachedRead, DiskState, Wal, WalConfig, WalError};
 
 fn cfg() -> WalConfig {
     WalConfig {
@@ -158,6 +158,47 @@ fn a_failed_sync_stops_the_log_and_loses_nothing_acknowledged_before() {
     dir.crash();
     drop(wal);
     check_recovered(&dir, 10, 3);
+}
+
+/// A cold read that fails with an I/O error stops the log, as a failed
+/// flush does: a leader left leading would fail the same read on every
+/// retry of its clients, where another replica's disk may read. Its asker
+/// gets the error; what was durable stays so.
+#[test]
+fn a_cold_read_failing_with_an_io_error_stops_the_log() {
+    let dir = SimDir::new("g0", 5);
+    let (mut wal, _) = Wal::open_in(dir.clone(), cfg()).unwrap();
+    for i in 1..=100 {
+        wal.append(None, &[entry(i)]).unwrap();
+    }
+    wal.sync().unwrap();
+    let (name, _) = wal.locate(3, 3).unwrap().remove(0);
+    assert_ne!(name, batches_on(&dir).last().unwrap().0, "an old segment");
+    dir.fail_next_read();
+    assert!(matches!(wal.cached(3).unwrap(), CachedRead::Reading));
+    let done = wal.cold_reads_done();
+    while wal.cold_reads_done() == done {
+        // Waiting reports the stop too, once the read has failed.
+        if wal.wait().is_err() {
+            break;
+        }
+    }
+    assert_eq!(wal.cold_reads_done(), done + 1);
+    let err = wal.cached(3).expect_err("the failure is reported");
+    assert!(matches!(err, WalError::Stopped(_)), "{err}");
+    assert!(
+        matches!(wal.state(), DiskState::Failed(_)),
+        "{:?}",
+        wal.state()
+    );
+    assert_eq!(wal.metrics().io_errors, 1);
+    assert!(
+        wal.append(None, &[entry(101)]).is_err(),
+        "a stopped log takes nothing"
+    );
+    dir.crash();
+    drop(wal);
+    check_recovered(&dir, 100, 5);
 }
 
 /// A flush that fails stops the log for good: a later flush in flight

@@ -179,8 +179,7 @@ impl<D: LogDir> Wal<D> {
         let batch = self.new_batch(first_index);
         self.open_batch = Some(Sealed { ticket, batch });
         // Cached reads of the replaced suffix are stale now.
-        self.cache
-            .retain(|(loc, _)| loc.first_index + loc.count <= first_index);
+        self.uncache_from(first_index);
         self.last = (first_index - 1, self.last.1);
     }
 
@@ -411,8 +410,8 @@ impl<D: LogDir> Wal<D> {
             .reap(wait, &mut done)
             .map_err(io_err("collecting completions"))?;
         for c in done {
-            // Anything else is a read, handled by its caller.
-            let _ = self.note_flush_done(c);
+            // Anything else is `run_now`'s, which is not waiting here.
+            let _ = self.note_done(c);
         }
         self.advance_durable();
         self.check_not_failed()

@@ -191,6 +191,13 @@ pub struct WalMetrics {
     pub segments_zero_filled: u64,
     /// Trimmed segments kept for reuse instead of a zero-fill.
     pub segments_recycled: u64,
+    /// Batches read back from the segments by cold reads (entries below
+    /// the snapshot that ledgers and queues refer to), counted when done.
+    pub cold_reads: u64,
+    /// Cold reads that failed (an I/O error, or a batch that no longer
+    /// holds what was located): the request that wanted it gets an error;
+    /// the log goes on.
+    pub cold_read_errors: u64,
 }
 
 impl WalMetrics {
@@ -208,6 +215,8 @@ impl WalMetrics {
             disk_full_refusals: 0,
             segments_zero_filled: 0,
             segments_recycled: 0,
+            cold_reads: 0,
+            cold_read_errors: 0,
         }
     }
 }

@@ -33,7 +33,7 @@ mod worker;
 mod test_support;
 
 pub use config::{entry_bytes_max, DiskState, OpenReport, WalConfig, WalError, WalMetrics};
-pub use reads::read_located;
+pub use reads::{read_located, CachedRead, COLD_READS_IN_FLIGHT_MAX};
 pub(crate) use snapshots::write_snapshot_synced_or_not;
 pub use snapshots::{write_snapshot_file, write_snapshot_in};
 
@@ -103,8 +103,22 @@ pub struct Wal<D: LogDir = OsDir> {
     durable: (Index, Term),
     /// Batches holding the current log, in index order.
     index: Vec<BatchLocation>,
-    cache: VecDeque<(BatchLocation, Vec<Entry>)>,
+    /// The read cache: batches read back from the segments, by sequence
+    /// number, and the order they came in (the oldest is evicted first).
+    cache: BTreeMap<u64, (BatchLocation, Vec<Entry>)>,
+    cache_order: VecDeque<u64>,
     cache_bytes: usize,
+    /// Cold reads on the ring, by token (at most
+    /// [`COLD_READS_IN_FLIGHT_MAX`]), and the next token.
+    cold_reads: BTreeMap<u64, BatchLocation>,
+    next_read_token: u64,
+    /// Cold reads that failed, until [`Wal::cached`] reports each once
+    /// (at most [`COLD_READ_FAILURES_MAX`]).
+    cold_read_failures: VecDeque<(BatchLocation, String)>,
+    /// Segment files trimmed or replaced while cold reads were in flight:
+    /// a read names its file by descriptor, so the file stays open until
+    /// no read is in flight.
+    retired_files: Vec<D::File>,
     /// Batch buffers back from the kernel, reused for the next batches.
     buf_pool: Vec<AlignedBuf>,
     state: DiskState,

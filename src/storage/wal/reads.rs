@@ -1,9 +1,11 @@
 //! Reads by index: the batch index (where each batch of the log lives), the
-//! read cache, and reads on other threads from located batches.
+//! read cache, cold reads on the ring ([`Wal::cached`]: the loop's way, it
+//! never waits), blocking reads for tools and tests ([`Wal::read`]), and
+//! reads on other threads from located batches.
 
 use super::*;
 use crate::consensus::{Entry, Index};
-use crate::io::{AlignedBuf, IoOp, IoRequest};
+use crate::io::{AlignedBuf, IoCompletion, IoOp, IoRequest};
 use crate::storage::format::{align_up, decode_batch};
 use crate::storage::recovery::BatchLocation;
 
@@ -66,7 +68,9 @@ impl<D: LogDir> Wal<D> {
     }
 
     /// Entries `lo..=hi` that are durable, read from the segments through
-    /// the backend (with a small cache of recently read batches).
+    /// the backend (with the read cache), waiting for each read: for
+    /// tools, tests and the simulator's checks, never the node's loop
+    /// (which uses [`Wal::cached`]).
     pub fn read(&mut self, lo: Index, hi: Index) -> Result<Vec<Entry>, WalError> {
         let hi = hi.min(self.durable.0);
         let mut out = Vec::new();
@@ -82,6 +86,70 @@ impl<D: LogDir> Wal<D> {
         Ok(out)
     }
 
+    /// The durable entry `index` if the read cache has its batch; else
+    /// starts reading the batch on the ring (a cold read) and says
+    /// [`CachedRead::Reading`]: ask again once [`Wal::cold_reads_done`]
+    /// moves. Never waits. A cold read that failed is reported once, as
+    /// an error for whoever asks next; a batch that does not decode or
+    /// comes back short (a damaged or replaced segment) does not stop the
+    /// log, an I/O error of the kernel's does (as a failed flush does).
+    /// At most [`COLD_READS_IN_FLIGHT_MAX`] are in
+    /// flight: past that it is `Reading` without a read started, and a
+    /// later call starts it.
+    pub fn cached(&mut self, index: Index) -> Result<CachedRead, WalError> {
+        if index > self.durable.0 {
+            return Err(WalError::Invalid(format!("index {index} is not durable")));
+        }
+        let loc = self.batch_at_or_err(index)?;
+        if let Some(e) = self.cached_entry(loc, index) {
+            return Ok(CachedRead::Entry(e));
+        }
+        if let Some(p) = self.cold_read_failures.iter().position(|(l, _)| *l == loc) {
+            let (_, why) = self.cold_read_failures.remove(p).expect("just found");
+            return Err(match self.state {
+                DiskState::Failed(_) => WalError::Stopped(why),
+                _ => WalError::Corrupt(why),
+            });
+        }
+        if self.cold_reads.values().any(|l| *l == loc)
+            || self.cold_reads.len() >= COLD_READS_IN_FLIGHT_MAX
+        {
+            return Ok(CachedRead::Reading);
+        }
+        self.check_not_failed()?;
+        let fd = self
+            .segments
+            .get(&loc.segment)
+            .ok_or_else(|| WalError::Invalid(format!("segment {} is not open", loc.segment)))?
+            .fd();
+        let token = self.next_read_token;
+        let op = IoOp::Read {
+            fd,
+            offset: loc.offset,
+            len: align_up(loc.disk_bytes as usize),
+        };
+        self.backend
+            .submit(IoRequest {
+                token,
+                ops: vec![op],
+            })
+            .map_err(io_err("submitting a cold read"))?;
+        self.next_read_token += 1;
+        self.cold_reads.insert(token, loc);
+        Ok(CachedRead::Reading)
+    }
+
+    /// Cold reads finished so far (done or failed): a caller parked on
+    /// [`CachedRead::Reading`] asks again when this moves.
+    pub fn cold_reads_done(&self) -> u64 {
+        self.metrics.cold_reads + self.metrics.cold_read_errors
+    }
+
+    /// Cold reads in flight.
+    pub fn cold_reads_in_flight(&self) -> usize {
+        self.cold_reads.len()
+    }
+
     /// Runs a request and waits for it, handling other completions.
     pub(super) fn run_now(&mut self, ops: Vec<IoOp>) -> Result<Vec<AlignedBuf>, WalError> {
         const TOKEN: u64 = u64::MAX;
@@ -95,7 +163,7 @@ impl<D: LogDir> Wal<D> {
                 .map_err(io_err("collecting completions"))?;
             let mut mine = None;
             for c in done {
-                if let Some(c) = self.note_flush_done(c) {
+                if let Some(c) = self.note_done(c) {
                     mine = mine.or((c.token == TOKEN).then_some(c));
                 }
             }
@@ -113,9 +181,118 @@ impl<D: LogDir> Wal<D> {
         }
     }
 
+    /// Handles a completed flush or cold read; gives back any other
+    /// completion (`run_now`'s).
+    pub(super) fn note_done(&mut self, c: IoCompletion) -> Option<IoCompletion> {
+        let c = self.note_flush_done(c)?;
+        let Some(loc) = self.cold_reads.remove(&c.token) else {
+            return Some(c);
+        };
+        let read = match c.result {
+            Ok(()) => c
+                .bufs
+                .first()
+                .ok_or_else(|| "the read brought no buffer back".to_string())
+                .and_then(|b| batch_entries(loc, b.as_slice()).map_err(|e| e.to_string())),
+            Err(e) => {
+                let why = format!(
+                    "reading segment {} at offset {}: {e}",
+                    loc.segment, loc.offset
+                );
+                // An error of the kernel's (EIO): the disk failed, not one
+                // batch. The log stops, as after a failed flush, so that
+                // the group moves to a replica whose disk reads (a leader
+                // left leading would fail the same read on every retry of
+                // its clients). A short read is a damaged file: that
+                // request's error only.
+                if e.raw_os_error().is_some() {
+                    self.metrics.io_errors += 1;
+                    if !matches!(self.state, DiskState::Failed(_)) {
+                        self.state = DiskState::Failed(why.clone());
+                    }
+                }
+                Err(why)
+            }
+        };
+        match read {
+            Ok(entries) => {
+                self.metrics.cold_reads += 1;
+                // Only if the log still holds that batch (a truncation or
+                // an installed snapshot may have replaced it meanwhile).
+                if self.batch_at(loc.first_index) == Some(loc) {
+                    self.cache_batch(loc, entries.clone());
+                }
+            }
+            Err(why) => {
+                self.metrics.cold_read_errors += 1;
+                if self.cold_read_failures.len() >= COLD_READ_FAILURES_MAX {
+                    self.cold_read_failures.pop_front();
+                }
+                self.cold_read_failures.push_back((loc, why));
+            }
+        }
+        if self.cold_reads.is_empty() {
+            self.retired_files.clear();
+        }
+        None
+    }
+
+    /// Drops segment `id` from the open files; kept open while cold reads
+    /// are in flight, as one of them may name it.
+    pub(super) fn retire_segment(&mut self, id: u64) {
+        if let Some(f) = self.segments.remove(&id) {
+            if !self.cold_reads.is_empty() {
+                self.retired_files.push(f);
+            }
+        }
+    }
+
+    /// Entry `index` of batch `loc`, if the cache holds that batch.
+    fn cached_entry(&self, loc: BatchLocation, index: Index) -> Option<Entry> {
+        let (l, entries) = self.cache.get(&loc.seq)?;
+        if *l != loc {
+            return None;
+        }
+        entries.get((index - loc.first_index) as usize).cloned()
+    }
+
+    /// Keeps a batch read back, evicting the oldest past `read_cache_bytes`
+    /// (the newest stays even if larger).
+    fn cache_batch(&mut self, loc: BatchLocation, entries: Vec<Entry>) {
+        if let Some((old, _)) = self.cache.insert(loc.seq, (loc, entries)) {
+            self.cache_bytes -= old.disk_bytes as usize;
+        } else {
+            self.cache_order.push_back(loc.seq);
+        }
+        self.cache_bytes += loc.disk_bytes as usize;
+        while self.cache_bytes > self.cfg.read_cache_bytes && self.cache_order.len() > 1 {
+            let oldest = self.cache_order.pop_front().expect("more than one");
+            if let Some((l, _)) = self.cache.remove(&oldest) {
+                self.cache_bytes -= l.disk_bytes as usize;
+            }
+        }
+    }
+
+    /// Drops cached batches holding entries from `first_index` on (they
+    /// were replaced).
+    pub(super) fn uncache_from(&mut self, first_index: Index) {
+        let cache_bytes = &mut self.cache_bytes;
+        self.cache.retain(|_, (loc, _)| {
+            let keep = loc.first_index + loc.count <= first_index;
+            if !keep {
+                *cache_bytes -= loc.disk_bytes as usize;
+            }
+            keep
+        });
+        let cache = &self.cache;
+        self.cache_order.retain(|seq| cache.contains_key(seq));
+    }
+
     pub(super) fn read_batch(&mut self, loc: BatchLocation) -> Result<Vec<Entry>, WalError> {
-        if let Some((_, e)) = self.cache.iter().find(|(l, _)| *l == loc) {
-            return Ok(e.clone());
+        if let Some((l, e)) = self.cache.get(&loc.seq) {
+            if *l == loc {
+                return Ok(e.clone());
+            }
         }
         let fd = self.segments[&loc.segment].fd();
         let len = align_up(loc.disk_bytes as usize);
@@ -124,24 +301,50 @@ impl<D: LogDir> Wal<D> {
             offset: loc.offset,
             len,
         }])?;
-        let batch = decode_batch(bufs[0].as_slice()).map_err(|e| {
-            WalError::Corrupt(format!(
-                "segment {} offset {}: {e} while reading entries from {}",
-                loc.segment, loc.offset, loc.first_index
-            ))
-        })?;
-        let mut entries = batch.entries;
-        entries.truncate(loc.count as usize);
-        self.cache_bytes += loc.disk_bytes as usize;
-        self.cache.push_back((loc, entries.clone()));
-        while self.cache_bytes > self.cfg.read_cache_bytes {
-            match self.cache.pop_front() {
-                Some((l, _)) => self.cache_bytes -= l.disk_bytes as usize,
-                None => break,
-            }
-        }
+        let entries = batch_entries(loc, bufs[0].as_slice())?;
+        self.cache_batch(loc, entries.clone());
         Ok(entries)
     }
+}
+
+/// The first token of a cold read: flush tickets count up from 1 and
+/// `run_now` uses `u64::MAX`, so neither meets these.
+pub(super) const READ_TOKEN_FIRST: u64 = 1 << 62;
+
+/// Cold reads in flight at once, per log.
+pub const COLD_READS_IN_FLIGHT_MAX: usize = 32;
+
+/// Failed cold reads kept until someone asks for them again.
+const COLD_READ_FAILURES_MAX: usize = 64;
+
+/// What [`Wal::cached`] has for an entry.
+#[derive(Debug)]
+pub enum CachedRead {
+    /// The entry, from the read cache.
+    Entry(Entry),
+    /// Its batch is being read; ask again when a cold read is done.
+    Reading,
+}
+
+/// The entries of batch `loc`, decoded from `bytes` read at its place: a
+/// place that no longer holds that batch (its segment was trimmed and
+/// reused) is an error, never other entries.
+fn batch_entries(loc: BatchLocation, bytes: &[u8]) -> Result<Vec<Entry>, WalError> {
+    let moved = |why: String| {
+        WalError::Corrupt(format!(
+            "segment {} offset {}: {why} (reading entries from {})",
+            loc.segment, loc.offset, loc.first_index
+        ))
+    };
+    let batch = decode_batch(bytes).map_err(|e| moved(e.to_string()))?;
+    if (batch.seq, batch.first_index, batch.place.segment)
+        != (loc.seq, loc.first_index, loc.segment)
+    {
+        return Err(moved("it no longer holds that batch".into()));
+    }
+    let mut entries = batch.entries;
+    entries.truncate(loc.count as usize);
+    Ok(entries)
 }
 
 /// Reads the entries `lo..=hi` from the batches [`Wal::locate`] named in
@@ -167,24 +370,11 @@ pub fn read_located<D: LogDir>(
         let mut buf = vec![0u8; loc.disk_bytes as usize];
         f.read_at(&mut buf, loc.offset)
             .map_err(io_err(format!("reading {name} in {}", dir.describe())))?;
-        let moved = || {
-            WalError::Corrupt(format!(
-                "segment {} offset {} no longer holds entries from {}",
-                loc.segment, loc.offset, loc.first_index
-            ))
-        };
-        let batch = decode_batch(&buf).map_err(|_| moved())?;
-        if (batch.seq, batch.first_index, batch.place.segment)
-            != (loc.seq, loc.first_index, loc.segment)
-        {
-            return Err(moved());
-        }
-        let end = loc.first_index + loc.count;
+        let entries = batch_entries(*loc, &buf)?;
         out.extend(
-            batch
-                .entries
+            entries
                 .into_iter()
-                .filter(|e| e.index >= lo && e.index <= hi && e.index < end),
+                .filter(|e| e.index >= lo && e.index <= hi),
         );
     }
     Ok(out)
@@ -231,5 +421,99 @@ mod tests {
         loc.seq += 1000;
         let err = read_located(wal.dir(), &[(name, loc)], 5, 25).expect_err("refused");
         assert!(matches!(err, WalError::Corrupt(_)), "{err}");
+    }
+
+    /// Waits until a cold read finishes (one is in flight).
+    fn until_a_cold_read_is_done(wal: &mut Wal) {
+        let done = wal.cold_reads_done();
+        while wal.cold_reads_done() == done {
+            wal.wait().unwrap();
+        }
+    }
+
+    fn cold_reads_never_wait_and_are_bounded_on(backend: crate::io::BackendChoice) {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = WalConfig {
+            backend,
+            ..small_cfg()
+        };
+        let (mut wal, _) = Wal::open(dir.path(), cfg).unwrap();
+        append_durably(&mut wal, 50);
+        // The first ask starts the read and answers at once; asking again
+        // before it is done does not start another.
+        assert!(matches!(wal.cached(20).unwrap(), CachedRead::Reading));
+        assert!(matches!(wal.cached(20).unwrap(), CachedRead::Reading));
+        assert_eq!(wal.cold_reads_in_flight(), 1);
+        until_a_cold_read_is_done(&mut wal);
+        assert_eq!(wal.cold_reads_in_flight(), 0);
+        match wal.cached(20).unwrap() {
+            CachedRead::Entry(e) => assert_eq!(e, entry(20)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(wal.metrics().cold_reads, 1);
+        // Many at once: at most COLD_READS_IN_FLIGHT_MAX in flight; the
+        // rest start as earlier ones finish, and every entry comes back.
+        let mut got = BTreeMap::new();
+        while got.len() < 40 {
+            for i in 1..=40 {
+                if let CachedRead::Entry(e) = wal.cached(i).unwrap() {
+                    got.insert(i, e);
+                }
+            }
+            assert!(wal.cold_reads_in_flight() <= COLD_READS_IN_FLIGHT_MAX);
+            if got.len() < 40 {
+                until_a_cold_read_is_done(&mut wal);
+            }
+        }
+        assert!(got.iter().all(|(i, e)| *e == entry(*i)));
+        assert!(wal.cache_bytes <= wal.cfg.read_cache_bytes);
+        // Past the durable end, or below the log, is an error, not a read.
+        assert!(matches!(wal.cached(51), Err(WalError::Invalid(_))));
+        assert!(matches!(wal.cached(0), Err(WalError::Invalid(_))));
+    }
+
+    #[test]
+    fn cold_reads_never_wait_and_are_bounded() {
+        cold_reads_never_wait_and_are_bounded_on(crate::io::BackendChoice::Portable);
+        if crate::io::uring::UringBackend::new(8).is_ok() {
+            cold_reads_never_wait_and_are_bounded_on(crate::io::BackendChoice::IoUring);
+        } else {
+            eprintln!("io_uring is not available here: only the portable backend was tried");
+        }
+    }
+
+    #[test]
+    fn a_failed_cold_read_is_reported_once_and_the_log_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 50);
+        let (name, _) = wal.locate(3, 3).unwrap().remove(0);
+        assert_ne!(
+            name,
+            segment_name(wal.active),
+            "the test damages a segment not written any more"
+        );
+        // The segment loses its bytes under the open log.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(&name))
+            .unwrap();
+        f.set_len(0).unwrap();
+        assert!(matches!(wal.cached(3).unwrap(), CachedRead::Reading));
+        until_a_cold_read_is_done(&mut wal);
+        assert_eq!(
+            (wal.metrics().cold_reads, wal.metrics().cold_read_errors),
+            (0, 1)
+        );
+        let err = wal.cached(3).expect_err("the failure is reported");
+        assert!(matches!(err, WalError::Corrupt(_)), "{err}");
+        // Reported once: the next ask tries again.
+        assert!(matches!(wal.cached(3).unwrap(), CachedRead::Reading));
+        until_a_cold_read_is_done(&mut wal);
+        assert!(wal.cached(3).is_err());
+        // The log still takes appends and makes them durable.
+        assert_eq!(*wal.state(), DiskState::Healthy);
+        append_durably(&mut wal, 1);
+        assert_eq!(wal.durable().0, 51);
     }
 }

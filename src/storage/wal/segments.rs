@@ -207,7 +207,7 @@ impl<D: LogDir> Wal<D> {
             .filter(|id| *id != self.active && last_in_segment.get(id).is_none_or(|&l| l <= upto))
             .collect();
         for id in &doomed {
-            self.segments.remove(id);
+            self.retire_segment(*id);
             let name = segment_name(*id);
             if self.ready_spares.len() < self.cfg.segments_recycled_max as usize {
                 // Reused under a new, higher number: its old batches name

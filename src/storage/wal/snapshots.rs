@@ -230,8 +230,7 @@ impl<D: LogDir> Wal<D> {
         self.active_recycled = false;
         self.append_offset = 0;
         self.index.clear();
-        self.cache.clear();
-        self.cache_bytes = 0;
+        self.uncache_from(0);
         if let Some(first) = below.first() {
             // Written as appends are, after everything in the old log
             // (higher segment and sequence numbers): recovery reads them
@@ -250,7 +249,7 @@ impl<D: LogDir> Wal<D> {
         }
         self.store_snapshot(snap)?;
         for id in old {
-            self.segments.remove(&id);
+            self.retire_segment(id);
             self.dir
                 .remove(&segment_name(id))
                 .map_err(io_err("removing a segment"))?;
