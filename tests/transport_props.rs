@@ -1057,14 +1057,7 @@ fn stragglers_that_displace_the_live_life_do_not_wedge_the_link() {
     let cfg = TransportConfig::default();
     // Two dead lives of node 1, each with a datagram addressed to a dead
     // life of node 2.
-    let mut stragglers = Vec::new();
-    for (a_seed, b_seed) in [(11, 21), (12, 22)] {
-        let mut a_dead = Endpoint::new(cfg.clone(), key(), 1, a_seed).unwrap();
-        let mut b_dead = Endpoint::new(cfg.clone(), key(), 2, b_seed).unwrap();
-        exchange(&mut b_dead, &mut a_dead, 1);
-        let mut captured = exchange(&mut a_dead, &mut b_dead, 1);
-        stragglers.push(captured.pop().unwrap());
-    }
+    let stragglers = [straggler(1, 2, 11), straggler(1, 2, 21)];
     // The live lives meet and vouch for each other.
     let mut a = Endpoint::new(cfg.clone(), key(), 1, 1).unwrap();
     let mut b1 = Endpoint::new(cfg.clone(), key(), 2, 2).unwrap();
@@ -1086,36 +1079,84 @@ fn stragglers_that_displace_the_live_life_do_not_wedge_the_link() {
         let _ = b2.handle_datagram(0, d);
     }
     let _ = b2.handle_datagram(0, &stragglers[1]);
-    // Both ends keep sending, as consensus does (a restart of the session
-    // drops what was queued for the old one), for up to ten simulated
-    // seconds: far past every rate limit and `epoch_silence_ms`.
+    assert_both_ways_within_10_s(&mut a, &mut b2);
+}
+
+/// Both ends keep sending, as consensus does (a restart of the session
+/// drops what was queued for the old one), for up to ten simulated
+/// seconds (far past every rate limit and `epoch_silence_ms`), until each
+/// has received a message from the other.
+fn assert_both_ways_within_10_s(a: &mut Endpoint, b: &mut Endpoint) {
     let (mut now, mut next_send) = (0, 0);
     let (mut to_a, mut to_b) = (Vec::new(), Vec::new());
     while (to_a.is_empty() || to_b.is_empty()) && now < 10_000_000 {
         if now >= next_send {
-            let _ = a.send(2, 0, b"to node 2");
-            let _ = b2.send(1, 0, b"to node 1");
+            let _ = a.send(b.local(), 0, b"to b");
+            let _ = b.send(a.local(), 0, b"to a");
             next_send = now + 100_000;
         }
-        now = [a.poll_timeout(), b2.poll_timeout(), Some(next_send)]
+        now = [a.poll_timeout(), b.poll_timeout(), Some(next_send)]
             .into_iter()
             .flatten()
             .min()
             .unwrap()
             .max(now + 1);
         a.handle_timeout(now);
-        b2.handle_timeout(now);
-        let _ = pump_all(now, &mut a, &mut b2);
-        let _ = pump_all(now, &mut b2, &mut a);
-        to_b.extend(messages(&mut b2));
-        to_a.extend(messages(&mut a));
+        b.handle_timeout(now);
+        let _ = pump_all(now, a, b);
+        let _ = pump_all(now, b, a);
+        to_b.extend(messages(b));
+        to_a.extend(messages(a));
     }
     assert!(
         !to_a.is_empty() && !to_b.is_empty(),
-        "after {now} us node 1 got {} messages, node 2 {}",
+        "after {now} us a got {} messages, b {}",
         to_a.len(),
         to_b.len()
     );
+}
+
+/// A datagram of a dead life of `node` addressed to a dead life of
+/// `other`: a straggler a partition held.
+fn straggler(node: u64, other: u64, seed: u64) -> Vec<u8> {
+    let cfg = TransportConfig::default();
+    let mut dead = Endpoint::new(cfg.clone(), key(), node, seed).unwrap();
+    let mut other_dead = Endpoint::new(cfg, key(), other, seed + 1).unwrap();
+    exchange(&mut other_dead, &mut dead, 1);
+    exchange(&mut dead, &mut other_dead, 1).pop().unwrap()
+}
+
+/// Both nodes start at once (a power loss), and before either has heard
+/// the other's answer, a straggler of a dead life of each arrives at the
+/// other: each end takes the straggler (the live epoch it had taken never
+/// vouched) and retires the live one, and each end's datagrams address
+/// the other's straggler. Nothing vouches and nothing is Unconfirmed, so
+/// only the answer to a datagram of a retired epoch, addressed to it, gets
+/// the link going; without it both ends dropped each other for good.
+#[test]
+fn stragglers_at_both_ends_do_not_wedge_the_link() {
+    let cfg = TransportConfig::default();
+    let to_a = straggler(2, 1, 40);
+    let to_b = straggler(1, 2, 50);
+    let mut a = Endpoint::new(cfg.clone(), key(), 1, 1).unwrap();
+    let mut b = Endpoint::new(cfg, key(), 2, 2).unwrap();
+    // Each live end's first datagram, knowing no epoch of the other's.
+    let mut buf = Vec::new();
+    a.send(2, 0, b"hello b").unwrap();
+    a.poll_transmit(0, &mut buf).unwrap();
+    let first_of_a = buf.clone();
+    b.send(1, 0, b"hello a").unwrap();
+    b.poll_transmit(0, &mut buf).unwrap();
+    let first_of_b = buf.clone();
+    assert_eq!(a.handle_datagram(0, &first_of_b), Ok(()));
+    assert_eq!(a.handle_datagram(0, &to_a), Err(DropReason::StaleEpoch));
+    assert_eq!(b.handle_datagram(0, &first_of_a), Ok(()));
+    assert_eq!(b.handle_datagram(0, &to_b), Err(DropReason::StaleEpoch));
+    // Each end now knows the other's straggler as the current epoch.
+    assert_eq!(a.peer_stats(2).unwrap().restarts_seen, 1);
+    assert_eq!(b.peer_stats(1).unwrap().restarts_seen, 1);
+    let _ = (messages(&mut a), messages(&mut b));
+    assert_both_ways_within_10_s(&mut a, &mut b);
 }
 
 /// A peer that knew us restarts: its new life's first datagrams know no

@@ -336,9 +336,11 @@ impl Endpoint {
                 // A dead life's straggler, or the live one that does not
                 // know our epoch yet (a straggler may have taken its place
                 // here before it vouched). Addressed to that life, our
-                // announcement lets a live one vouch; a dead one never
-                // answers. Answering only the epoch we took would leave
-                // both ends waiting for the other to vouch, for good.
+                // announcement lets a live one vouch; addressed to a dead
+                // one, it still reaches the peer's live life, which takes
+                // our epoch from it and announces itself in turn.
+                // Answering only the epoch we took would leave both ends
+                // waiting for the other to vouch, for good.
                 self.refuse_and_announce(p, now_us, h.epoch);
                 return Err(DropReason::StaleEpoch);
             }
@@ -956,6 +958,8 @@ impl Endpoint {
     fn peer_restarted(&mut self, p: usize) {
         let peer_id = self.peers[p].id;
         self.peers[p].stats.restarts_seen += 1;
+        // An announcement pending for an epoch of the peer's is moot now.
+        self.peers[p].vouch_for = None;
         self.events
             .push_back(Event::PeerRestarted { peer: peer_id });
         for &c in &self.peers[p].channels {

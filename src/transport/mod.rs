@@ -35,8 +35,9 @@
 //!   knows it. A new epoch from a peer means it restarted: channels with it
 //!   start over and [`Event::PeerRestarted`] is raised; datagrams of its
 //!   earlier epochs, or addressed to an earlier epoch of ours, are dropped
-//!   (and we announce our epoch to the life that sent it, rate-limited,
-//!   so a peer that never heard of our restart learns of it).
+//!   (and, unless the epoch we know has vouched for ours, we announce our
+//!   epoch to the life that sent it, rate-limited, so a peer that never
+//!   heard of our restart learns of it).
 //! - **Authentication**: every datagram ends in a 16-byte keyed-BLAKE3 MAC
 //!   ([`ClusterKey`]); a datagram that fails it is dropped and counted.
 //!   Replays are dropped by sequence number (data) and epoch (everything);

@@ -63,11 +63,12 @@ pub(super) enum EpochCheck {
     First,
     /// A new epoch: the peer restarted; everything about it is stale.
     Restarted,
-    /// An epoch the peer had before: drop the datagram.
+    /// An epoch the peer had before: drop the datagram (and, while the
+    /// current one has not vouched, announce ourselves to that epoch).
     Retired,
     /// A new epoch that does not vouch for our life while the current
-    /// one has: drop the datagram and announce ourselves (a new life
-    /// answers with a datagram that vouches; a dead one never does).
+    /// one has: drop the datagram and announce ourselves to it (a new
+    /// life answers with a datagram that vouches).
     Unconfirmed,
 }
 
