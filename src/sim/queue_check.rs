@@ -46,7 +46,7 @@ pub fn drain(
             _ => break,
         }
     }
-    if let Ok(dead) = sm.queues().dead_letters(name) {
+    if let Ok(dead) = sm.queues().dead_letters(name, usize::MAX) {
         out.extend(dead);
     }
     crate::state::stored::fill(out.iter_mut().map(|d| (d.stored, &mut d.data)), payload_at)?;

@@ -19,9 +19,12 @@ use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 use crate::consensus::Index;
 use std::ops::Range;
 
-/// First bytes of a snapshot (format version 3: metadata only, the bytes
-/// of entries and messages stay in the log).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM4";
+/// First bytes of a snapshot (format version 5: metadata only, the bytes
+/// of entries and messages stay in the log; messages' sizes counted).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM5";
+/// The encoding before message sizes, still read (each message counts as
+/// `MESSAGE_BYTES_MAX` in a consume's budget).
+const SNAPSHOT_MAGIC_QSM4: [u8; 4] = *b"QSM4";
 /// The encoding before produce fingerprints, still read (its
 /// fingerprints read as 0, "not recorded").
 const SNAPSHOT_MAGIC_QSM3: [u8; 4] = *b"QSM3";
@@ -88,6 +91,22 @@ pub enum Command {
         /// The queue's name.
         queue: String,
         /// The producer's id (chosen at random by the client).
+        producer_id: u64,
+        /// The producer's sequence number for this batch.
+        seq: u64,
+        /// The messages' bytes.
+        messages: Vec<Vec<u8>>,
+    },
+    /// A produce in the encoding before message sizes counted (opcode 18,
+    /// read from logs written then; never written now). Applied as
+    /// `Produce`, except that each message counts as
+    /// [`MESSAGE_BYTES_MAX`] in a consume's byte budget: a replica that
+    /// restored a snapshot of that time cannot know the sizes, and every
+    /// replica must hand out the same messages.
+    ProduceUncounted {
+        /// The queue's name.
+        queue: String,
+        /// The producer's id.
         producer_id: u64,
         /// The producer's sequence number for this batch.
         seq: u64,
@@ -185,9 +204,11 @@ const OPEN_RECOVER: u8 = 5;
 const DELETE_LEDGER: u8 = 6;
 const CREATE_QUEUE: u8 = 16;
 const DELETE_QUEUE: u8 = 17;
-const PRODUCE: u8 = 18;
+/// A produce before message sizes counted (`Command::ProduceUncounted`).
+const PRODUCE_UNCOUNTED: u8 = 18;
 const CONSUME: u8 = 19;
 const ACK: u8 = 20;
+const PRODUCE: u8 = 21;
 
 impl Command {
     /// Its encoding: a tag byte, then the fields, little-endian, byte
@@ -257,8 +278,22 @@ impl Command {
                 producer_id,
                 seq,
                 messages,
+            }
+            | Command::ProduceUncounted {
+                queue,
+                producer_id,
+                seq,
+                messages,
             } => {
-                put_u8(o, PRODUCE);
+                let uncounted = matches!(self, Command::ProduceUncounted { .. });
+                put_u8(
+                    o,
+                    if uncounted {
+                        PRODUCE_UNCOUNTED
+                    } else {
+                        PRODUCE
+                    },
+                );
                 put_bytes(o, queue.as_bytes());
                 put_u64(o, *producer_id);
                 put_u64(o, *seq);
@@ -329,7 +364,7 @@ impl Command {
             DELETE_QUEUE => Command::DeleteQueue {
                 name: name(&mut r)?,
             },
-            PRODUCE => {
+            op @ (PRODUCE | PRODUCE_UNCOUNTED) => {
                 let queue = name(&mut r)?;
                 let (producer_id, seq) = (r.u64()?, r.u64()?);
                 let n = r.count(PRODUCE_MESSAGES_MAX, 4)?;
@@ -337,11 +372,20 @@ impl Command {
                 for _ in 0..n {
                     messages.push(r.bytes(MESSAGE_BYTES_MAX)?.to_vec());
                 }
-                Command::Produce {
-                    queue,
-                    producer_id,
-                    seq,
-                    messages,
+                if op == PRODUCE {
+                    Command::Produce {
+                        queue,
+                        producer_id,
+                        seq,
+                        messages,
+                    }
+                } else {
+                    Command::ProduceUncounted {
+                        queue,
+                        producer_id,
+                        seq,
+                        messages,
+                    }
                 }
             }
             CONSUME => Command::Consume {
@@ -478,12 +522,18 @@ impl StateMachine {
                 producer_id,
                 seq,
                 messages,
+            }
+            | Command::ProduceUncounted {
+                queue,
+                producer_id,
+                seq,
+                messages,
             } => {
                 let (ids, retry) = qs.produce_checked(
                     queue,
-                    *producer_id,
-                    *seq,
+                    (*producer_id, *seq),
                     messages,
+                    matches!(cmd, Command::Produce { .. }),
                     now_ms,
                     index,
                     fingerprints,
@@ -536,16 +586,17 @@ impl StateMachine {
     /// checksum) is the snapshot store's job; this checks structure.
     pub fn restore(bytes: &[u8]) -> Result<StateMachine, BadSnapshot> {
         let mut r = Reader::new(bytes);
-        let fingerprinted = match r.take(4) {
-            Some(m) if m == SNAPSHOT_MAGIC => true,
-            Some(m) if m == SNAPSHOT_MAGIC_QSM3 => false,
+        let version = match r.take(4) {
+            Some(m) if m == SNAPSHOT_MAGIC => 5,
+            Some(m) if m == SNAPSHOT_MAGIC_QSM4 => 4,
+            Some(m) if m == SNAPSHOT_MAGIC_QSM3 => 3,
             _ => return Err(BadSnapshot),
         };
         let applied = r.u64().ok_or(BadSnapshot)?;
         let clock_ms = r.u64().ok_or(BadSnapshot)?;
         let oldest = r.u64().ok_or(BadSnapshot)?.checked_sub(1);
         let ledgers = Ledgers::decode(&mut r).ok_or(BadSnapshot)?;
-        let queues = Queues::decode(&mut r, fingerprinted).ok_or(BadSnapshot)?;
+        let queues = Queues::decode(&mut r, version).ok_or(BadSnapshot)?;
         if !r.is_done() {
             return Err(BadSnapshot);
         }
@@ -568,7 +619,9 @@ impl StateMachine {
     pub fn snapshot_oldest_stored(bytes: &[u8]) -> Option<Option<Index>> {
         let mut r = Reader::new(bytes);
         let magic = r.take(4)?;
-        if magic != SNAPSHOT_MAGIC && magic != SNAPSHOT_MAGIC_QSM3 {
+        if ![SNAPSHOT_MAGIC, SNAPSHOT_MAGIC_QSM4, SNAPSHOT_MAGIC_QSM3]
+            .contains(&magic.try_into().ok()?)
+        {
             return None;
         }
         r.take(16)?;
@@ -640,6 +693,12 @@ mod tests {
                 seq: 1,
                 messages: vec![vec![7]],
             },
+            Command::ProduceUncounted {
+                queue: "kept".into(),
+                producer_id: 1,
+                seq: 2,
+                messages: vec![vec![8]],
+            },
         ]
     }
 
@@ -664,6 +723,28 @@ mod tests {
             None,
             "a client entry is not a command"
         );
+        // Produces are written with the tag that counts sizes; the older
+        // tag still reads, as what it was.
+        let produce = |tag| {
+            [
+                tag, 1, 0, 0, 0, b'q', 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ]
+        };
+        assert!(matches!(
+            Command::decode(&produce(PRODUCE)),
+            Some(Command::Produce { .. })
+        ));
+        assert!(matches!(
+            Command::decode(&produce(PRODUCE_UNCOUNTED)),
+            Some(Command::ProduceUncounted { .. })
+        ));
+        let written = Command::Produce {
+            queue: "q".into(),
+            producer_id: 1,
+            seq: 2,
+            messages: vec![],
+        };
+        assert_eq!(written.encode(), produce(PRODUCE));
         let bad_name = [CREATE_QUEUE, 1, 0, 0, 0, 0xff, 1, 0, 0, 0];
         assert_eq!(Command::decode(&bad_name), None, "a name that is not UTF-8");
     }
@@ -709,9 +790,13 @@ mod tests {
                 ids: 0..1,
                 retry: false,
             }),
+            Ok(Outcome::Produced {
+                ids: 1..2,
+                retry: false,
+            }),
         ];
         assert_eq!(outs, expected);
-        assert_eq!((sm.applied_index(), sm.clock_ms()), (14, 30));
+        assert_eq!((sm.applied_index(), sm.clock_ms()), (15, 30));
         assert_eq!(
             sm.oldest_stored(),
             Some(14),

@@ -99,7 +99,8 @@ const Q_LIST_LEDGERS: u8 = 3;
 const Q_LIST_QUEUES: u8 = 4;
 const Q_DEAD_LETTERS: u8 = 5;
 
-/// Items in one answer list at most (a dead-letter list is cut here).
+/// Items in one answer list at most (a dead-letter list is cut here, or
+/// at `CONSUME_BYTES_MAX` of messages).
 pub const ANSWER_ITEMS_MAX: usize = 1 << 16;
 
 impl Query {
@@ -161,9 +162,7 @@ impl StateMachine {
             Query::ListLedgers => Answer::Ledgers(self.ledgers().list()),
             Query::ListQueues => Answer::Queues(self.queues().list()),
             Query::DeadLetters { queue } => {
-                let mut d = self.queues().dead_letters(queue)?;
-                d.truncate(ANSWER_ITEMS_MAX);
-                Answer::Deliveries(d)
+                Answer::Deliveries(self.queues().dead_letters(queue, ANSWER_ITEMS_MAX)?)
             }
         })
     }

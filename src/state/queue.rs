@@ -35,6 +35,11 @@ pub const PRODUCE_MESSAGES_MAX: usize = 1024;
 pub const QUEUE_MESSAGES_MAX: usize = 1 << 22;
 /// Messages one consume returns at most.
 pub const CONSUME_MAX: u32 = 1024;
+/// Bytes of messages one consume hands out at most (it always hands out
+/// at least one): its answer must fit a client frame (`FRAME_BYTES_MAX`,
+/// 16 MiB), or the messages would be hidden, counted as delivered, and
+/// never sent, until dead-lettered.
+pub const CONSUME_BYTES_MAX: u64 = 8 << 20;
 /// Ids in one ack.
 pub const ACK_IDS_MAX: usize = 4096;
 /// Longest visibility timeout, in ms (12 hours).
@@ -80,6 +85,10 @@ struct Message {
     deliveries: u32,
     /// When it may be delivered (again), in the leader's ms.
     visible_at_ms: u64,
+    /// Its bytes as a consume's budget counts them: its length, or
+    /// `MESSAGE_BYTES_MAX` where that was not recorded (a produce or a
+    /// snapshot from before sizes were counted).
+    counted_bytes: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -192,9 +201,9 @@ impl Queues {
     pub(crate) fn produce_checked(
         &mut self,
         name: &str,
-        producer: u64,
-        seq: u64,
+        (producer, seq): (u64, u64),
         messages: &[Vec<u8>],
+        sizes_counted: bool,
         now_ms: u64,
         index: u64,
         check_fingerprint: bool,
@@ -242,6 +251,11 @@ impl Queues {
                 stored: Stored { index, slot },
                 deliveries: 0,
                 visible_at_ms: now_ms,
+                counted_bytes: if sizes_counted {
+                    messages[slot as usize].len() as u32
+                } else {
+                    MESSAGE_BYTES_MAX as u32
+                },
             };
             q.order.insert((now_ms, id));
             q.live.insert(id, m);
@@ -267,12 +281,14 @@ impl Queues {
         now_ms: u64,
         index: u64,
     ) -> Result<(Range<u64>, bool), Error> {
-        self.produce_checked(name, producer, seq, messages, now_ms, index, true)
+        self.produce_checked(name, (producer, seq), messages, true, now_ms, index, true)
     }
 
     /// Hands out up to `max` messages visible at `now_ms`, hidden again
-    /// until `now_ms + visibility_ms`; a message already delivered
-    /// `max_deliveries` times goes to the dead-letter list instead.
+    /// until `now_ms + visibility_ms`, and no more than
+    /// [`CONSUME_BYTES_MAX`] of them (at least one); a message already
+    /// delivered `max_deliveries` times goes to the dead-letter list
+    /// instead.
     pub(crate) fn consume(
         &mut self,
         name: &str,
@@ -287,6 +303,7 @@ impl Queues {
         }
         let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
         let mut out = Vec::new();
+        let mut bytes = 0u64;
         while out.len() < max as usize {
             let Some(&(at, id)) = q.order.get_min() else {
                 break;
@@ -294,14 +311,20 @@ impl Queues {
             if at > now_ms {
                 break;
             }
-            q.order.remove(&(at, id));
-            let Some(mut m) = q.live.remove(&id) else {
+            let Some(&m) = q.live.get(&id) else {
                 unreachable!("order holds only live ids");
             };
+            let fits = bytes + u64::from(m.counted_bytes) <= CONSUME_BYTES_MAX;
+            if m.deliveries < q.max_deliveries && !fits && !out.is_empty() {
+                break; // the next consume takes it
+            }
+            q.order.remove(&(at, id));
+            let mut m = q.live.remove(&id).expect("just read");
             if m.deliveries >= q.max_deliveries {
                 q.dead.insert(id, m);
                 continue;
             }
+            bytes += u64::from(m.counted_bytes);
             m.deliveries += 1;
             m.visible_at_ms = now_ms.saturating_add(visibility_ms);
             q.order.insert((m.visible_at_ms, id));
@@ -351,16 +374,26 @@ impl Queues {
         Ok(q.acked.0.iter().map(|(&s, &e)| s..e).collect())
     }
 
-    /// The queue's dead-letter list, by id.
-    pub fn dead_letters(&self, name: &str) -> Result<Vec<Delivery>, Error> {
+    /// The queue's dead-letter list, by id, from its start: at most
+    /// `items_max` messages and, past the first, no more than
+    /// [`CONSUME_BYTES_MAX`] of them (so that the answer fits a frame).
+    pub fn dead_letters(&self, name: &str, items_max: usize) -> Result<Vec<Delivery>, Error> {
         let q = self.queues.get(name).ok_or(Error::NoSuchQueue)?;
-        let d = |(&id, m): (&u64, &Message)| Delivery {
-            id,
-            data: Vec::new(),
-            deliveries: m.deliveries,
-            stored: m.stored,
-        };
-        Ok(q.dead.iter().map(d).collect())
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        for (&id, m) in q.dead.iter().take(items_max) {
+            bytes += u64::from(m.counted_bytes);
+            if bytes > CONSUME_BYTES_MAX && !out.is_empty() {
+                break;
+            }
+            out.push(Delivery {
+                id,
+                data: Vec::new(),
+                deliveries: m.deliveries,
+                stored: m.stored,
+            });
+        }
+        Ok(out)
     }
 
     /// Every queue's metadata, by name.
@@ -406,7 +439,8 @@ impl Queues {
         let messages = |out: &mut Vec<u8>, ms: &OrdMap<u64, Message>| {
             // Runs: consecutive ids from consecutive slots of one produce,
             // alike in deliveries and visibility (a backlog never handed
-            // out is a run per produce).
+            // out is a run per produce), each followed by its messages'
+            // counted sizes (4 bytes a message).
             let mut runs: Vec<(u64, u32, Message)> = Vec::new();
             for (&id, m) in ms {
                 if let Some((first, n, r)) = runs.last_mut() {
@@ -429,6 +463,9 @@ impl Queues {
                 put_u32(out, m.stored.slot);
                 put_u32(out, m.deliveries);
                 put_u64(out, m.visible_at_ms);
+                for k in 0..u64::from(n) {
+                    put_u32(out, ms[&(first + k)].counted_bytes);
+                }
             }
         };
         put_u32(out, self.queues.len() as u32);
@@ -460,8 +497,9 @@ impl Queues {
 
     /// Decodes queues from `r`, refusing any that `apply` could not have
     /// built (bounds, order, an id both acked and unacked, ...);
-    /// `fingerprinted`: the encoding has produce fingerprints (QSM4 on).
-    pub(crate) fn decode(r: &mut Reader<'_>, fingerprinted: bool) -> Option<Queues> {
+    /// `version`: the snapshot format (3: no produce fingerprints; 4: no
+    /// message sizes, each counted as `MESSAGE_BYTES_MAX`; 5: both).
+    pub(crate) fn decode(r: &mut Reader<'_>, version: u8) -> Option<Queues> {
         let n = r.count(QUEUES_MAX, 4 + 4 + 8 + 4 * 4)?;
         let mut queues = OrdMap::new();
         for _ in 0..n {
@@ -474,7 +512,7 @@ impl Queues {
                 return None;
             }
             let name = name.to_string();
-            let q = decode_queue(r, fingerprinted)?;
+            let q = decode_queue(r, version)?;
             queues.insert(name, q);
         }
         Some(Queues { queues })
@@ -482,8 +520,9 @@ impl Queues {
 }
 
 /// Decodes runs of messages with ascending ids below `next_id`, each
-/// from a slot a produce can have.
-fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<OrdMap<u64, Message>> {
+/// from a slot a produce can have; `sized`: each run is followed by its
+/// messages' counted bytes (format 5).
+fn decode_messages(r: &mut Reader<'_>, q: &Queue, sized: bool) -> Option<OrdMap<u64, Message>> {
     let n = r.count(QUEUE_MESSAGES_MAX, 8 + 4 + 8 + 4 + 4 + 8)?;
     let mut ms: OrdMap<u64, Message> = OrdMap::new();
     for _ in 0..n {
@@ -516,6 +555,14 @@ fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<OrdMap<u64, Message>
             return None;
         }
         for k in 0..count {
+            let counted_bytes = if sized {
+                r.u32()?
+            } else {
+                MESSAGE_BYTES_MAX as u32
+            };
+            if counted_bytes as usize > MESSAGE_BYTES_MAX {
+                return None;
+            }
             let m = Message {
                 stored: Stored {
                     index,
@@ -523,6 +570,7 @@ fn decode_messages(r: &mut Reader<'_>, q: &Queue) -> Option<OrdMap<u64, Message>
                 },
                 deliveries,
                 visible_at_ms,
+                counted_bytes,
             };
             ms.insert(first + u64::from(k), m);
         }
@@ -542,15 +590,16 @@ fn produce_fingerprint(messages: &[Vec<u8>]) -> u64 {
     ((bytes + 1) << 32) | u64::from(crc)
 }
 
-fn decode_queue(r: &mut Reader<'_>, fingerprinted: bool) -> Option<Queue> {
+fn decode_queue(r: &mut Reader<'_>, version: u8) -> Option<Queue> {
+    let fingerprinted = version >= 4;
     let max_deliveries = r.u32()?;
     if !(1..=DELIVERIES_PER_MESSAGE_MAX).contains(&max_deliveries) {
         return None;
     }
     let mut q = Queue::new(max_deliveries);
     q.next_id = r.u64()?;
-    q.live = decode_messages(r, &q)?;
-    q.dead = decode_messages(r, &q)?;
+    q.live = decode_messages(r, &q, version >= 5)?;
+    q.dead = decode_messages(r, &q, version >= 5)?;
     if q.live.len() + q.dead.len() > QUEUE_MESSAGES_MAX {
         return None;
     }
@@ -717,11 +766,11 @@ mod tests {
             vec![],
             "dead, not delivered"
         );
-        let dead = qs.dead_letters("q").unwrap();
+        let dead = qs.dead_letters("q", usize::MAX).unwrap();
         assert_eq!((ids(&dead), dead[0].deliveries), (vec![0], 2));
         assert_eq!(qs.list()[0].dead, 1);
         assert_eq!(qs.ack("q", &[0]), Ok(1), "a dead letter can be acked away");
-        assert_eq!(qs.dead_letters("q").unwrap(), vec![]);
+        assert_eq!(qs.dead_letters("q", usize::MAX).unwrap(), vec![]);
     }
 
     #[test]
@@ -747,12 +796,13 @@ mod tests {
         let mut bytes = Vec::new();
         qs.encode(&mut bytes);
         // Two delivered messages, the rest of the first produce, and nine
-        // untouched produces: 12 runs of 36 bytes (plus the producer's
-        // window of 10 produces, 32 bytes each), not 10,000 messages.
+        // untouched produces: 12 runs of 36 bytes and each message's size
+        // (4 bytes: what a consume's budget counts), plus the producer's
+        // window of 10 produces, 32 bytes each; not 10,000 message records.
         let run_bytes = 8 + 4 + 8 + 4 + 4 + 8;
-        let bound = 12 * run_bytes + 10 * 32 + 100;
+        let bound = 12 * run_bytes + 10_000 * 4 + 10 * 32 + 100;
         assert!(bytes.len() < bound, "{} bytes", bytes.len());
-        let back = Queues::decode(&mut Reader::new(&bytes), true).unwrap();
+        let back = Queues::decode(&mut Reader::new(&bytes), 5).unwrap();
         assert_eq!(back, qs);
         // One run written as two is not what `encode` writes: refused.
         let mut one = one_queue(3);
@@ -764,17 +814,24 @@ mod tests {
             let at = 4 + 4 + 1 + 4 + 8;
             assert_eq!(b[at..at + 4], 1u32.to_le_bytes());
             b[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+            // The run, then its two messages' sizes.
             let run = b[at + 4..at + 4 + run_bytes].to_vec();
+            let sizes = b[at + 4 + run_bytes..at + 4 + run_bytes + 8].to_vec();
             let mut first = run.clone();
             first[8..12].copy_from_slice(&1u32.to_le_bytes());
+            first.extend_from_slice(&sizes[..4]);
             let mut second = run;
             second[..8].copy_from_slice(&1u64.to_le_bytes());
             second[8..12].copy_from_slice(&1u32.to_le_bytes());
             second[20..24].copy_from_slice(&1u32.to_le_bytes());
-            b.splice(at + 4..at + 4 + run_bytes, first.into_iter().chain(second));
+            second.extend_from_slice(&sizes[4..]);
+            b.splice(
+                at + 4..at + 4 + run_bytes + 8,
+                first.into_iter().chain(second),
+            );
         };
         split(&mut bytes);
-        assert_eq!(Queues::decode(&mut Reader::new(&bytes), true), None);
+        assert_eq!(Queues::decode(&mut Reader::new(&bytes), 5), None);
     }
 
     #[test]
@@ -790,13 +847,101 @@ mod tests {
         let mut bytes = Vec::new();
         qs.encode(&mut bytes);
         let mut r = Reader::new(&bytes);
-        assert_eq!(Queues::decode(&mut r, true), Some(qs));
+        assert_eq!(Queues::decode(&mut r, 5), Some(qs));
         assert!(r.is_done());
         for cut in 0..bytes.len() {
             assert!(
-                Queues::decode(&mut Reader::new(&bytes[..cut]), true).is_none(),
+                Queues::decode(&mut Reader::new(&bytes[..cut]), 5).is_none(),
                 "cut {cut}"
             );
         }
+    }
+
+    /// A consume hands out no more than `CONSUME_BYTES_MAX` of messages
+    /// (at least one, which the largest message never exceeds): 20 messages of the largest size used to make an
+    /// answer no frame could carry, so they were hidden, counted as
+    /// delivered and never sent, until dead-lettered.
+    #[test]
+    fn a_consume_stops_at_its_byte_budget() {
+        let mut qs = one_queue(5);
+        let big = vec![vec![7u8; MESSAGE_BYTES_MAX]; 20];
+        qs.produce("q", 1, 1, &big, 0, 1).unwrap();
+        let per_consume = (CONSUME_BYTES_MAX / MESSAGE_BYTES_MAX as u64) as usize;
+        assert_eq!(per_consume, 8);
+        let first = qs.consume("q", 20, 10, 0).unwrap();
+        assert_eq!(ids(&first), (0..8).collect::<Vec<_>>());
+        // The rest stay visible and undelivered for the next consume.
+        let second = qs.consume("q", 20, 10, 0).unwrap();
+        assert_eq!(ids(&second), (8..16).collect::<Vec<_>>());
+        assert!(second.iter().all(|d| d.deliveries == 1));
+        // Small messages are not held back by it.
+        qs.produce("q", 1, 2, &vec![vec![1u8; 10]; 30], 0, 2)
+            .unwrap();
+        assert_eq!(qs.consume("q", 40, 10, 0).unwrap().len(), 4 + 30);
+    }
+
+    /// A dead-letter list is listed within the same byte budget.
+    #[test]
+    fn a_dead_letter_listing_stops_at_the_byte_budget() {
+        let mut qs = one_queue(1);
+        let big = vec![vec![7u8; MESSAGE_BYTES_MAX]; 20];
+        qs.produce("q", 1, 1, &big, 0, 1).unwrap();
+        for _ in 0..3 {
+            qs.consume("q", 20, 10, 0).unwrap();
+        }
+        // Visible again after one delivery each: dead-lettered, none handed out.
+        assert_eq!(qs.consume("q", 20, 10, 10).unwrap(), vec![]);
+        let dead = qs.dead_letters("q", usize::MAX).unwrap();
+        assert_eq!(ids(&dead), (0..8).collect::<Vec<_>>());
+        assert_eq!(qs.dead_letters("q", 3).unwrap().len(), 3);
+    }
+
+    /// Sizes not recorded (a produce in the older encoding, or a format 4
+    /// snapshot) count as `MESSAGE_BYTES_MAX`, the same on every replica.
+    #[test]
+    fn messages_of_unknown_size_count_as_the_largest() {
+        let mut qs = one_queue(5);
+        let small = vec![vec![1u8; 10]; 12];
+        qs.produce_checked("q", (1, 1), &small, false, 0, 1, true)
+            .unwrap();
+        assert_eq!(qs.consume("q", 12, 10, 0).unwrap().len(), 8);
+        // Format 4: one queue "q", a run of 12 live messages, no dead, no
+        // acks, no producers; no sizes after the run.
+        let mut v4 = Vec::new();
+        put_u32(&mut v4, 1);
+        put_bytes(&mut v4, b"q");
+        put_u32(&mut v4, 5); // max deliveries
+        put_u64(&mut v4, 12); // next id
+        put_u32(&mut v4, 1); // live runs
+        put_u64(&mut v4, 0); // first id
+        put_u32(&mut v4, 12); // count
+        put_u64(&mut v4, 7); // index
+        put_u32(&mut v4, 0); // slot
+        put_u32(&mut v4, 0); // deliveries
+        put_u64(&mut v4, 0); // visible at
+        put_u32(&mut v4, 0); // dead runs
+        put_u32(&mut v4, 0); // acked ranges
+        put_u32(&mut v4, 0); // producers
+        let mut r = Reader::new(&v4);
+        let mut old = Queues::decode(&mut r, 4).expect("a format 4 encoding");
+        assert!(r.is_done());
+        assert_eq!(old.consume("q", 12, 10, 0).unwrap().len(), 8);
+        // Format 5 wants the sizes: the same bytes are refused.
+        assert_eq!(Queues::decode(&mut Reader::new(&v4), 5), None);
+        // And a size past the largest message is refused.
+        let mut v5 = v4.clone();
+        let tail = v5.split_off(v5.len() - 12);
+        for k in 0..12u32 {
+            put_u32(
+                &mut v5,
+                if k == 3 {
+                    MESSAGE_BYTES_MAX as u32 + 1
+                } else {
+                    10
+                },
+            );
+        }
+        v5.extend_from_slice(&tail);
+        assert_eq!(Queues::decode(&mut Reader::new(&v5), 5), None);
     }
 }

@@ -65,7 +65,9 @@ pub fn fill<'a>(
                 continue;
             }
             Some(Command::AddEntry { data, .. }) if at.slot == 0 => data,
-            Some(Command::Produce { messages, .. }) => messages
+            Some(
+                Command::Produce { messages, .. } | Command::ProduceUncounted { messages, .. },
+            ) => messages
                 .get(at.slot as usize)
                 .ok_or(Unfilled::Missing(at.index))?,
             _ => return Err(Unfilled::Missing(at.index)),

@@ -142,7 +142,7 @@ pub(crate) enum QueueCmd {
         /// The queue.
         #[arg(value_parser = queue_name)]
         name: String,
-        /// Messages at most (1 to 1024).
+        /// Messages at most (1 to 1024; and at most 8 MiB of them).
         #[arg(long, default_value_t = 10,
               value_parser = clap::value_parser!(u32).range(1..=queue::CONSUME_MAX as i64))]
         max: u32,

@@ -540,6 +540,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             Command::Consume { .. } => Outcome::Consumed(Vec::new()),
             Command::Ack { .. } => Outcome::Acked(0),
             Command::Produce { .. }
+            | Command::ProduceUncounted { .. }
             | Command::DeleteLedger { .. }
             | Command::CreateQueue { .. }
             | Command::DeleteQueue { .. } => Outcome::Done,
