@@ -19,6 +19,16 @@ use crate::consensus::{Index, NodeId, Term};
 use crate::transport::GroupId;
 use std::collections::BTreeMap;
 
+// A consume's answer (its messages, and per message an id, a delivery
+// count and a length: 16 bytes, 64 counted) always fits a client frame,
+// or a consume that applied could never be answered.
+const _: () = assert!(
+    crate::state::queue::CONSUME_BYTES_MAX as usize
+        + crate::state::queue::CONSUME_MAX as usize * 64
+        + 4096
+        <= crate::api::wire::FRAME_BYTES_MAX
+);
+
 /// Longest a Tail or a ledger long poll waits for entries, in ms.
 pub const TAIL_WAIT_MS_MAX: u32 = 30_000;
 /// Log entries in one Read or Tail answer at most.

@@ -40,6 +40,8 @@ pub const CONSUME_MAX: u32 = 1024;
 /// 16 MiB), or the messages would be hidden, counted as delivered, and
 /// never sent, until dead-lettered.
 pub const CONSUME_BYTES_MAX: u64 = 8 << 20;
+// "At least one" never passes the budget: the largest message fits it.
+const _: () = assert!(MESSAGE_BYTES_MAX as u64 <= CONSUME_BYTES_MAX);
 /// Ids in one ack.
 pub const ACK_IDS_MAX: usize = 4096;
 /// Longest visibility timeout, in ms (12 hours).
