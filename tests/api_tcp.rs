@@ -196,7 +196,7 @@ fn malformed_frames_close_only_their_connection() {
             group: 0,
             client_id: 1,
             seq,
-            data: vec![seq as u8; 100],
+            data: vec![seq as u8; 100].into(),
         })
     };
     assert_eq!(append(&mut good), Response::Appended { index: 1 });

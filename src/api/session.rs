@@ -330,6 +330,32 @@ impl ServerSession {
         n
     }
 
+    /// Bytes [`read_from`](Self::read_from) may still take: 0 while a
+    /// whole frame waits to be handed out by [`poll`](Self::poll).
+    pub fn room_bytes(&self) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        self.framer.room()
+    }
+
+    /// [`push`](Self::push) for a socket: reads at most `want` bytes of
+    /// `fd` straight into the receive buffer (no copy on the way); `Ok(0)`
+    /// is the end of the stream. Call only with [`room_bytes`](Self::room_bytes).
+    pub fn read_from(
+        &mut self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        want: usize,
+    ) -> std::io::Result<usize> {
+        debug_assert!(self.room_bytes() > 0, "read_from without room");
+        let n = self.framer.read_from(fd, want)?;
+        self.stats.bytes_received += n as u64;
+        if let Err((id, e)) = self.check_head() {
+            self.fail(id, e);
+        }
+        Ok(n)
+    }
+
     /// Judges the next frame from its first bytes: its length, and before
     /// authentication that it is a Hello small enough to be one (so that
     /// a frame the pre-auth buffer cannot hold never waits to complete).
@@ -380,15 +406,15 @@ impl ServerSession {
             Err(e) => return Err(self.fail(0, ProtocolError::Decode(e))),
         };
         self.stats.frames_received += 1;
-        let (header, payload) = match FrameHeader::split(frame, self.config.frame_bytes_max) {
-            Ok(hp) => hp,
+        let (header, payload) = match FrameHeader::split(&frame, self.config.frame_bytes_max) {
+            Ok((header, payload)) => (header, frame.slice_ref(payload)),
             Err(e) => return Err(self.fail(0, ProtocolError::Decode(e))),
         };
         let id = header.id;
         if header.version != VERSION {
             return Err(self.fail(id, DecodeError::UnsupportedVersion(header.version).into()));
         }
-        let req = match Request::decode_payload(header.opcode, payload) {
+        let req = match Request::decode_shared(header.opcode, &payload) {
             Ok(req) => req,
             Err(e) => return Err(self.fail(id, e.into())),
         };
@@ -692,7 +718,7 @@ impl ClientSession {
             Err(e) => return Err(self.fail(e.into())),
         };
         self.stats.frames_received += 1;
-        let (id, resp) = match decode_response(frame, self.config.frame_bytes_max) {
+        let (id, resp) = match decode_response(&frame, self.config.frame_bytes_max) {
             Ok(r) => r,
             Err(e) => return Err(self.fail(e.into())),
         };

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -103,19 +104,19 @@ fn all_requests() -> Vec<Request> {
             group: 3,
             client_id: u64::MAX,
             seq: 42,
-            data: b"hello world".to_vec(),
+            data: b"hello world".to_vec().into(),
         },
         Request::Append {
             group: 0,
             client_id: 0,
             seq: 0,
-            data: Vec::new(),
+            data: Vec::new().into(),
         },
         Request::AppendBatch {
             group: u32::MAX,
             client_id: 9,
             first_seq: 100,
-            items: vec![b"a".to_vec(), Vec::new(), vec![0xFF; 300]],
+            items: vec![b"a".to_vec().into(), Bytes::new(), vec![0xFF; 300].into()],
         },
         Request::AppendBatch {
             group: 1,
@@ -537,7 +538,7 @@ fn oversized_length_is_rejected_before_allocation() {
         group: 0,
         client_id: 1,
         seq: 1,
-        data,
+        data: data.into(),
     };
     let mut frame = Vec::new();
     encode_request(2, &req, bound, &mut frame).unwrap();
@@ -731,7 +732,7 @@ fn a_request_before_hello_closes() {
         group: 0,
         client_id: 1,
         seq: 1,
-        data: b"x".to_vec(),
+        data: b"x".to_vec().into(),
     };
     let (items, err) = feed(&mut s, &req_frame(5, &req));
     assert!(items.is_empty());
@@ -811,7 +812,7 @@ fn encoders_refuse_what_decoders_would_reject() {
         group: 0,
         client_id: 0,
         seq: 0,
-        data: vec![0; 2000],
+        data: vec![0; 2000].into(),
     };
     assert!(matches!(
         encode_request(1, &big, 1024, &mut out),
@@ -821,7 +822,7 @@ fn encoders_refuse_what_decoders_would_reject() {
         group: 0,
         client_id: 0,
         first_seq: 0,
-        items: vec![Vec::new(); ITEMS_MAX + 1],
+        items: vec![Bytes::new(); ITEMS_MAX + 1],
     };
     assert_eq!(
         encode_request(1, &many, FRAME_BYTES_MAX, &mut out),
@@ -852,7 +853,7 @@ fn client_matches_ids_and_kinds() {
             group: 0,
             client_id: 1,
             seq: 1,
-            data: Vec::new(),
+            data: Vec::new().into(),
         })
         .unwrap();
     assert_eq!((hid, aid), (1, 2));
@@ -975,7 +976,7 @@ fn before_hello_the_server_holds_no_more_than_a_hello() {
         group: 0,
         client_id: 1,
         seq: 1,
-        data: vec![7; 1 << 20],
+        data: vec![7; 1 << 20].into(),
     };
     // A large request before Hello: refused from its header.
     let mut s = server();
@@ -1083,4 +1084,45 @@ fn respond_into_appends_the_same_frame_respond_makes() {
         "{resp:?}"
     );
     assert_eq!(a.stats().bytes_sent, b.stats().bytes_sent);
+}
+
+#[test]
+fn a_received_append_shares_its_frame_instead_of_copying_it() {
+    let batch = Request::AppendBatch {
+        group: 0,
+        client_id: 1,
+        first_seq: 1,
+        items: vec![vec![5; 1000].into(), Bytes::new(), vec![6; 10].into()],
+    };
+    let append = Request::Append {
+        group: 0,
+        client_id: 1,
+        seq: 1,
+        data: vec![7; 1000].into(),
+    };
+    for req in [append, batch] {
+        let mut out = Vec::new();
+        encode_request(1, &req, FRAME_BYTES_MAX, &mut out).unwrap();
+        let frame = Bytes::from(out);
+        let (header, payload) = FrameHeader::split(&frame, FRAME_BYTES_MAX).unwrap();
+        let decoded = Request::decode_shared(header.opcode, &frame.slice_ref(payload)).unwrap();
+        assert_eq!(decoded, req);
+        let records = match &decoded {
+            Request::Append { data, .. } => vec![data.clone()],
+            Request::AppendBatch { items, .. } => items.clone(),
+            other => panic!("decoded as {other:?}"),
+        };
+        let inside = frame.as_ptr_range();
+        for r in records.iter().filter(|r| !r.is_empty()) {
+            assert!(
+                inside.contains(&r.as_ptr()) && r.as_ptr_range().end <= inside.end,
+                "a record was copied out of its frame"
+            );
+        }
+        // The copying decoder gives the same request.
+        assert_eq!(
+            Request::decode_payload(header.opcode, payload).unwrap(),
+            req
+        );
+    }
 }

@@ -45,6 +45,7 @@
 //!                                                               | 0 u8, or 1 u8 | leader u64 | addr string
 //! ```
 
+use bytes::Bytes;
 use std::fmt;
 
 use crate::consensus::NodeId;
@@ -230,8 +231,8 @@ pub enum Request {
         client_id: u64,
         /// Sequence number of this append for this client.
         seq: u64,
-        /// The record.
-        data: Vec<u8>,
+        /// The record (shared with the frame it came in: no copy).
+        data: Bytes,
     },
     /// Append several records at once, with consecutive sequence numbers.
     AppendBatch {
@@ -242,7 +243,7 @@ pub enum Request {
         /// Sequence number of the first item; item k has `first_seq + k`.
         first_seq: u64,
         /// The records, at most [`ITEMS_MAX`].
-        items: Vec<Vec<u8>>,
+        items: Vec<Bytes>,
     },
     /// Read committed entries from `from` on.
     Read {
@@ -746,8 +747,25 @@ impl Request {
     }
 
     /// Decodes the payload of a request with `opcode`; the whole payload
-    /// must be used.
+    /// must be used. Records are copied out of `payload`.
     pub fn decode_payload(opcode: u8, payload: &[u8]) -> Result<Request, DecodeError> {
+        Request::decode_with(opcode, payload, Bytes::copy_from_slice)
+    }
+
+    /// [`decode_payload`](Self::decode_payload) of a received frame's
+    /// payload: records are slices of `payload`, not copies, so an append
+    /// allocates nothing on its way to the log.
+    pub fn decode_shared(opcode: u8, payload: &Bytes) -> Result<Request, DecodeError> {
+        Request::decode_with(opcode, payload, |record| payload.slice_ref(record))
+    }
+
+    /// Decodes with `record` turning a record's bytes (inside `payload`)
+    /// into the `Bytes` the request holds.
+    fn decode_with(
+        opcode: u8,
+        payload: &[u8],
+        record: impl Fn(&[u8]) -> Bytes,
+    ) -> Result<Request, DecodeError> {
         let mut r = Reader(payload);
         let req = match opcode {
             OP_HELLO => {
@@ -765,7 +783,7 @@ impl Request {
                 group: r.u32()?,
                 client_id: r.u64()?,
                 seq: r.u64()?,
-                data: r.bytes()?.to_vec(),
+                data: record(r.bytes()?),
             },
             OP_APPEND_BATCH => {
                 let group = r.u32()?;
@@ -774,7 +792,7 @@ impl Request {
                 let count = r.count(4)?;
                 let mut items = Vec::with_capacity(count);
                 for _ in 0..count {
-                    items.push(r.bytes()?.to_vec());
+                    items.push(record(r.bytes()?));
                 }
                 Request::AppendBatch {
                     group,

@@ -232,7 +232,7 @@ impl Client {
             group,
             client_id: self.client_id,
             seq,
-            data: data.to_vec(),
+            data: bytes::Bytes::copy_from_slice(data),
         };
         match self.with_leader(group, req)? {
             Response::Appended { index } => Ok(index),

@@ -212,7 +212,7 @@ pub struct ProducerStats {
 /// Records of one group not yet sent, with consecutive seqs.
 struct Batch {
     first_seq: u64,
-    items: Vec<Vec<u8>>,
+    items: Vec<bytes::Bytes>,
     bytes: usize,
     /// When its first record came: it goes out `linger_us` later at the latest.
     opened: Instant,
@@ -461,7 +461,7 @@ impl Producer {
             }
         };
         debug_assert_eq!(batch.first_seq + batch.items.len() as u64, seq);
-        batch.items.push(data.to_vec());
+        batch.items.push(bytes::Bytes::copy_from_slice(data));
         batch.bytes += data.len();
         if batch.bytes >= bytes_max || batch.items.len() >= records_max {
             batch.full = true;

@@ -39,7 +39,7 @@ use crossbeam_channel::Sender;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -55,7 +55,9 @@ pub(crate) const CONN_CALLS_IN_FLIGHT_MAX: usize = 8;
 /// Bytes read from one connection per turn, so that one busy client
 /// cannot starve the loop's other connections and its groups.
 const CONN_READ_BYTES_PER_TURN_MAX: usize = 256 << 10;
-/// The loop's read buffer, shared by its connections.
+/// Bytes asked of one read(2) of a connection: read straight into its
+/// session's buffer (the loop's `scratch` only takes what a draining
+/// connection sends, to be discarded).
 const READ_CHUNK_BYTES: usize = 64 << 10;
 /// Connections accepted per turn (more wait for the next turn).
 const ACCEPTS_PER_TURN_MAX: usize = 64;
@@ -147,8 +149,6 @@ struct Conn {
     peer: Option<SocketAddr>,
     generation: u32,
     greeted: bool,
-    /// Bytes read that the session has not taken yet (its buffer is full).
-    pending_in: Vec<u8>,
     /// Answers not yet written, from `out_at` on.
     out: Vec<u8>,
     out_at: usize,
@@ -172,7 +172,9 @@ impl Conn {
 
     /// Whether the loop must stop reading requests from it for now.
     fn blocked(&self, requests_in_flight_max: usize) -> bool {
-        !self.pending_in.is_empty()
+        // No room: a whole frame waits (read straight into the session's
+        // buffer, only what it can take).
+        self.session.room_bytes() == 0
             || self.unwritten() >= CONN_OUT_BYTES_MAX
             || self.session.in_flight() >= requests_in_flight_max
             || self.calls_in_flight >= CONN_CALLS_IN_FLIGHT_MAX
@@ -242,6 +244,7 @@ pub(super) struct LoopClients {
     dirty: Vec<u32>,
     to_flush: Vec<u32>,
     events: Vec<libc::epoll_event>,
+    /// Where a closing connection's last bytes are read and dropped.
     scratch: Vec<u8>,
 }
 
@@ -423,7 +426,6 @@ impl LoopClients {
                 peer,
                 generation,
                 greeted: false,
-                pending_in: Vec::new(),
                 out: Vec::new(),
                 out_at: 0,
                 batches: HashMap::new(),
@@ -500,10 +502,6 @@ impl LoopClients {
             if c.phase != Phase::Open {
                 break;
             }
-            if !c.pending_in.is_empty() {
-                let n = c.session.push(&c.pending_in);
-                c.pending_in.drain(..n);
-            }
             if self.serve_frames(slot, parts) {
                 self.mark_flush(slot);
                 break;
@@ -518,8 +516,8 @@ impl LoopClients {
                 self.mark_dirty(slot);
                 break;
             }
-            let want = self.scratch.len().min(budget);
-            match c.stream.read(&mut self.scratch[..want]) {
+            let want = READ_CHUNK_BYTES.min(budget);
+            match c.session.read_from(c.stream.as_fd(), want) {
                 Ok(0) => {
                     // The client is done sending: answer what is queued
                     // and close.
@@ -527,11 +525,7 @@ impl LoopClients {
                     self.mark_flush(slot);
                     break;
                 }
-                Ok(n) => {
-                    budget -= n;
-                    let took = c.session.push(&self.scratch[..n]);
-                    c.pending_in.extend_from_slice(&self.scratch[took..n]);
-                }
+                Ok(n) => budget -= n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -661,7 +655,7 @@ impl LoopClients {
                 // This loop's group: proposed from the request's own
                 // buffer, nothing gathered.
                 Some(&i) => parts.replicas[i].propose_client_ticket(client_id, seq, &data, ticket),
-                None => self.append(group, client_id, seq, vec![data], ticket, parts),
+                None => self.append(group, client_id, seq, &[data], ticket, parts),
             },
             NodeCall::AppendBatch {
                 group,
@@ -672,7 +666,7 @@ impl LoopClients {
                 if let Some(c) = self.live(slot, generation) {
                     c.batches.insert(id, BatchOutcomes::new(items.len()));
                 }
-                self.append(group, client_id, first_seq, items, ticket, parts);
+                self.append(group, client_id, first_seq, &items, ticket, parts);
             }
             NodeCall::Leaders | NodeCall::Status => {
                 if let Some(c) = self.live(slot, generation) {
@@ -709,18 +703,20 @@ impl LoopClients {
     }
 
     /// Appends `items` as client `client_id`'s `first_seq..`: proposed
-    /// here if this loop owns `group`, else handed to its owner.
+    /// here if this loop owns `group` (copied once, into the entry), else
+    /// copied out of the frame and handed to its owner, so that no frame
+    /// outlives its dispatch and pins the connection's read buffer.
     fn append(
         &mut self,
         group: GroupId,
         client_id: u64,
         first_seq: u64,
-        items: Vec<Vec<u8>>,
+        items: &[bytes::Bytes],
         ticket: ClientTicket,
         parts: &mut LoopParts<'_>,
     ) {
         if let Some(&i) = parts.by_group.get(&group) {
-            parts.replicas[i].propose_client_batch(client_id, first_seq, &items, ticket);
+            parts.replicas[i].propose_client_batch(client_id, first_seq, items, ticket);
             return;
         }
         let Some(&owner) = parts.routing.owner.get(&group) else {
@@ -731,7 +727,7 @@ impl LoopClients {
             group,
             client_id,
             first_seq,
-            items,
+            items: items.iter().map(|item| item.to_vec()).collect(),
             ticket,
         };
         if parts.routing.cores[owner].try_command(cmd).is_err() {

@@ -45,8 +45,8 @@ pub enum NodeCall {
         client_id: u64,
         /// The client's sequence number for it.
         seq: u64,
-        /// The record.
-        data: Vec<u8>,
+        /// The record (a slice of the request's frame).
+        data: bytes::Bytes,
     },
     /// Append each of `items` (never empty) as requests `first_seq`,
     /// `first_seq + 1`, ...; answered once, when every one is.
@@ -57,8 +57,8 @@ pub enum NodeCall {
         client_id: u64,
         /// The sequence number of the first item.
         first_seq: u64,
-        /// The records, at least one.
-        items: Vec<Vec<u8>>,
+        /// The records, at least one (slices of the request's frame).
+        items: Vec<bytes::Bytes>,
     },
     /// Committed log entries from `from` on; finding none, wait up to
     /// `wait_ms` for one (a `Tail`; a `Read` does not wait).

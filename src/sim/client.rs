@@ -138,7 +138,7 @@ impl World {
                     group: cl.group as u32,
                     client_id: cl.client_id(),
                     seq: cl.sent,
-                    data: value.clone(),
+                    data: value.clone().into(),
                 };
                 let mut attempts = Attempts::new(cl.group as u32, request, now, CALL_TIMEOUT_MS);
                 let v = attempts.next(now, &cl.leaders);

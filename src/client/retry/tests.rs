@@ -17,7 +17,7 @@ fn append(client_id: u64, seq: u64) -> Request {
         group: 0,
         client_id,
         seq,
-        data: b"x".to_vec(),
+        data: b"x".to_vec().into(),
     }
 }
 
