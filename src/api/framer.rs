@@ -91,23 +91,27 @@ impl Framer {
 
     /// Reads at most `want` bytes (and at most [`room`](Self::room)) from
     /// `fd` straight into the buffer, without a copy through a scratch
-    /// buffer; `Ok(0)` is the end of the stream, or no room (check first).
+    /// buffer; `Ok(0)` is the end of the stream. With no room it reads
+    /// nothing and says `WouldBlock`: hand out the waiting frame first.
     pub(crate) fn read_from(&mut self, fd: BorrowedFd<'_>, want: usize) -> io::Result<usize> {
-        let mut take = want.min(self.room());
+        let take = want.min(self.room());
         if take == 0 {
-            return Ok(0);
+            return Err(io::ErrorKind::WouldBlock.into());
         }
         // Read into the space left while there is a fair amount of it:
         // making room moves the unfinished frame to the front, which for
-        // every read was a copy of a tenth of the bytes received.
-        let spare_bytes = self.buf.capacity() - self.buf.len();
-        if spare_bytes < take.min(READ_SPARE_BYTES_MIN) {
-            self.make_room(take);
-        } else {
-            take = take.min(spare_bytes);
+        // every read was a copy of a tenth of the bytes received. The
+        // buffer grows with the bytes that come (at most doubling), not
+        // with what one read could bring, so an idle connection keeps a
+        // few KiB.
+        if self.buf.capacity() - self.buf.len() < take.min(READ_SPARE_BYTES_MIN) {
+            self.make_room(take.min(self.allocated_bytes.max(4096)));
         }
         let spare = self.buf.spare_capacity_mut();
-        debug_assert!(spare.len() >= take);
+        let take = take.min(spare.len());
+        if take == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         // SAFETY: `spare` is writable memory of at least `take` bytes that
         // `read(2)` fills from its start; only the `n` bytes it reports
         // written are then counted as initialised.
@@ -132,7 +136,10 @@ impl Framer {
             if self.buf.try_reclaim(more) {
                 return;
             }
-            // A frame handed out is still held: same size again, no growth.
+            // A frame handed out is still held, or the unfinished frame
+            // is larger than the space before it: the same size again, no
+            // growth. (The old allocation goes as this returns, unless a
+            // held frame keeps it: one extra buffer per loop at a time.)
             self.allocated_bytes
         } else {
             need.max(self.allocated_bytes * 2)
@@ -266,5 +273,46 @@ mod tests {
         }
         writer.join().unwrap();
         assert!(got.iter().zip(&sent).all(|(g, s)| g[..] == s[..]));
+    }
+
+    #[test]
+    fn a_light_stream_keeps_a_small_buffer() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut framer = Framer::new(16 << 20, 16 << 20);
+        for k in 0..1000u32 {
+            let f = frame(100, k as u8);
+            tx.write_all(&f).unwrap();
+            // Asked for 64 KiB, as the loop asks: the buffer grows with
+            // what comes, not with what was asked.
+            assert_eq!(framer.read_from(rx.as_fd(), 64 << 10).unwrap(), f.len());
+            assert_eq!(&framer.next_frame().unwrap().expect("whole")[..], &f[..]);
+        }
+        assert!(framer.capacity() <= 8192, "{} bytes", framer.capacity());
+    }
+
+    #[test]
+    fn with_no_room_a_read_takes_nothing() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut framer = Framer::new(4096, 4096);
+        let f = frame(4096 - LEN_BYTES, 3);
+        tx.write_all(&f).unwrap();
+        tx.write_all(b"more").unwrap();
+        let mut got = 0;
+        while got < f.len() {
+            got += framer.read_from(rx.as_fd(), 64 << 10).unwrap();
+        }
+        assert_eq!(framer.room(), 0);
+        let e = framer.read_from(rx.as_fd(), 64 << 10).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(&framer.next_frame().unwrap().expect("whole")[..], &f[..]);
+        assert_eq!(
+            framer.read_from(rx.as_fd(), 64 << 10).unwrap(),
+            4,
+            "still in the socket"
+        );
     }
 }

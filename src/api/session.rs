@@ -341,13 +341,16 @@ impl ServerSession {
 
     /// [`push`](Self::push) for a socket: reads at most `want` bytes of
     /// `fd` straight into the receive buffer (no copy on the way); `Ok(0)`
-    /// is the end of the stream. Call only with [`room_bytes`](Self::room_bytes).
+    /// is the end of the stream. Without [`room_bytes`](Self::room_bytes)
+    /// (or after a fatal error) it reads nothing and says `WouldBlock`.
     pub fn read_from(
         &mut self,
         fd: std::os::fd::BorrowedFd<'_>,
         want: usize,
     ) -> std::io::Result<usize> {
-        debug_assert!(self.room_bytes() > 0, "read_from without room");
+        if self.failed.is_some() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
         let n = self.framer.read_from(fd, want)?;
         self.stats.bytes_received += n as u64;
         if let Err((id, e)) = self.check_head() {
