@@ -418,9 +418,26 @@ pub(crate) fn queue(cmd: QueueCmd) -> Result<(), String> {
             }
         }
         QueueCmd::Dead { on, name } => {
-            for d in connect(&on)?.dead_letters(on.group, &name).map_err(e)? {
+            let mut client = connect(&on)?;
+            let dead = client.dead_letters(on.group, &name).map_err(e)?;
+            for d in &dead {
                 let plain = format!("{}\t{}\t({} deliveries)", d.id, text(&d.data), d.deliveries);
-                say(&on, delivery_json(&d), plain);
+                say(&on, delivery_json(d), plain);
+            }
+            // One answer holds a bounded list: say so when this one was
+            // cut, rather than let it pass for the whole list.
+            let listed = client.queue_list(on.group).map_err(e)?;
+            if let Some(q) = listed.iter().find(|q| q.name == name) {
+                if q.dead > dead.len() as u64 {
+                    eprintln!(
+                        "quire: listed the oldest {} of {} dead letters of {name}: one answer holds \
+                         at most {} messages and {} MiB of them",
+                        dead.len(),
+                        q.dead,
+                        quire::state::query::ANSWER_ITEMS_MAX,
+                        queue::CONSUME_BYTES_MAX >> 20
+                    );
+                }
             }
         }
         QueueCmd::Delete { on, name } => {
