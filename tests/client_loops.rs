@@ -70,17 +70,16 @@ fn greeted(addr: SocketAddr, token: &[u8]) -> TcpStream {
     s
 }
 
-#[test]
-fn one_connection_reaches_groups_on_both_cores_and_answers_in_order() {
-    let dir = tempfile::tempdir().unwrap();
+/// A one-node cluster leading groups 0 and 1, group g on core g % 2 (two
+/// loops, so whichever serves a connection, one group's requests cross to
+/// the other loop), and its client server.
+fn two_groups_on_two_cores(dir: &std::path::Path) -> (Arc<NodeHandle>, ClientServer) {
     let groups = (0..2)
         .map(|g| GroupSpec {
             group: g,
-            dir: dir.path().join(format!("g{g}")),
+            dir: dir.join(format!("g{g}")),
         })
         .collect();
-    // Group g on core g % 2: two loops, so whichever serves the
-    // connection, one group's requests cross to the other loop.
     let spec = NodeSpec::loopback(1, vec![1], groups, 0);
     let node = Arc::new(NodeHandle::spawn_on(spec, &[0, 1]).unwrap());
     for g in 0..2 {
@@ -95,6 +94,13 @@ fn one_connection_reaches_groups_on_both_cores_and_answers_in_order() {
         BTreeMap::new(),
     )
     .unwrap();
+    (node, server)
+}
+
+#[test]
+fn one_connection_reaches_groups_on_both_cores_and_answers_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_node, server) = two_groups_on_two_cores(dir.path());
     let mut client = Client::new(vec![server.addr()], TOKEN, 7);
     let records: Vec<Vec<u8>> = (0..200).map(|i| format!("r{i}").into_bytes()).collect();
     for g in 0..2u32 {
@@ -276,26 +282,7 @@ fn a_burst_past_the_in_flight_bound_is_read_in_order_and_stored_as_sent() {
     // connection's loop, one on the other core's.
     const APPENDS: u64 = 3 * quire::api::session::REQUESTS_IN_FLIGHT_MAX as u64;
     let dir = tempfile::tempdir().unwrap();
-    let groups = (0..2)
-        .map(|g| GroupSpec {
-            group: g,
-            dir: dir.path().join(format!("g{g}")),
-        })
-        .collect();
-    let spec = NodeSpec::loopback(1, vec![1], groups, 0);
-    let node = Arc::new(NodeHandle::spawn_on(spec, &[0, 1]).unwrap());
-    for g in 0..2 {
-        common::wait_for("the group to lead", Duration::from_secs(10), || {
-            node.propose(g, b"x".to_vec(), Duration::from_secs(1)).ok()
-        });
-    }
-    let server = ClientServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::clone(&node),
-        TOKEN,
-        BTreeMap::new(),
-    )
-    .unwrap();
+    let (_node, server) = two_groups_on_two_cores(dir.path());
     let record = |seq: u64| format!("record {seq} ").repeat(1 + (seq % 7) as usize * 20);
     let mut raw = greeted(server.addr(), TOKEN);
     assert!(matches!(
