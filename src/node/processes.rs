@@ -55,15 +55,42 @@ pub struct LocalProcesses {
     cables: BTreeMap<(NodeId, NodeId), NullModem>,
 }
 
+/// How many ports the kernel may offer before a search gives up.
+const PORT_TRIES_MAX: usize = 1000;
+
+/// Every port this process has handed to a daemon (TCP and UDP alike).
+/// The kernel's `bind(…:0)` can offer a port again as soon as the probe
+/// closes, so without this two nodes of one cluster (or of two clusters a
+/// test starts side by side) could be given the same port, and the second
+/// daemon to bind it exits just after it started.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A TCP port free now and never handed out before by this process.
 fn free_tcp() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..PORT_TRIES_MAX {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other(
+        "no free TCP port not handed out already",
+    ))
 }
 
-/// A free base port for `groups` consecutive UDP ports.
+/// A free base port for `groups` consecutive UDP ports, none of them
+/// handed out before by this process.
 fn free_udp_base(groups: u32) -> std::io::Result<u16> {
-    'search: for _ in 0..100 {
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    'search: for _ in 0..PORT_TRIES_MAX {
         let base = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
         if base as u32 + groups > 65_535 {
+            continue;
+        }
+        let run = base..base + groups as u16;
+        if run.clone().any(|p| handed_out.contains(&p)) {
             continue;
         }
         for g in 1..groups {
@@ -71,6 +98,7 @@ fn free_udp_base(groups: u32) -> std::io::Result<u16> {
                 continue 'search;
             }
         }
+        handed_out.extend(run);
         return Ok(base);
     }
     Err(std::io::Error::other("no run of free UDP ports"))
@@ -260,6 +288,26 @@ impl LocalProcesses {
         }
     }
 
+    /// Whether node `id`'s daemon was started and has exited since (it is
+    /// not reaped: `wait` still returns its exit code).
+    pub fn has_exited(&self, id: NodeId) -> bool {
+        let Some(c) = self.nodes.get(&id).and_then(|n| n.child.as_ref()) else {
+            return false;
+        };
+        // SAFETY: waitid on a child we started and have not reaped, into a
+        // zeroed siginfo; WNOWAIT leaves it to be reaped by `wait`.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(
+                libc::P_PID,
+                c.id() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            );
+            r == 0 && info.si_pid() != 0
+        }
+    }
+
     /// Waits for node `id` to exit; returns its exit code.
     pub fn wait(&mut self, id: NodeId) -> Option<i32> {
         let c = self.nodes.get_mut(&id)?.child.take()?;
@@ -295,5 +343,24 @@ impl Drop for LocalProcesses {
                 self.wait(id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ports picked one after another are never the same, though each
+    /// probe closes before the next: with the kernel's random choice, 300
+    /// picks from ~28,000 ephemeral ports would repeat one nineteen times
+    /// in twenty without the record of what was handed out.
+    #[test]
+    fn no_port_is_handed_out_twice() {
+        let tcp: Vec<u16> = (0..300).map(|_| free_tcp().unwrap()).collect();
+        let udp: Vec<u16> = (0..100).map(|_| free_udp_base(3).unwrap()).collect();
+        let mut all: Vec<u16> = tcp.clone();
+        all.extend(udp.iter().flat_map(|&b| b..b + 3));
+        let distinct: std::collections::BTreeSet<u16> = all.iter().copied().collect();
+        assert_eq!(distinct.len(), all.len(), "a port was handed out twice");
     }
 }

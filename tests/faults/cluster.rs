@@ -176,6 +176,7 @@ impl Cluster {
             &format!("the cluster to be healthy and serve again ({what})"),
             SERVE_BOUND,
             || {
+                self.assert_none_exited(what);
                 (self.healthy()
                     && c.append(
                         0,
@@ -190,6 +191,23 @@ impl Cluster {
             },
         )
         .1
+    }
+
+    /// Panics, naming the node and its last log line, if a daemon that
+    /// should run has exited: no wait for health can end well then.
+    pub fn assert_none_exited(&self, what: &str) {
+        for id in self.live() {
+            if self.procs.has_exited(id) {
+                let log = std::fs::read_to_string(
+                    self.procs.nodes[&id].config.with_file_name("quired.log"),
+                )
+                .unwrap_or_default();
+                panic!(
+                    "node {id} exited during {what}; its last line: {}",
+                    log.lines().last().unwrap_or("(none)")
+                );
+            }
+        }
     }
 
     /// SIGKILL node `id` and reap it.
