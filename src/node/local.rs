@@ -6,7 +6,7 @@ use super::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
 use crate::consensus::{NodeId, Role, Term};
 use crate::serial::{End, NullModem};
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// A running local cluster; nodes stop when it drops.
@@ -19,12 +19,6 @@ pub struct LocalCluster {
     cores: Vec<usize>,
     /// Each node's UDP port (its group 0 socket).
     pub ports: BTreeMap<NodeId, u16>,
-}
-
-/// A free UDP port on 127.0.0.1 (bound and released; the kernel does not
-/// hand it out again at once).
-fn free_port() -> std::io::Result<u16> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl LocalCluster {
@@ -41,11 +35,14 @@ impl LocalCluster {
         tune: impl Fn(&mut NodeSpec),
     ) -> Result<LocalCluster, String> {
         let ids: Vec<NodeId> = (1..=log_dirs.len() as u64).collect();
+        // Group g of a node listens on its base port + g.
+        let ports_per_node = groups.iter().max().map_or(1, |&g| g + 1);
         let mut ports = BTreeMap::new();
         for &id in &ids {
             ports.insert(
                 id,
-                free_port().map_err(|e| format!("finding a free port: {e}"))?,
+                super::free_ports::udp_run(ports_per_node)
+                    .map_err(|e| format!("finding a free port: {e}"))?,
             );
         }
         let mut cables = BTreeMap::new();

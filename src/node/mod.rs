@@ -69,6 +69,7 @@ mod control;
 pub mod daemon;
 mod errors;
 mod event_loop;
+mod free_ports;
 mod handle;
 pub(crate) mod host;
 mod local;
