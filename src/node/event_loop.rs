@@ -29,7 +29,7 @@ use crate::heartbeat::{Channel, GroupStatus, Heartbeat};
 use crate::net::{PeerMap, UdpDriver};
 use crate::storage::Wal;
 use crate::transport::raft_codec::{
-    decode_raft_delivery, encode_message, encoded_bytes_max, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
+    decode_raft_delivery, send_raft_message, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
 };
 use crate::transport::{Endpoint, Event, GroupId};
 use crossbeam_channel::Receiver;
@@ -733,14 +733,9 @@ impl EventLoop {
             self.replicas[i].drive(now, &mut out);
             let group = self.replicas[i].group;
             for msg in out.drain(..) {
-                // Encoded straight into the buffer the transport's history
-                // keeps: one copy of the entries per follower, not two.
-                let endpoint = self.udp.endpoint_mut();
-                let bytes = 1 + encoded_bytes_max(&msg);
-                let mut buf = endpoint.message_buffer(msg.to, group, bytes);
-                buf.push(ENVELOPE_RAFT);
-                encode_message(&msg, &mut buf);
-                if endpoint.send_buffer(msg.to, group, buf).is_err() {
+                // Kept by the transport's history as pieces that share the
+                // entries with the log: one copy of them per follower.
+                if send_raft_message(self.udp.endpoint_mut(), group, &msg).is_err() {
                     // A full window: Raft's own retries resend it.
                     self.sends_refused += 1;
                 }

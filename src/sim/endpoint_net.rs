@@ -18,7 +18,7 @@ use super::RunReport;
 use crate::consensus::{Message, NodeId};
 use crate::heartbeat::{Channel, Heartbeat};
 use crate::transport::raft_codec::{
-    decode_raft_delivery, encode_message, encoded_bytes_max, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
+    decode_raft_delivery, send_raft_message, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
 };
 use crate::transport::{
     ClusterKey, DropReason, Endpoint, Event as Delivery, GroupId, SendError, TransportConfig,
@@ -120,12 +120,8 @@ impl World {
             assert!(!alive, "n{}: a live node without an endpoint", from + 1);
             return;
         };
-        // As the node's loop sends: encoded into the history's buffer.
-        let bytes = 1 + encoded_bytes_max(msg);
-        let mut buf = ep.message_buffer(msg.to, g as GroupId, bytes);
-        buf.push(ENVELOPE_RAFT);
-        encode_message(msg, &mut buf);
-        match ep.send_buffer(msg.to, g as GroupId, buf) {
+        // As the node's loop sends.
+        match send_raft_message(ep, g as GroupId, msg) {
             Ok(_) => net.dirty[from] = true,
             Err(SendError::WouldBlock) => {
                 net.counters.sends_refused += 1;

@@ -11,6 +11,7 @@ use super::config::{ConfigError, TransportConfig};
 use super::events::{DropReason, Event, SendError, Transmit};
 use super::history::HistoryLedger;
 use super::mac::{ClusterKey, MAC_BYTES};
+use super::message::OutMessage;
 use super::peer::{Addressed, EpochCheck, EpochLimits, Peer};
 use super::receiver::{RxHalf, RxItem, SpareBuffers};
 use super::sender::{NackBudget, TxHalf};
@@ -170,6 +171,26 @@ impl Endpoint {
         group: GroupId,
         message: Vec<u8>,
     ) -> Result<RangeInclusive<u64>, SendError> {
+        self.send_message(peer, group, OutMessage::from_vec(message))
+    }
+
+    /// An empty message to `peer` in `group`, writing into one of that
+    /// channel's spare buffers (see [`Endpoint::message_buffer`]), for
+    /// [`Endpoint::send_message`].
+    pub fn out_message(&mut self, peer: NodeId, group: GroupId, own_bytes: usize) -> OutMessage {
+        OutMessage::with_buffer(self.message_buffer(peer, group, own_bytes))
+    }
+
+    /// [`Endpoint::send`] of a message of pieces, which the history keeps
+    /// as it is: neither its own bytes nor the buffers it shares are
+    /// copied until each fragment goes into its datagram. Refused as
+    /// `send` refuses.
+    pub fn send_message(
+        &mut self,
+        peer: NodeId,
+        group: GroupId,
+        message: OutMessage,
+    ) -> Result<RangeInclusive<u64>, SendError> {
         if peer == 0 || peer == self.local {
             return Err(SendError::InvalidPeer);
         }
@@ -189,7 +210,7 @@ impl Endpoint {
         if !ch.tx.window_admits(&self.cfg, message.len(), frags) {
             ch.tx.stalled = true;
             ch.stats.window_stalls += 1;
-            ch.tx.keep_spare(message);
+            ch.tx.keep_spare(message.into_buffer());
             return Err(SendError::WouldBlock);
         }
         let first = ch.tx.next_seq;
@@ -775,11 +796,19 @@ impl Endpoint {
                 peer.rexmit.pop_front();
                 continue;
             };
-            if !w.data(ch.group, seq, true, f.frag_index, f.frag_count, f.payload()) {
+            if !w.data_pieces(
+                ch.group,
+                seq,
+                true,
+                f.frag_index,
+                f.frag_count,
+                f.len(),
+                f.payload(),
+            ) {
                 break;
             }
             ch.stats.rexmit_frames += 1;
-            ch.stats.rexmit_bytes += f.payload().len() as u64;
+            ch.stats.rexmit_bytes += f.len() as u64;
             peer.rexmit.pop_front();
         }
         let n = peer.channels.len();
@@ -792,12 +821,13 @@ impl Endpoint {
                 let Some(f) = ch.tx.frame_mut(seq) else {
                     break;
                 };
-                if !w.data(
+                if !w.data_pieces(
                     ch.group,
                     seq,
                     false,
                     f.frag_index,
                     f.frag_count,
+                    f.len(),
                     f.payload(),
                 ) {
                     break;

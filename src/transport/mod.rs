@@ -119,6 +119,7 @@ mod endpoint;
 mod events;
 mod history;
 mod mac;
+mod message;
 mod peer;
 pub mod raft_codec;
 mod receiver;
@@ -130,6 +131,7 @@ pub use config::{ConfigError, TransportConfig, IP_UDP_HEADER_BYTES};
 pub use endpoint::Endpoint;
 pub use events::{DropReason, Event, SendError, Transmit};
 pub use mac::{ClusterKey, MAC_BYTES};
+pub use message::{OutMessage, SHARED_PIECE_BYTES_MIN};
 pub use stats::{ChannelState, ChannelStats, EndpointStats, PeerStats};
 
 /// Identifies a Raft group: the disk it lives on, numbered from 0.

@@ -28,6 +28,8 @@ pub const ENVELOPE_RAFT: u8 = 0;
 /// (`heartbeat::Heartbeat::encode`) follows.
 pub const ENVELOPE_HEARTBEAT: u8 = 1;
 
+use super::message::{OutMessage, SHARED_PIECE_BYTES_MIN};
+use super::{Endpoint, GroupId, SendError};
 use crate::consensus::{AppendResult, Body, Entry, Membership, Message, Payload, Snapshot};
 use bytes::Bytes;
 use std::collections::BTreeSet;
@@ -97,8 +99,82 @@ pub fn encoded_bytes_max(msg: &Message) -> usize {
         }
 }
 
+/// Where an encoding goes: a flat buffer, or a message of pieces that
+/// shares large payloads instead of copying them.
+trait Sink {
+    fn push(&mut self, b: u8);
+    fn extend_from_slice(&mut self, b: &[u8]);
+    /// Appends a payload the caller holds as shared bytes.
+    fn put_shared(&mut self, b: &Bytes) {
+        self.extend_from_slice(b);
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn push(&mut self, b: u8) {
+        Vec::push(self, b);
+    }
+    fn extend_from_slice(&mut self, b: &[u8]) {
+        Vec::extend_from_slice(self, b);
+    }
+}
+
+impl Sink for OutMessage {
+    fn push(&mut self, b: u8) {
+        self.put_u8(b);
+    }
+    fn extend_from_slice(&mut self, b: &[u8]) {
+        self.put(b);
+    }
+    fn put_shared(&mut self, b: &Bytes) {
+        OutMessage::put_shared(self, b);
+    }
+}
+
 /// Appends the encoding of `msg` to `out`.
 pub fn encode_message(msg: &Message, out: &mut Vec<u8>) {
+    encode_into(msg, out);
+}
+
+/// Appends the encoding of `msg` to `out`, sharing the entries' payloads
+/// of [`SHARED_PIECE_BYTES_MIN`] bytes or more rather than copying them:
+/// the same bytes as [`encode_message`].
+pub fn encode_message_pieces(msg: &Message, out: &mut OutMessage) {
+    encode_into(msg, out);
+}
+
+/// The bytes [`encode_message_pieces`] writes into the message's own
+/// buffer at most (its encoding less the payloads it shares).
+pub fn own_bytes_max(msg: &Message) -> usize {
+    let shared: usize = match &msg.body {
+        Body::Append { entries, .. } => entries
+            .iter()
+            .map(|e| match &e.payload {
+                Payload::Normal(d) if d.len() >= SHARED_PIECE_BYTES_MIN => d.len(),
+                _ => 0,
+            })
+            .sum(),
+        _ => 0,
+    };
+    encoded_bytes_max(msg).saturating_sub(shared)
+}
+
+/// Sends `msg` to `msg.to` in `group` over `ep`, encoded behind
+/// [`ENVELOPE_RAFT`] into a message of pieces that shares the entries'
+/// payloads with the log (one copy of each per follower, into its
+/// datagram). Refused as [`Endpoint::send`] refuses.
+pub fn send_raft_message(
+    ep: &mut Endpoint,
+    group: GroupId,
+    msg: &Message,
+) -> Result<std::ops::RangeInclusive<u64>, SendError> {
+    let mut out = ep.out_message(msg.to, group, 1 + own_bytes_max(msg));
+    out.put_u8(ENVELOPE_RAFT);
+    encode_message_pieces(msg, &mut out);
+    ep.send_message(msg.to, group, out)
+}
+
+fn encode_into<S: Sink>(msg: &Message, out: &mut S) {
     out.push(CODEC_VERSION);
     put_varint(out, msg.from);
     put_varint(out, msg.term);
@@ -325,7 +401,7 @@ fn decode_with(mut r: Reader<'_>) -> Result<Message, CodecError> {
     })
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+fn put_varint<S: Sink>(out: &mut S, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -333,31 +409,32 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+fn put_bytes<S: Sink>(out: &mut S, b: &[u8]) {
     put_varint(out, b.len() as u64);
     out.extend_from_slice(b);
 }
 
-fn put_set(out: &mut Vec<u8>, set: &BTreeSet<u64>) {
+fn put_set<S: Sink>(out: &mut S, set: &BTreeSet<u64>) {
     put_varint(out, set.len() as u64);
     for &id in set {
         put_varint(out, id);
     }
 }
 
-fn put_membership(out: &mut Vec<u8>, m: &Membership) {
+fn put_membership<S: Sink>(out: &mut S, m: &Membership) {
     put_set(out, &m.voters);
     put_set(out, &m.learners);
 }
 
-fn put_entry(out: &mut Vec<u8>, e: &Entry) {
+fn put_entry<S: Sink>(out: &mut S, e: &Entry) {
     put_varint(out, e.term);
     put_varint(out, e.index);
     match &e.payload {
         Payload::Noop => out.push(0),
         Payload::Normal(data) => {
             out.push(1);
-            put_bytes(out, data);
+            put_varint(out, data.len() as u64);
+            out.put_shared(data);
         }
         Payload::Membership(m) => {
             out.push(2);
@@ -505,6 +582,17 @@ mod tests {
         (0..rng.gen_range(0..300)).map(|_| rng.gen()).collect()
     }
 
+    /// An entry's payload: one in four large enough to be shared by
+    /// [`encode_message_pieces`].
+    fn payload(rng: &mut ChaCha8Rng) -> Vec<u8> {
+        if rng.gen_range(0..4) == 0 {
+            let len = rng.gen_range(SHARED_PIECE_BYTES_MIN..3 * SHARED_PIECE_BYTES_MIN);
+            (0..len).map(|_| rng.gen()).collect()
+        } else {
+            bytes(rng)
+        }
+    }
+
     /// A random message; every body variant and payload kind occurs.
     pub(crate) fn random_message(rng: &mut ChaCha8Rng) -> Message {
         let body = match rng.gen_range(0..12) {
@@ -529,7 +617,7 @@ mod tests {
                         index: big(rng),
                         payload: match rng.gen_range(0..3) {
                             0 => Payload::Noop,
-                            1 => Payload::Normal(bytes(rng).into()),
+                            1 => Payload::Normal(payload(rng).into()),
                             _ => Payload::Membership(membership(rng)),
                         },
                     })
@@ -572,6 +660,39 @@ mod tests {
             term: big(rng),
             body,
         }
+    }
+
+    /// A message of pieces is the flat encoding's bytes, sharing (not
+    /// copying) each large payload, within the own-bytes bound.
+    #[test]
+    fn pieces_encode_the_same_bytes_and_share_large_payloads() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut shared_seen = 0;
+        for _ in 0..3_000 {
+            let m = random_message(&mut rng);
+            let mut pieces = OutMessage::with_buffer(Vec::new());
+            encode_message_pieces(&m, &mut pieces);
+            let flat = encode_message_to_vec(&m);
+            assert_eq!(pieces.to_vec(), flat, "{m:?}");
+            if let Body::Append { entries, .. } = &m.body {
+                for e in entries {
+                    let Payload::Normal(d) = &e.payload else {
+                        continue;
+                    };
+                    if d.len() >= SHARED_PIECE_BYTES_MIN {
+                        shared_seen += 1;
+                        let ptr = d.as_ptr();
+                        assert!(
+                            pieces.slices(0..pieces.len()).any(|s| s.as_ptr() == ptr),
+                            "a large payload was copied"
+                        );
+                    }
+                }
+            }
+            let own = pieces.into_buffer().len();
+            assert!(own <= own_bytes_max(&m), "{own} > {}", own_bytes_max(&m));
+        }
+        assert!(shared_seen > 40, "only {shared_seen} large payloads");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! datagrams from what this half says to send.
 
 use super::config::TransportConfig;
+use super::message::OutMessage;
 use super::stats::ChannelStats;
 use super::wire::{NackRanges, SEQ_MAX};
 use std::collections::VecDeque;
@@ -22,8 +23,9 @@ use std::sync::Arc;
 /// One frame kept for retransmission.
 pub(super) struct HistFrame {
     /// The message the fragment is cut from, shared by all its fragments
-    /// (one allocation and one copy per message, not per fragment).
-    message: Arc<Vec<u8>>,
+    /// (one allocation per message, not per fragment; its entries'
+    /// payloads are the log's, not copies).
+    message: Arc<OutMessage>,
     /// Where the fragment's bytes are in `message`.
     start: usize,
     len: usize,
@@ -41,9 +43,14 @@ pub(super) struct HistFrame {
 }
 
 impl HistFrame {
-    /// The fragment's bytes.
-    pub(super) fn payload(&self) -> &[u8] {
-        &self.message[self.start..self.start + self.len]
+    /// The fragment's bytes, as slices of its message's pieces.
+    pub(super) fn payload(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.message.slices(self.start..self.start + self.len)
+    }
+
+    /// The fragment's length in bytes.
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -147,7 +154,7 @@ impl TxHalf {
     /// history; returns its seq.
     pub(super) fn push(
         &mut self,
-        message: &Arc<Vec<u8>>,
+        message: &Arc<OutMessage>,
         fragment: Range<usize>,
         frag_index: u16,
         frag_count: u16,
@@ -185,8 +192,8 @@ impl TxHalf {
         self.hist_base += 1;
         let len = f.len;
         // The last fragment of its message to go: keep the buffer.
-        if let Ok(buf) = Arc::try_unwrap(f.message) {
-            self.keep_spare(buf);
+        if let Ok(m) = Arc::try_unwrap(f.message) {
+            self.keep_spare(m.into_buffer());
         }
         Some(len)
     }

@@ -535,21 +535,56 @@ impl<'b> DatagramWriter<'b> {
         frag_count: u16,
         payload: &[u8],
     ) -> bool {
+        let pieces = std::iter::once(payload);
+        self.data_pieces(
+            group,
+            seq,
+            rexmit,
+            frag_index,
+            frag_count,
+            payload.len(),
+            pieces,
+        )
+    }
+
+    /// [`DatagramWriter::data`] of a payload of `len` bytes given as the
+    /// slices `pieces`, copied into the datagram one after another.
+    #[allow(clippy::too_many_arguments)] // a frame's fields, as `data`'s
+    pub fn data_pieces<'a>(
+        &mut self,
+        group: GroupId,
+        seq: u64,
+        rexmit: bool,
+        frag_index: u16,
+        frag_count: u16,
+        len: usize,
+        pieces: impl Iterator<Item = &'a [u8]>,
+    ) -> bool {
         debug_assert!(seq != 0 && frag_index < frag_count);
-        let Ok(len) = u16::try_from(payload.len()) else {
+        let Ok(len16) = u16::try_from(len) else {
             return false;
         };
-        if self.room() < DATA_FRAME_HEADER_BYTES + payload.len() {
+        if self.room() < DATA_FRAME_HEADER_BYTES + len {
             return false;
         }
+        let at = self.buf.len();
         self.buf.push(KIND_DATA);
         self.buf.push(if rexmit { DATA_FLAG_REXMIT } else { 0 });
         self.buf.extend_from_slice(&group.to_le_bytes());
         self.buf.extend_from_slice(&seq.to_le_bytes());
         self.buf.extend_from_slice(&frag_index.to_le_bytes());
         self.buf.extend_from_slice(&frag_count.to_le_bytes());
-        self.buf.extend_from_slice(&len.to_le_bytes());
-        self.buf.extend_from_slice(payload);
+        self.buf.extend_from_slice(&len16.to_le_bytes());
+        for p in pieces {
+            self.buf.extend_from_slice(p);
+        }
+        // A frame whose pieces do not add up to its length would be
+        // read as other frames by the receiver.
+        assert_eq!(
+            self.buf.len(),
+            at + DATA_FRAME_HEADER_BYTES + len,
+            "a data frame's pieces do not make its length"
+        );
         self.note(group);
         true
     }
