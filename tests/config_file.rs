@@ -556,3 +556,26 @@ fn a_peer_by_host_name_is_resolved_at_load() {
     // (A name that does not resolve is not tested: on a host whose DNS
     // server is unreachable the lookup takes seconds.)
 }
+
+/// Left out, the trimmed segments kept for reuse cover one snapshot's
+/// trim, so a log of small segments stops zero-filling new ones; given,
+/// the operator's number stands.
+#[test]
+fn recycled_segments_cover_one_snapshot_unless_given() {
+    let d = Dir::new();
+    let small = "[storage]\nsegment_bytes = 8388608\n[snapshot]\nbytes = 67108864\n";
+    let c = d
+        .load(&minimal_with(small))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.node.wal.segments_recycled_max, 64 / 8 + 2);
+    let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.node.wal.segments_recycled_max, 4,
+        "64 MiB segments, 64 MiB snapshots"
+    );
+    let given = "[storage]\nsegment_bytes = 8388608\nsegments_recycled_max = 3\n";
+    let c = d
+        .load(&minimal_with(given))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.node.wal.segments_recycled_max, 3);
+}

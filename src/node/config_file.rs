@@ -202,7 +202,12 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     let preferred_leaders = raw.timers.preferred_leaders.unwrap_or(true);
     let (detector, mut raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
     let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
-    let wal = check::storage(raw.storage, detector.disk_stall_ms)?;
+    let recycled_given = raw.storage.segments_recycled_max.is_some();
+    let mut wal = check::storage(raw.storage, detector.disk_stall_ms)?;
+    if !recycled_given {
+        wal.segments_recycled_max =
+            crate::storage::wal::segments_recycled_for(raft.snapshot_bytes, wal.segment_bytes);
+    }
     let transport = check::transport(raw.transport, peers.len())?;
     check::entries_fit(&wal, &transport, &mut warnings);
     let client = check::client(raw.client)?;

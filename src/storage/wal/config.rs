@@ -31,6 +31,8 @@ pub struct WalConfig {
     pub segments_ahead: u32,
     /// Trimmed segments kept as spares for reuse (renamed, not rewritten)
     /// instead of being deleted; beyond this many spares they are deleted.
+    /// A config file that leaves it out gets [`segments_recycled_for`] its
+    /// snapshot size.
     pub segments_recycled_max: u32,
     /// A planted bug for the simulator's checkers, never set by a config
     /// file: recovery truncates the log at damage in its middle, as if it
@@ -50,10 +52,29 @@ impl Default for WalConfig {
             read_cache_bytes: 8 << 20,
             space_retry_ms: 100,
             segments_ahead: 1,
-            segments_recycled_max: 4,
+            segments_recycled_max: SEGMENTS_RECYCLED_MIN,
             planted_truncate_on_corruption: false,
         }
     }
+}
+
+/// Fewest trimmed segments kept for reuse.
+const SEGMENTS_RECYCLED_MIN: u32 = 4;
+/// Most trimmed segments kept for reuse when the count is derived.
+const SEGMENTS_RECYCLED_DERIVED_MAX: u32 = 256;
+
+/// Trimmed segments to keep for reuse when a snapshot is taken every
+/// `snapshot_bytes` of log in segments of `segment_bytes`: one snapshot's
+/// trim (plus two partly covered segments), so that in steady state every
+/// new segment is a recycled one and none is zero-filled: a log trimmed
+/// 8 segments at a time that kept 4 zero-filled the other half, writing
+/// every byte of those segments twice. At least 4, at most 256.
+pub fn segments_recycled_for(snapshot_bytes: u64, segment_bytes: u64) -> u32 {
+    let per_trim = snapshot_bytes.div_ceil(segment_bytes.max(1)) + 2;
+    per_trim.clamp(
+        SEGMENTS_RECYCLED_MIN as u64,
+        SEGMENTS_RECYCLED_DERIVED_MAX as u64,
+    ) as u32
 }
 
 /// Why a log operation failed.
