@@ -193,7 +193,7 @@ impl Cluster {
         .1
     }
 
-    /// Panics, naming the node and its last log line, if a daemon that
+    /// Panics, naming the node and the end of its log, if a daemon that
     /// should run has exited: no wait for health can end well then.
     pub fn assert_none_exited(&self, what: &str) {
         for id in self.live() {
@@ -202,9 +202,15 @@ impl Cluster {
                     self.procs.nodes[&id].config.with_file_name("quired.log"),
                 )
                 .unwrap_or_default();
+                // A panic's message is above its backtrace: from there on.
+                let lines: Vec<&str> = log.lines().collect();
+                let from = lines
+                    .iter()
+                    .rposition(|l| l.contains("panicked"))
+                    .unwrap_or(lines.len().saturating_sub(1));
                 panic!(
-                    "node {id} exited during {what}; its last line: {}",
-                    log.lines().last().unwrap_or("(none)")
+                    "node {id} exited during {what}; its log ends:\n{}",
+                    lines[from..lines.len().min(from + 20)].join("\n")
                 );
             }
         }
