@@ -6,7 +6,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quire::transport::wire::{self, DatagramWriter, Echo, Frame, Header, DATAGRAM_BYTES_MAX};
+use quire::transport::wire::{
+    self, DataFields, DatagramWriter, Echo, Frame, Header, DATAGRAM_BYTES_MAX,
+};
 use quire::transport::ClusterKey;
 
 fuzz_target!(|data: &[u8]| {
@@ -47,7 +49,16 @@ fuzz_target!(|data: &[u8]| {
                 frag_index,
                 frag_count,
                 payload,
-            } => w.data(group, seq, rexmit, frag_index, frag_count, payload),
+            } => w.data(
+                DataFields {
+                    group,
+                    seq,
+                    rexmit,
+                    frag_index,
+                    frag_count,
+                },
+                payload,
+            ),
             Frame::Ack {
                 group,
                 probe,

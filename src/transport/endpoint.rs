@@ -796,15 +796,7 @@ impl Endpoint {
                 peer.rexmit.pop_front();
                 continue;
             };
-            if !w.data_pieces(
-                ch.group,
-                seq,
-                true,
-                f.frag_index,
-                f.frag_count,
-                f.len(),
-                f.payload(),
-            ) {
+            if !w.data_pieces(f.fields(ch.group, seq, true), f.len(), f.payload()) {
                 break;
             }
             ch.stats.rexmit_frames += 1;
@@ -821,15 +813,7 @@ impl Endpoint {
                 let Some(f) = ch.tx.frame_mut(seq) else {
                     break;
                 };
-                if !w.data_pieces(
-                    ch.group,
-                    seq,
-                    false,
-                    f.frag_index,
-                    f.frag_count,
-                    f.len(),
-                    f.payload(),
-                ) {
+                if !w.data_pieces(f.fields(ch.group, seq, false), f.len(), f.payload()) {
                     break;
                 }
                 ch.tx.sent_first(probe_us, now_us);
@@ -1092,6 +1076,62 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A message of pieces (own bytes and shared payloads, fragments
+    /// cut across them at a small MTU) goes out as the same datagrams as
+    /// its flat bytes, and its retransmissions, cut from the pieces too
+    /// after half the first datagrams are lost, deliver it whole.
+    #[test]
+    fn a_message_of_pieces_is_sent_and_retransmitted_as_its_flat_bytes() {
+        let cfg = TransportConfig {
+            mtu_bytes: 1500,
+            ..TransportConfig::default()
+        };
+        let mut pieces = OutMessage::with_buffer(Vec::new());
+        for i in 0..12u8 {
+            pieces.put(&[i; 7]);
+            let payload = bytes::Bytes::from(vec![i.wrapping_mul(31); 600 + 97 * i as usize]);
+            pieces.put_shared(&payload);
+        }
+        let flat = pieces.to_vec();
+        assert!(
+            flat.len() > 8 * cfg.fragment_bytes_max(),
+            "several fragments"
+        );
+        let datagrams = |e: &mut Endpoint| {
+            let mut out = Vec::new();
+            let mut buf = Vec::new();
+            while e.poll_transmit(10, &mut buf).is_some() {
+                out.push(buf.clone());
+            }
+            out
+        };
+        let (mut flat_a, _) = pair(cfg.clone());
+        flat_a.send_buffer(2, 0, flat.clone()).unwrap();
+        let (mut a, mut b) = pair(cfg);
+        a.send_message(2, 0, pieces).unwrap();
+        let sent = datagrams(&mut a);
+        assert_eq!(sent, datagrams(&mut flat_a), "the wire changed");
+        for d in sent.iter().step_by(2) {
+            b.handle_datagram(10, d).unwrap();
+        }
+        let mut got = delivered(&mut b);
+        let mut now = 10;
+        while got.is_empty() {
+            now += 5_000;
+            assert!(now < 10_000_000, "never delivered");
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+            pump(now, &mut b, &mut a);
+            pump(now, &mut a, &mut b);
+            got = delivered(&mut b);
+        }
+        assert!(
+            a.channel_stats(2, 0).unwrap().rexmit_frames > 0,
+            "no retransmission"
+        );
+        assert_eq!(got, vec![flat]);
     }
 
     #[test]

@@ -148,8 +148,7 @@ impl OutMessage {
         })
     }
 
-    /// The whole message in one buffer (a copy; for tests and local
-    /// delivery).
+    /// The whole message in one buffer (a copy, for tests).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
         for s in self.slices(0..self.len) {

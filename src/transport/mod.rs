@@ -82,7 +82,11 @@
 //! - **Limits**: every buffer has a bound in [`TransportConfig`]; the
 //!   worst-case memory of an endpoint is
 //!   `history_bytes_max + events_bytes_max + channels_max * (holdback_bytes_max + message_bytes_max)`
-//!   plus small per-frame bookkeeping.
+//!   plus small per-frame bookkeeping. The history counts fragment bytes:
+//!   a message's shared payloads (the log's entries) are memory the log
+//!   holds anyway while the entries are live, and past compaction they
+//!   stay until their frames are acknowledged or evicted, each keeping its
+//!   whole allocation (at most about twice its bytes).
 //!
 //! # The NACK implosion bound
 //!

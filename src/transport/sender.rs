@@ -15,7 +15,8 @@
 use super::config::TransportConfig;
 use super::message::OutMessage;
 use super::stats::ChannelStats;
-use super::wire::{NackRanges, SEQ_MAX};
+use super::wire::{DataFields, NackRanges, SEQ_MAX};
+use super::GroupId;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
@@ -23,8 +24,8 @@ use std::sync::Arc;
 /// One frame kept for retransmission.
 pub(super) struct HistFrame {
     /// The message the fragment is cut from, shared by all its fragments
-    /// (one allocation per message, not per fragment; its entries'
-    /// payloads are the log's, not copies).
+    /// (allocated per message, not per fragment; its large payloads are
+    /// the log's, not copies).
     message: Arc<OutMessage>,
     /// Where the fragment's bytes are in `message`.
     start: usize,
@@ -46,6 +47,17 @@ impl HistFrame {
     /// The fragment's bytes, as slices of its message's pieces.
     pub(super) fn payload(&self) -> impl Iterator<Item = &[u8]> + '_ {
         self.message.slices(self.start..self.start + self.len)
+    }
+
+    /// Its DATA frame's fields, as seq `seq` of `group`.
+    pub(super) fn fields(&self, group: GroupId, seq: u64, rexmit: bool) -> DataFields {
+        DataFields {
+            group,
+            seq,
+            rexmit,
+            frag_index: self.frag_index,
+            frag_count: self.frag_count,
+        }
     }
 
     /// The fragment's length in bytes.

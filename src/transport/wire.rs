@@ -449,6 +449,21 @@ fn decode_frame<'a>(r: &mut Reader<'a>) -> Result<Frame<'a>, DecodeError> {
     }
 }
 
+/// A DATA frame's fields besides its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataFields {
+    /// The channel's group.
+    pub group: GroupId,
+    /// The frame's sequence number on its channel.
+    pub seq: u64,
+    /// A retransmission.
+    pub rexmit: bool,
+    /// Position of the fragment in its message.
+    pub frag_index: u16,
+    /// Fragments in its message.
+    pub frag_count: u16,
+}
+
 /// Builds one datagram in a caller's buffer: header first, then frames
 /// while they fit, then [`DatagramWriter::finish`] appends the MAC.
 pub struct DatagramWriter<'b> {
@@ -526,40 +541,25 @@ impl<'b> DatagramWriter<'b> {
     }
 
     /// Appends a DATA frame; false (and nothing written) if it does not fit.
-    pub fn data(
+    pub fn data(&mut self, fields: DataFields, payload: &[u8]) -> bool {
+        self.data_pieces(fields, payload.len(), std::iter::once(payload))
+    }
+
+    /// [`DatagramWriter::data`] of a payload of `len` bytes given as the
+    /// slices `pieces`, copied into the datagram one after another.
+    pub fn data_pieces<'a>(
         &mut self,
-        group: GroupId,
-        seq: u64,
-        rexmit: bool,
-        frag_index: u16,
-        frag_count: u16,
-        payload: &[u8],
+        fields: DataFields,
+        len: usize,
+        pieces: impl Iterator<Item = &'a [u8]>,
     ) -> bool {
-        let pieces = std::iter::once(payload);
-        self.data_pieces(
+        let DataFields {
             group,
             seq,
             rexmit,
             frag_index,
             frag_count,
-            payload.len(),
-            pieces,
-        )
-    }
-
-    /// [`DatagramWriter::data`] of a payload of `len` bytes given as the
-    /// slices `pieces`, copied into the datagram one after another.
-    #[allow(clippy::too_many_arguments)] // a frame's fields, as `data`'s
-    pub fn data_pieces<'a>(
-        &mut self,
-        group: GroupId,
-        seq: u64,
-        rexmit: bool,
-        frag_index: u16,
-        frag_count: u16,
-        len: usize,
-        pieces: impl Iterator<Item = &'a [u8]>,
-    ) -> bool {
+        } = fields;
         debug_assert!(seq != 0 && frag_index < frag_count);
         let Ok(len16) = u16::try_from(len) else {
             return false;
@@ -693,6 +693,22 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    fn fields(
+        group: GroupId,
+        seq: u64,
+        rexmit: bool,
+        frag_index: u16,
+        frag_count: u16,
+    ) -> DataFields {
+        DataFields {
+            group,
+            seq,
+            rexmit,
+            frag_index,
+            frag_count,
+        }
+    }
+
     fn key() -> ClusterKey {
         ClusterKey::derive(b"wire tests")
     }
@@ -713,7 +729,7 @@ mod tests {
 
     fn sample(buf: &mut Vec<u8>) {
         let mut w = DatagramWriter::new(buf, &header(), 1452);
-        assert!(w.data(3, 9, true, 1, 4, b"abc"));
+        assert!(w.data(fields(3, 9, true, 1, 4), b"abc"));
         assert!(w.ack(3, true, 5, 10));
         assert!(w.nack(4, &[(1, 2), (7, 1)]));
         assert!(w.too_old(4, 3));
@@ -763,7 +779,7 @@ mod tests {
         let mut w = DatagramWriter::new(&mut buf, &header(), DATAGRAM_BYTES_MIN + 30);
         assert!(w.ack(1, false, 1, 1));
         assert!(!w.ack(1, false, 1, 1), "a second ack must not fit");
-        assert!(!w.data(1, 1, false, 0, 1, &[0; 20]));
+        assert!(!w.data(fields(1, 1, false, 0, 1), &[0; 20]));
         let len = w.finish(&key());
         assert!(len <= DATAGRAM_BYTES_MIN + 30);
         assert_eq!(decode(&key(), &buf).unwrap().frames.len(), 1);

@@ -70,7 +70,9 @@ const SEGMENTS_RECYCLED_DERIVED_MAX: u32 = 256;
 /// 8 segments at a time that kept 4 zero-filled the other half, writing
 /// every byte of those segments twice. At least 4, at most 256.
 pub fn segments_recycled_for(snapshot_bytes: u64, segment_bytes: u64) -> u32 {
-    let per_trim = snapshot_bytes.div_ceil(segment_bytes.max(1)) + 2;
+    let per_trim = snapshot_bytes
+        .div_ceil(segment_bytes.max(1))
+        .saturating_add(2);
     per_trim.clamp(
         SEGMENTS_RECYCLED_MIN as u64,
         SEGMENTS_RECYCLED_DERIVED_MAX as u64,
