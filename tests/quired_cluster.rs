@@ -8,13 +8,16 @@
 //!   and the client's retries are applied once;
 //! - a bad config file exits with code 2 and one message naming the key;
 //! - `quire up --demo-only` starts a cluster, writes, reads back from every
-//!   node and stops it cleanly.
+//!   node and stops it cleanly;
+//! - a SIGHUP is logged by a daemon, which serves on; one to `quire up`
+//!   (its terminal closing) stops every node cleanly.
 
 mod common;
 
 use quire::client::Client;
 use quire::node::processes::LocalProcesses;
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -192,6 +195,62 @@ fn a_bad_config_exits_2_naming_the_key() {
         "{err}"
     );
     assert!(!dir.path().join("log0").exists(), "no log was opened");
+}
+
+#[test]
+fn a_sighup_is_logged_and_the_daemon_goes_on_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = cluster(dir.path());
+    let mut c = Client::new(procs.client_addrs(), &procs.token, 11);
+    c.deadline = Duration::from_secs(20);
+    c.append(0, b"before the hangup").expect("confirmed");
+    // Its default action would end the daemon with nothing in its log.
+    procs.signal(2, libc::SIGHUP);
+    let log = dir.path().join("node2/quired.log");
+    common::wait_for("node 2 to log the SIGHUP", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("SIGHUP: nothing to reload").then_some(())
+    });
+    assert!(!procs.has_exited(2), "node 2 runs on after a SIGHUP");
+    c.append(0, b"after the hangup").expect("confirmed");
+    // Node 2 still applies and serves: its own copy holds both records.
+    let all = copies(&mut c, 3, 2);
+    let data: Vec<&[u8]> = all[1].iter().map(|(_, d)| d.as_slice()).collect();
+    assert_eq!(
+        data,
+        [&b"before the hangup"[..], &b"after the hangup"[..]],
+        "node 2's copy"
+    );
+    for (id, code) in procs.stop_all() {
+        assert_eq!(code, Some(0), "node {id} stops cleanly on SIGTERM");
+    }
+}
+
+#[test]
+fn a_hangup_of_quire_ups_terminal_stops_every_node_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args(["up", "--dir"])
+        .arg(dir.path().join("up"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("Ctrl-C"));
+    assert!(ready, "quire up came up");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(child.wait().unwrap().success(), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("node 1 exit 0, node 2 exit 0, node 3 exit 0")),
+        "{rest:?}"
+    );
 }
 
 #[test]

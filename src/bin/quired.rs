@@ -1,6 +1,7 @@
 //! `quired`: the quire node daemon. See `quire::node::daemon`.
 //!
-//! Exit codes: 0 after a clean stop (SIGTERM or SIGINT), 1 if it failed
+//! Exit codes: 0 after a clean stop (SIGTERM or SIGINT; a SIGHUP is
+//! logged and the daemon goes on), 1 if it failed
 //! while running, 2 for bad usage or a bad config file. SIGPIPE stays
 //! ignored (Rust's default): a daemon must see EPIPE on a socket, not die.
 

@@ -4,8 +4,8 @@
 //! port and its holder: a second daemon on the same config, or another
 //! process on a replication port, see `port_check`), starts one pinned event loop per configured core, the client server and
 //! the admin endpoint; on SIGTERM or SIGINT stops taking work, lets
-//! in-flight flushes finish and exits 0. A restart recovers every group
-//! from its log.
+//! in-flight flushes finish and exits 0 (a SIGHUP is logged and changes
+//! nothing). A restart recovers every group from its log.
 
 use super::admin::AdminServer;
 use super::client_server::ClientServer;
@@ -18,8 +18,10 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-/// Blocks SIGTERM and SIGINT in this thread and every thread started from
-/// it later, so that `wait_for_signal` receives them synchronously.
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread and every thread
+/// started from it later, so that `wait_for_signal` receives them
+/// synchronously. SIGHUP's default action would end the process with no
+/// word in its log (an operator's `kill -HUP`, `systemctl reload`).
 pub fn block_stop_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; the calls only read and write it and
     // this thread's signal mask.
@@ -28,20 +30,34 @@ pub fn block_stop_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
 }
 
-/// Waits for SIGTERM or SIGINT; returns its name.
+/// Waits for SIGTERM, SIGINT or SIGHUP; returns its name.
 pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     let mut sig: libc::c_int = 0;
     // SAFETY: `set` is an initialised signal set; sigwait writes `sig`.
     while unsafe { libc::sigwait(set, &mut sig) } != 0 {}
-    if sig == libc::SIGINT {
-        "SIGINT"
-    } else {
-        "SIGTERM"
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "SIGTERM",
+    }
+}
+
+/// Waits for SIGTERM or SIGINT; a SIGHUP in between is logged and the
+/// node goes on (it has nothing to reload: the config is read at start).
+fn wait_for_stop(id: u64, set: &libc::sigset_t) -> &'static str {
+    loop {
+        match wait_for_signal(set) {
+            "SIGHUP" => log_info!(
+                "quired: node {id}: SIGHUP: nothing to reload (the config is read once, at start: restart the node to apply a change); still running"
+            ),
+            sig => return sig,
+        }
     }
 }
 
@@ -278,7 +294,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             "quired: node {id}: membership changes on the admin endpoint are off (no node.admin_token_file)"
         ),
     }
-    let sig = wait_for_signal(&signals);
+    let sig = wait_for_stop(id, &signals);
     log_info!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
     drop(clients);
     drop(admin);

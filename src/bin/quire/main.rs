@@ -3,7 +3,8 @@
 //! - `quire up [--nodes 3] [--groups 1] [--dir D] [--demo-only] [--force]`: a local
 //!   cluster of real daemon processes on 127.0.0.1 with PTY null-modem
 //!   cables between them; appends a few records, reads them back from every
-//!   node, prints the status, and runs until Ctrl-C (then stops cleanly);
+//!   node, prints the status, and runs until Ctrl-C, SIGTERM or a hangup
+//!   of its terminal (SIGHUP), then stops every node cleanly;
 //! - `quire status --addr A,B,C --token-file F [--json]`: every node's groups and
 //!   link table;
 //! - `quire append|read|tail --addr .. --token-file F --group G ...
