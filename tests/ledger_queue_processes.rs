@@ -9,7 +9,9 @@
 //! - 100,000 messages are produced, consumed and acked with a SIGKILL of
 //!   the leader while producing and another while consuming, then every
 //!   node is killed and restarted: every produced message was delivered,
-//!   none was produced twice by a retry, and no acked message comes back.
+//!   none was produced twice by a retry, and no acked message comes back;
+//! - a ledger holding more than a client frame reads back whole through
+//!   `quire ledger read`, page by page.
 
 mod common;
 
@@ -136,6 +138,43 @@ fn recovery_fences_the_writer_and_the_reader_sees_every_confirmed_entry() {
     }
     let past = reader.ledger_read(0, w.id, info.length, u64::MAX).unwrap();
     assert!(past.is_empty(), "nothing past the seal: {past:?}");
+}
+
+#[test]
+fn a_ledger_holding_more_than_a_frame_reads_back_whole_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let procs = cluster(dir.path());
+    let mut writer = client(&procs, 3);
+    let w = writer.ledger_create(0).expect("ledger created");
+    // 18 entries of about 1 MB: more than one client frame (16 MiB) holds.
+    let entry = |k: u8| vec![b'a' + k; 1_000_000];
+    for k in 0..18 {
+        writer.ledger_append(0, w, &entry(k)).expect("added");
+    }
+    writer.ledger_close(0, w).expect("closed");
+    let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args(["ledger", "read", "--ledger", &w.id.to_string(), "--addr"])
+        .arg(addrs.join(","))
+        .arg("--token-file")
+        .arg(procs.dir.join("client.token"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&[u8]> = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), 18, "every entry, each once");
+    for (k, line) in lines.iter().enumerate() {
+        let want = [format!("{k}\t").into_bytes(), entry(k as u8)].concat();
+        assert!(*line == want.as_slice(), "entry {k} as written");
+    }
 }
 
 #[test]

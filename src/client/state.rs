@@ -166,7 +166,8 @@ impl Client {
     }
 
     /// Entries `from..=to` of a ledger, cut at its LAC (and at
-    /// `READ_ENTRIES_MAX`), as (entry id, data).
+    /// `READ_ENTRIES_MAX` entries or `READ_BYTES_MAX` bytes: read on from
+    /// the last id), as (entry id, data).
     pub fn ledger_read(
         &mut self,
         group: u32,

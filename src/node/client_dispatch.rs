@@ -29,6 +29,16 @@ const _: () = assert!(
         <= crate::api::wire::FRAME_BYTES_MAX
 );
 
+// A ledger read's answer (its entries' bytes, and per entry an id and a
+// length, 64 counted) always fits a client frame, or a ledger holding
+// more than a frame's worth of entries could not be read at all.
+const _: () = assert!(
+    crate::state::ledger::READ_BYTES_MAX as usize
+        + crate::state::ledger::READ_ENTRIES_MAX * 64
+        + 4096
+        <= crate::api::wire::FRAME_BYTES_MAX
+);
+
 /// Longest a Tail or a ledger long poll waits for entries, in ms.
 pub const TAIL_WAIT_MS_MAX: u32 = 30_000;
 /// Log entries in one Read or Tail answer at most.

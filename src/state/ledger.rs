@@ -26,6 +26,10 @@ pub const LEDGER_ENTRIES_MAX: u64 = 1 << 20;
 pub const LEDGER_BYTES_MAX: u64 = 1 << 30;
 /// Entries one `read` returns at most.
 pub const READ_ENTRIES_MAX: usize = 1024;
+/// Bytes of entry data one `read` returns at most (at least one entry,
+/// whatever its size), so that its answer always fits a client frame;
+/// the reader pages on from the last entry it got.
+pub const READ_BYTES_MAX: u64 = 8 << 20;
 
 /// A ledger's state as `list` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,21 +248,31 @@ impl Ledgers {
     }
 
     /// Entries `from..=to` (their bytes to be filled in from the log),
-    /// cut at the LAC and at `READ_ENTRIES_MAX` entries; empty if `from`
-    /// is past the LAC.
+    /// cut at the LAC, at `READ_ENTRIES_MAX` entries and at
+    /// `READ_BYTES_MAX` bytes (but never below one entry); empty if
+    /// `from` is past the LAC.
     pub fn read(&self, id: u64, from: u64, to: u64) -> Result<Vec<LedgerEntry>, Error> {
         let l = self.ledgers.get(&id).ok_or(Error::NoSuchLedger)?;
         let end = to.saturating_add(1).min(l.confirmed);
         let end = end.min(from.saturating_add(READ_ENTRIES_MAX as u64));
-        let entry = |e: u64| LedgerEntry {
-            id: e,
-            data: Vec::new(),
-            stored: Stored {
-                index: l.entries[e as usize].index,
-                slot: 0,
-            },
-        };
-        Ok((from..end.max(from)).map(entry).collect())
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        for e in from..end.max(from) {
+            let stored = &l.entries[e as usize];
+            bytes += stored.len as u64;
+            if bytes > READ_BYTES_MAX && !out.is_empty() {
+                break;
+            }
+            out.push(LedgerEntry {
+                id: e,
+                data: Vec::new(),
+                stored: Stored {
+                    index: stored.index,
+                    slot: 0,
+                },
+            });
+        }
+        Ok(out)
     }
 
     /// The lowest log index whose bytes a ledger still needs, if any.
@@ -452,6 +466,32 @@ mod tests {
         assert_eq!(ls.set_lac(id, 7, 2), Err(Error::NotWriter));
         assert_eq!(ls.read(id, 3, 1).unwrap(), vec![]);
         assert_eq!(ls.read(id, u64::MAX, u64::MAX).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_read_stops_at_its_byte_bound_but_never_below_one_entry() {
+        let (mut ls, id) = one_ledger();
+        for _ in 0..20 {
+            ls.add(id, 42, ENTRY_BYTES_MAX, ix()).unwrap();
+        }
+        ls.set_lac(id, 42, 19).unwrap();
+        let per_read = (READ_BYTES_MAX / ENTRY_BYTES_MAX as u64) as usize;
+        let mut from = 0;
+        let mut got = Vec::new();
+        loop {
+            let page = ls.read(id, from, u64::MAX).unwrap();
+            let Some(last) = page.last() else { break };
+            assert!(page.len() <= per_read, "{} entries of 1 MiB", page.len());
+            from = last.id + 1;
+            got.extend(page.iter().map(|e| e.id));
+        }
+        assert_eq!(got, (0..20).collect::<Vec<_>>(), "paged through, each once");
+        assert_eq!(ls.read(id, 0, u64::MAX).unwrap().len(), per_read);
+        // Even when one entry alone passes the bound, it is answered.
+        let (mut ls, id) = one_ledger();
+        ls.add(id, 42, ENTRY_BYTES_MAX, ix()).unwrap();
+        ls.set_lac(id, 42, 0).unwrap();
+        assert_eq!(ls.read(id, 0, 0).unwrap().len(), 1);
     }
 
     #[test]

@@ -299,7 +299,8 @@ pub(crate) fn ledger(cmd: LedgerCmd) -> Result<(), String> {
         } => {
             let mut c = connect(&on)?;
             let mut next = from;
-            // A read answers at most READ_ENTRIES_MAX entries: page on.
+            // A read answers at most READ_ENTRIES_MAX entries and
+            // READ_BYTES_MAX bytes: page on.
             while next <= to {
                 let es = c.ledger_read(on.group, ledger, next, to).map_err(e)?;
                 let Some(&(last, _)) = es.last() else { break };
