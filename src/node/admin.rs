@@ -1,11 +1,13 @@
 //! The admin endpoint: HTTP `/metrics` in the Prometheus text format and
 //! `/status` as JSON, readable by anyone who can reach it, and `POST
 //! /membership`, which only the admin token opens (`admin_auth`), served
-//! by a thread of its own off the data path. It asks the node's loops for
+//! by a few threads of its own off the data path (`admin_http`, which
+//! bounds what a peer can make them hold). It asks the node's loops for
 //! their status through the handle (channels), so it never touches their
 //! state.
 
 use super::admin_auth::{Gate, RefusalCounts};
+use super::admin_http::{Handler, HttpRefusals, HttpRequest, HttpResponse, HttpServer};
 use super::log::log_info;
 use super::{ListenError, NodeHandle, NodeStatus};
 use crate::consensus::Role;
@@ -17,8 +19,7 @@ use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Labels of a per-group metric.
@@ -78,11 +79,19 @@ fn role_name(r: Role) -> &'static str {
 /// The Prometheus text exposition of `s` (the admin endpoint's own
 /// refusal counters at zero).
 pub fn metrics_text(s: &NodeStatus) -> String {
-    metrics_text_with(s, &RefusalCounts::default())
+    metrics_text_with(
+        s,
+        &RefusalCounts::default(),
+        &HttpRefusals::default().counts(),
+    )
 }
 
 /// [`metrics_text`] with the admin endpoint's refusals so far.
-fn metrics_text_with(s: &NodeStatus, refusals: &RefusalCounts) -> String {
+fn metrics_text_with(
+    s: &NodeStatus,
+    refusals: &RefusalCounts,
+    http_refusals: &[(&'static str, u64)],
+) -> String {
     let mut reg = Registry::with_prefix("quire");
     let gauge = |reg: &mut Registry, name: &str, help: &str| {
         let f = Family::<GroupLabel, Gauge<u64, AtomicU64>>::default();
@@ -441,6 +450,18 @@ fn metrics_text_with(s: &NodeStatus, refusals: &RefusalCounts) -> String {
         };
         admin_refusals.get_or_create(&label).set(n);
     }
+    let admin_http_refusals = Family::<ReasonLabel, Gauge<u64, AtomicU64>>::default();
+    reg.register(
+        "admin_http_refusals",
+        "Admin requests refused before reading them whole, by reason (busy, head_too_large, body_too_large, malformed, timed_out)",
+        admin_http_refusals.clone(),
+    );
+    for &(reason, n) in http_refusals {
+        let label = ReasonLabel {
+            reason: reason.to_string(),
+        };
+        admin_http_refusals.get_or_create(&label).set(n);
+    }
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -571,22 +592,17 @@ fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
     }
 }
 
-fn header(name: &str, value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(name, value).expect("a valid header")
-}
-
 /// A running admin endpoint; stops when dropped.
 pub struct AdminServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
-    thread: Option<JoinHandle<()>>,
+    http: HttpServer,
 }
 
 impl AdminServer {
     /// Serves `/metrics`, `/status` and `/membership` for `node` on
     /// `listen`. Requests other than GET need the token in
     /// `admin_token_file` (read again for each, so replacing the file
-    /// rotates it); with `None` they are all refused.
+    /// rotates it); with `None` they are all refused. What a peer can make
+    /// it hold is bounded (`admin_http`).
     pub fn start(
         listen: SocketAddr,
         node: Arc<NodeHandle>,
@@ -597,107 +613,76 @@ impl AdminServer {
             addr: listen,
             error,
         };
-        // tiny_http boxes the bind's io::Error; its kind (AddrInUse) is
-        // what the daemon looks at.
-        let server = tiny_http::Server::http(listen).map_err(|e| {
-            bind_failed(match e.downcast::<std::io::Error>() {
-                Ok(io) => *io,
-                Err(other) => std::io::Error::other(other.to_string()),
-            })
-        })?;
-        let addr = server.server_addr().to_ip().ok_or_else(|| {
-            bind_failed(std::io::Error::other(
-                "the admin endpoint is not an IP listener",
-            ))
-        })?;
-        let server = Arc::new(server);
-        let s = Arc::clone(&server);
-        let thread = std::thread::Builder::new()
-            .name("quire-admin".into())
-            .spawn(move || {
-                let mut gate = Gate::new(admin_token_file);
-                for req in s.incoming_requests() {
-                    let url = req.url().to_string();
-                    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-                    let peer = req
-                        .remote_addr()
-                        .map_or("an unknown peer".into(), |a| a.to_string());
-                    // Whatever is not a read passes the gate first, so a
-                    // route added later is closed unless said otherwise.
-                    let reading = matches!(
-                        req.method(),
-                        tiny_http::Method::Get | tiny_http::Method::Head
-                    );
-                    if !reading {
-                        let headers = req
-                            .headers()
-                            .iter()
-                            .map(|h| (h.field.as_str().as_str(), h.value.as_str()));
-                        let what = format!("{} {url}", req.method());
-                        if let Err(r) =
-                            gate.check(headers, &what, req.remote_addr().copied(), Instant::now())
-                        {
-                            let mut resp = tiny_http::Response::from_string(r.body)
-                                .with_status_code(r.refusal.status())
-                                .with_header(header("Content-Type", "text/plain"));
-                            if r.refusal.status() == 401 {
-                                resp.add_header(header(
-                                    "WWW-Authenticate",
-                                    "Bearer realm=\"quire-admin\"",
-                                ));
-                            }
-                            let _ = req.respond(resp);
-                            continue;
-                        }
-                    }
-                    let (code, ctype, body) = match (req.method(), path) {
-                        (tiny_http::Method::Post, "/membership") => {
-                            let (code, body) = membership(&node, query, &peer);
-                            (code, "text/plain", body)
-                        }
-                        (tiny_http::Method::Get, "/metrics") => match node.status() {
-                            Some(st) => (
-                                200,
-                                "text/plain; version=0.0.4",
-                                metrics_text_with(&st, &gate.counts()),
-                            ),
-                            None => (503, "text/plain", "node stopped\n".into()),
-                        },
-                        (tiny_http::Method::Get, "/status") => match node.status() {
-                            Some(st) => (200, "application/json", status_json(&st).to_string()),
-                            None => (503, "text/plain", "node stopped\n".into()),
-                        },
-                        _ => (
-                            404,
-                            "text/plain",
-                            "try GET /metrics, GET /status or POST /membership\n".into(),
-                        ),
-                    };
-                    let resp = tiny_http::Response::from_string(body)
-                        .with_status_code(code)
-                        .with_header(header("Content-Type", ctype));
-                    let _ = req.respond(resp);
-                }
-            })
+        let listener = std::net::TcpListener::bind(listen).map_err(bind_failed)?;
+        let gate = Mutex::new(Gate::new(admin_token_file));
+        let refusals = Arc::new(HttpRefusals::default());
+        let counted = Arc::clone(&refusals);
+        let handler: Arc<Handler> = Arc::new(move |req: &HttpRequest| {
+            let mut gate = gate.lock().unwrap_or_else(|p| p.into_inner());
+            answer(&node, &mut gate, &counted, req)
+        });
+        let http = HttpServer::start(listener, "quire-admin", handler, refusals)
             .map_err(ListenError::Thread)?;
-        Ok(AdminServer {
-            server,
-            addr,
-            thread: Some(thread),
-        })
+        Ok(AdminServer { http })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.http.addr()
     }
 }
 
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+/// What the endpoint answers `req`.
+fn answer(
+    node: &NodeHandle,
+    gate: &mut Gate,
+    http_refusals: &HttpRefusals,
+    req: &HttpRequest,
+) -> HttpResponse {
+    let url = req.url.as_str();
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    let peer = req.peer.map_or("an unknown peer".into(), |a| a.to_string());
+    // Whatever is not a read passes the gate first, so a route added
+    // later is closed unless said otherwise.
+    let reading = matches!(req.method.as_str(), "GET" | "HEAD");
+    if !reading {
+        let headers = req.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        let what = format!("{} {url}", req.method);
+        if let Err(r) = gate.check(headers, &what, req.peer, Instant::now()) {
+            let mut resp = HttpResponse::text(r.refusal.status(), r.body);
+            if r.refusal.status() == 401 {
+                resp.headers
+                    .push(("WWW-Authenticate", "Bearer realm=\"quire-admin\"".into()));
+            }
+            return resp;
         }
+    }
+    let (code, ctype, body) = match (req.method.as_str(), path) {
+        ("POST", "/membership") => {
+            let (code, body) = membership(node, query, &peer);
+            (code, "text/plain", body)
+        }
+        ("GET" | "HEAD", "/metrics") => match node.status() {
+            Some(st) => (
+                200,
+                "text/plain; version=0.0.4",
+                metrics_text_with(&st, &gate.counts(), &http_refusals.counts()),
+            ),
+            None => (503, "text/plain", "node stopped\n".into()),
+        },
+        ("GET" | "HEAD", "/status") => match node.status() {
+            Some(st) => (200, "application/json", status_json(&st).to_string()),
+            None => (503, "text/plain", "node stopped\n".into()),
+        },
+        _ => (
+            404,
+            "text/plain",
+            "try GET /metrics, GET /status or POST /membership\n".into(),
+        ),
+    };
+    HttpResponse {
+        status: code,
+        headers: vec![("Content-Type", ctype.into())],
+        body,
     }
 }

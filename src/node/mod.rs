@@ -40,7 +40,7 @@
 //! import cycle can form (`tests/node_layers.rs` checks this list against
 //! the code, and refuses a file missing from it):
 //!
-//! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`, `free_ports`: leaves
+//! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`, `free_ports`, `admin_http`: leaves
 //! 2. `status`, `errors`, `admin_auth`, `client_gate`, `processes`: status views, start errors, the client server's admission
 //! 3. `command`, `config_file`: commands and replies, the daemon's config file
 //! 4. `mesh`: the inter-core mesh (control plane, and client requests between loops)
@@ -56,6 +56,7 @@
 
 pub mod admin;
 mod admin_auth;
+mod admin_http;
 pub mod client_admission;
 mod client_conns;
 pub mod client_dispatch;

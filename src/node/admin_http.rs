@@ -1,0 +1,490 @@
+//! The admin endpoint's HTTP/1.1 server, bounded in everything a peer can
+//! make it hold before it has said a word that passes the gate: a fixed
+//! pool of threads, a bounded queue of accepted connections (past it a
+//! connection is answered 503 at once), a bounded request head and body,
+//! and a deadline for the whole request. One request per connection
+//! (`Connection: close`): the endpoint serves operators and scrapers, not
+//! browsers, so keep-alive would only let an idle peer hold a thread.
+//!
+//! Parsing is `httparse`'s (hyper's parser); what is done with a request
+//! is the handler's.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Threads serving requests, each one connection at a time.
+pub(crate) const ADMIN_WORKERS: usize = 4;
+/// Accepted connections waiting for a worker; past this a new one is
+/// answered 503 and closed.
+pub(crate) const ADMIN_QUEUED_CONNECTIONS_MAX: usize = 64;
+/// Bytes of a request's head (request line and headers).
+pub(crate) const ADMIN_HEAD_BYTES_MAX: usize = 16 << 10;
+/// Headers in a request's head.
+pub(crate) const ADMIN_HEADERS_MAX: usize = 64;
+/// Bytes of a request's body (read and dropped: no route takes one).
+pub(crate) const ADMIN_BODY_BYTES_MAX: u64 = 64 << 10;
+/// Time a peer has to send its whole request, in ms.
+pub(crate) const ADMIN_REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// Time a response (or a busy answer) may take to write, in ms.
+const ADMIN_WRITE_TIMEOUT_MS: u64 = 5_000;
+/// After refusing a request: how long, and how many bytes, its sender's
+/// rest is read and dropped before the connection closes.
+const DRAIN_MS: u64 = 200;
+const DRAIN_BYTES_MAX: usize = 256 << 10;
+
+/// One request, as the handler sees it.
+#[derive(Debug)]
+pub(crate) struct HttpRequest {
+    /// `GET`, `HEAD`, `POST`, ...
+    pub(crate) method: String,
+    /// The request target: path and query.
+    pub(crate) url: String,
+    /// Each header's name and value (values that are not UTF-8 are lossy).
+    pub(crate) headers: Vec<(String, String)>,
+    /// Who sent it.
+    pub(crate) peer: Option<SocketAddr>,
+}
+
+/// The handler's answer.
+#[derive(Debug)]
+pub(crate) struct HttpResponse {
+    /// The status code.
+    pub(crate) status: u16,
+    /// Headers beyond Content-Length and Connection.
+    pub(crate) headers: Vec<(&'static str, String)>,
+    /// The body (left out for a HEAD).
+    pub(crate) body: String,
+}
+
+impl HttpResponse {
+    /// A plain-text answer.
+    pub(crate) fn text(status: u16, body: impl Into<String>) -> HttpResponse {
+        HttpResponse {
+            status,
+            headers: vec![("Content-Type", "text/plain".into())],
+            body: body.into(),
+        }
+    }
+}
+
+/// Requests refused before any handler saw them, per reason.
+#[derive(Debug, Default)]
+pub(crate) struct HttpRefusals {
+    busy: AtomicU64,
+    head_too_large: AtomicU64,
+    body_too_large: AtomicU64,
+    malformed: AtomicU64,
+    timed_out: AtomicU64,
+}
+
+impl HttpRefusals {
+    /// Each reason's label and count.
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("busy", n(&self.busy)),
+            ("head_too_large", n(&self.head_too_large)),
+            ("body_too_large", n(&self.body_too_large)),
+            ("malformed", n(&self.malformed)),
+            ("timed_out", n(&self.timed_out)),
+        ]
+    }
+}
+
+/// The handler: what each request gets.
+pub(crate) type Handler = dyn Fn(&HttpRequest) -> HttpResponse + Send + Sync;
+
+/// A running server; stops when dropped (requests being served finish).
+pub(crate) struct HttpServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Serves `handler` on `listener` with threads named `name`.
+    pub(crate) fn start(
+        listener: TcpListener,
+        name: &str,
+        handler: Arc<Handler>,
+        refusals: Arc<HttpRefusals>,
+    ) -> io::Result<HttpServer> {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = crossbeam_channel::bounded::<TcpStream>(ADMIN_QUEUED_CONNECTIONS_MAX);
+        let mut threads = Vec::new();
+        for i in 0..ADMIN_WORKERS {
+            let rx = rx.clone();
+            let handler = Arc::clone(&handler);
+            let refusals = Arc::clone(&refusals);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || {
+                        for stream in rx {
+                            serve(stream, &*handler, &refusals);
+                        }
+                    })?,
+            );
+        }
+        let accept_stop = Arc::clone(&stop);
+        threads.push(
+            std::thread::Builder::new()
+                .name(name.to_string())
+                .spawn(move || {
+                    for stream in listener.incoming() {
+                        if accept_stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        let Ok(stream) = stream else { continue };
+                        if let Err(e) = tx.try_send(stream) {
+                            refusals.busy.fetch_add(1, Ordering::Relaxed);
+                            let mut s = e.into_inner();
+                            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                            let busy = HttpResponse::text(503, "busy: try again\n");
+                            let _ = write_response(&mut s, &busy, false);
+                        }
+                    }
+                    // Dropping `tx` ends the workers once the queue drains.
+                })?,
+        );
+        Ok(HttpServer {
+            addr,
+            stop,
+            threads,
+        })
+    }
+
+    /// The address it listens on.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wakes the accept; it sees the flag and ends.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How reading a request ended, if not with a request.
+enum Refused {
+    HeadTooLarge,
+    BodyTooLarge,
+    Malformed(String),
+    TimedOut,
+    /// The peer went away, or the socket failed: nothing to answer.
+    Gone,
+}
+
+/// Reads one request from `stream`, answers it and closes.
+fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
+    let peer = stream.peer_addr().ok();
+    let deadline = Instant::now() + Duration::from_millis(ADMIN_REQUEST_TIMEOUT_MS);
+    let (answer, head_only, refused) = match read_request(&mut stream, deadline, peer) {
+        Ok(req) => (handler(&req), req.method == "HEAD", false),
+        Err(refused) => {
+            let (counter, answer) = match refused {
+                Refused::HeadTooLarge => (
+                    &refusals.head_too_large,
+                    HttpResponse::text(
+                        431,
+                        format!("request head over {ADMIN_HEAD_BYTES_MAX} bytes\n"),
+                    ),
+                ),
+                Refused::BodyTooLarge => (
+                    &refusals.body_too_large,
+                    HttpResponse::text(
+                        413,
+                        format!("request body over {ADMIN_BODY_BYTES_MAX} bytes\n"),
+                    ),
+                ),
+                Refused::Malformed(why) => (
+                    &refusals.malformed,
+                    HttpResponse::text(400, format!("malformed request: {why}\n")),
+                ),
+                Refused::TimedOut => (
+                    &refusals.timed_out,
+                    HttpResponse::text(
+                        408,
+                        format!("the request took over {ADMIN_REQUEST_TIMEOUT_MS} ms\n"),
+                    ),
+                ),
+                Refused::Gone => return,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            (answer, false, true)
+        }
+    };
+    let _ = write_response(&mut stream, &answer, head_only);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    if refused {
+        // Closing with unread bytes would reset the connection, and a
+        // reset can destroy the answer before the peer reads it.
+        drain(&mut stream);
+    }
+}
+
+/// Reads and drops what the peer still sends, briefly and boundedly.
+fn drain(stream: &mut TcpStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(DRAIN_MS)));
+    let mut scratch = [0u8; 4096];
+    let mut left = DRAIN_BYTES_MAX;
+    while left > 0 {
+        match stream.read(&mut scratch) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+/// The method, target and headers of one request whose head and body
+/// arrived within their bounds and `deadline`; the body is read and
+/// dropped.
+fn read_request(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    peer: Option<SocketAddr>,
+) -> Result<HttpRequest, Refused> {
+    let mut buf = vec![0u8; ADMIN_HEAD_BYTES_MAX];
+    let mut got = 0;
+    loop {
+        if got == buf.len() {
+            return Err(Refused::HeadTooLarge);
+        }
+        let n = read_before(stream, &mut buf[got..], deadline)?;
+        got += n;
+        let mut headers = [httparse::EMPTY_HEADER; ADMIN_HEADERS_MAX];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf[..got]) {
+            Ok(httparse::Status::Partial) => continue,
+            Ok(httparse::Status::Complete(head_len)) => {
+                let method = req.method.unwrap_or_default().to_string();
+                let url = req.path.unwrap_or_default().to_string();
+                let headers: Vec<(String, String)> = req
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        let value = String::from_utf8_lossy(h.value).into_owned();
+                        (h.name.to_string(), value)
+                    })
+                    .collect();
+                let header = |name: &str| {
+                    headers
+                        .iter()
+                        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v.trim())
+                };
+                if header("Transfer-Encoding").is_some() {
+                    return Err(Refused::Malformed(
+                        "Transfer-Encoding is not taken: send Content-Length".into(),
+                    ));
+                }
+                let body: u64 = match header("Content-Length") {
+                    None => 0,
+                    Some(v) => v
+                        .parse()
+                        .map_err(|_| Refused::Malformed(format!("Content-Length {v:?}")))?,
+                };
+                if body > ADMIN_BODY_BYTES_MAX {
+                    return Err(Refused::BodyTooLarge);
+                }
+                let mut left = body.saturating_sub((got - head_len) as u64);
+                while left > 0 {
+                    let want = buf.len().min(left as usize);
+                    let n = read_before(stream, &mut buf[..want], deadline)?;
+                    left -= n as u64;
+                }
+                return Ok(HttpRequest {
+                    method,
+                    url,
+                    headers,
+                    peer,
+                });
+            }
+            Err(e) => return Err(Refused::Malformed(e.to_string())),
+        }
+    }
+}
+
+/// One read of at least a byte before `deadline`.
+fn read_before(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Result<usize, Refused> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Refused::TimedOut);
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|_| Refused::Gone)?;
+        match stream.read(buf) {
+            Ok(0) => return Err(Refused::Gone),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Refused::TimedOut)
+            }
+            Err(_) => return Err(Refused::Gone),
+        }
+    }
+}
+
+/// The reason phrase of the codes this server and its handler use.
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+fn write_response(stream: &mut TcpStream, r: &HttpResponse, head_only: bool) -> io::Result<()> {
+    let mut out = format!("HTTP/1.1 {} {}\r\n", r.status, reason(r.status));
+    for (name, value) in &r.headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    out.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        r.body.len()
+    ));
+    if !head_only {
+        out.push_str(&r.body);
+    }
+    stream.write_all(out.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> (HttpServer, Arc<HttpRefusals>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let refusals = Arc::new(HttpRefusals::default());
+        let handler: Arc<Handler> = Arc::new(|r: &HttpRequest| {
+            HttpResponse::text(200, format!("{} {}\n", r.method, r.url))
+        });
+        let s = HttpServer::start(listener, "test-http", handler, Arc::clone(&refusals)).unwrap();
+        (s, refusals)
+    }
+
+    fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        // A server that answers before reading everything may reset.
+        let _ = s.write_all(request);
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// A request, again while it is answered busy (the queue drains as
+    /// the workers see their idle peers gone).
+    fn common_retry(addr: SocketAddr) -> String {
+        for _ in 0..1000 {
+            let out = exchange(addr, b"GET / HTTP/1.1\r\n\r\n");
+            if !out.starts_with("HTTP/1.1 503 ") {
+                return out;
+            }
+        }
+        panic!("still busy after 1000 tries");
+    }
+
+    fn count(refusals: &HttpRefusals, reason: &str) -> u64 {
+        refusals
+            .counts()
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn a_request_is_answered_and_the_connection_closed() {
+        let (s, _) = server();
+        let out = exchange(s.addr(), b"GET /status?x=1 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(out.contains("Connection: close\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\nGET /status?x=1\n"), "{out}");
+        let head = exchange(s.addr(), b"HEAD /status HTTP/1.1\r\n\r\n");
+        assert!(head.ends_with("\r\n\r\n"), "no body for a HEAD: {head}");
+    }
+
+    #[test]
+    fn a_head_past_its_bound_is_refused_not_buffered() {
+        let (s, refusals) = server();
+        let mut req = b"GET / HTTP/1.1\r\nX-A: ".to_vec();
+        req.extend(std::iter::repeat_n(b'a', 4 * ADMIN_HEAD_BYTES_MAX));
+        let out = exchange(s.addr(), &req);
+        assert!(out.starts_with("HTTP/1.1 431 "), "{out}");
+        assert_eq!(count(&refusals, "head_too_large"), 1);
+    }
+
+    #[test]
+    fn bodies_are_bounded_and_garbage_is_refused() {
+        let (s, refusals) = server();
+        let big = format!(
+            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            ADMIN_BODY_BYTES_MAX + 1
+        );
+        assert!(exchange(s.addr(), big.as_bytes()).starts_with("HTTP/1.1 413 "));
+        let small = b"POST /m HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc";
+        assert!(exchange(s.addr(), small).ends_with("POST /m\n"));
+        let chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        assert!(exchange(s.addr(), chunked).starts_with("HTTP/1.1 400 "));
+        assert!(exchange(s.addr(), b"\x00\x01garbage\r\n\r\n").starts_with("HTTP/1.1 400 "));
+        assert_eq!(count(&refusals, "body_too_large"), 1);
+        assert_eq!(count(&refusals, "malformed"), 2);
+    }
+
+    #[test]
+    fn idle_connections_hold_no_more_than_the_pool_and_the_queue() {
+        let (s, refusals) = server();
+        // Every worker holds one idle connection and the queue fills
+        // (whenever the workers take theirs, the extra ones refill it), so
+        // the next connection is answered 503 at once while those wait.
+        let idle: Vec<TcpStream> = (0..ADMIN_WORKERS * 2 + ADMIN_QUEUED_CONNECTIONS_MAX)
+            .map(|_| TcpStream::connect(s.addr()).unwrap())
+            .collect();
+        let out = exchange(s.addr(), b"GET / HTTP/1.1\r\n\r\n");
+        assert!(
+            out.starts_with("HTTP/1.1 503 "),
+            "past the pool and the queue: {out}"
+        );
+        // The probe, and the extra idle ones no worker had taken yet.
+        let busy = count(&refusals, "busy");
+        assert!((1..=2 * ADMIN_WORKERS as u64 + 1).contains(&busy), "{busy}");
+        drop(idle);
+        // Once they are gone, requests are served again.
+        let out = common_retry(s.addr());
+        assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+    }
+}
