@@ -28,6 +28,13 @@ fn cluster(dir: &std::path::Path) -> LocalProcesses {
     c
 }
 
+/// A client of `procs` that waits up to 20 s for each call.
+fn client(procs: &LocalProcesses, id: u64) -> Client {
+    let mut c = Client::new(procs.client_addrs(), &procs.token, id);
+    c.deadline = Duration::from_secs(20);
+    c
+}
+
 /// Node `i`'s whole copy of group 0's committed log, read page by page
 /// (a Read answers at most 4096 entries).
 fn read_all(c: &mut Client, i: usize) -> Option<Vec<quire::client::Entry>> {
@@ -77,8 +84,7 @@ fn quired_with_config(cfg: &std::path::Path) -> std::process::Output {
 fn appends_survive_a_restart_of_every_node_identical_everywhere() {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = cluster(dir.path());
-    let mut c = Client::new(procs.client_addrs(), &procs.token, 7);
-    c.deadline = Duration::from_secs(20);
+    let mut c = client(&procs, 7);
     for i in 0..50 {
         c.append(0, format!("record {i}").as_bytes())
             .expect("confirmed");
@@ -87,8 +93,7 @@ fn appends_survive_a_restart_of_every_node_identical_everywhere() {
         assert_eq!(code, Some(0), "node {id} stops cleanly on SIGTERM");
     }
     procs.start_all().unwrap();
-    let mut c = Client::new(procs.client_addrs(), &procs.token, 8);
-    c.deadline = Duration::from_secs(20);
+    let mut c = client(&procs, 8);
     let all = copies(&mut c, 3, 50);
     assert!(
         all.windows(2).all(|w| w[0] == w[1]),
@@ -106,8 +111,7 @@ fn appends_survive_a_restart_of_every_node_identical_everywhere() {
 fn sigkill_of_the_leader_loses_no_confirmed_append_and_applies_retries_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = cluster(dir.path());
-    let mut c = Client::new(procs.client_addrs(), &procs.token, 9);
-    c.deadline = Duration::from_secs(20);
+    let mut c = client(&procs, 9);
     c.append(0, b"warm-up").expect("a leader");
     let leader = common::wait_for("a leader", Duration::from_secs(10), || {
         c.leaders(0)
@@ -201,8 +205,7 @@ fn a_bad_config_exits_2_naming_the_key() {
 fn a_sighup_is_logged_and_the_daemon_goes_on_serving() {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = cluster(dir.path());
-    let mut c = Client::new(procs.client_addrs(), &procs.token, 11);
-    c.deadline = Duration::from_secs(20);
+    let mut c = client(&procs, 11);
     c.append(0, b"before the hangup").expect("confirmed");
     // Its default action would end the daemon with nothing in its log.
     procs.signal(2, libc::SIGHUP);
