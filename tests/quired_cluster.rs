@@ -207,7 +207,9 @@ fn a_sighup_is_logged_and_the_daemon_goes_on_serving() {
     let mut procs = cluster(dir.path());
     let mut c = client(&procs, 11);
     c.append(0, b"before the hangup").expect("confirmed");
-    // Its default action would end the daemon with nothing in its log.
+    // Node 2 serves (so it has blocked the signal) before it is sent:
+    // its default action would end the daemon with nothing in its log.
+    copies(&mut c, 3, 1);
     procs.signal(2, libc::SIGHUP);
     let log = dir.path().join("node2/quired.log");
     common::wait_for("node 2 to log the SIGHUP", Duration::from_secs(10), || {
@@ -239,16 +241,29 @@ fn a_hangup_of_quire_ups_terminal_stops_every_node_cleanly() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Whatever happens below, the cluster does not outlive the test.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if let Ok(None) = self.0.try_wait() {
+                // SAFETY: kill(2) on our own child, not yet reaped.
+                unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    let mut lines = BufReader::new(stdout).lines();
     let ready = lines
         .by_ref()
         .map_while(Result::ok)
         .any(|l| l.starts_with("Ctrl-C"));
     assert!(ready, "quire up came up");
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGHUP) };
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    assert!(child.wait().unwrap().success(), "{rest:?}");
+    assert!(child.0.wait().unwrap().success(), "{rest:?}");
     assert!(
         rest.iter()
             .any(|l| l.contains("node 1 exit 0, node 2 exit 0, node 3 exit 0")),

@@ -453,7 +453,7 @@ fn metrics_text_with(
     let admin_http_refusals = Family::<ReasonLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
         "admin_http_refusals",
-        "Admin requests refused before reading them whole, by reason (busy, head_too_large, body_too_large, malformed, timed_out)",
+        "Admin requests refused before reading them whole, by reason (busy, head_too_large, body_too_large, malformed, timed_out, handler_panicked)",
         admin_http_refusals.clone(),
     );
     for &(reason, n) in http_refusals {
@@ -617,10 +617,8 @@ impl AdminServer {
         let gate = Mutex::new(Gate::new(admin_token_file));
         let refusals = Arc::new(HttpRefusals::default());
         let counted = Arc::clone(&refusals);
-        let handler: Arc<Handler> = Arc::new(move |req: &HttpRequest| {
-            let mut gate = gate.lock().unwrap_or_else(|p| p.into_inner());
-            answer(&node, &mut gate, &counted, req)
-        });
+        let handler: Arc<Handler> =
+            Arc::new(move |req: &HttpRequest| answer(&node, &gate, &counted, req));
         let http = HttpServer::start(listener, "quire-admin", handler, refusals)
             .map_err(ListenError::Thread)?;
         Ok(AdminServer { http })
@@ -635,10 +633,13 @@ impl AdminServer {
 /// What the endpoint answers `req`.
 fn answer(
     node: &NodeHandle,
-    gate: &mut Gate,
+    gate: &Mutex<Gate>,
     http_refusals: &HttpRefusals,
     req: &HttpRequest,
 ) -> HttpResponse {
+    // Held only to judge and to count: never while a change or a status
+    // waits on the loops, so one slow request does not hold the others.
+    let gate = || gate.lock().unwrap_or_else(|p| p.into_inner());
     let url = req.url.as_str();
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let peer = req.peer.map_or("an unknown peer".into(), |a| a.to_string());
@@ -648,7 +649,8 @@ fn answer(
     if !reading {
         let headers = req.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
         let what = format!("{} {url}", req.method);
-        if let Err(r) = gate.check(headers, &what, req.peer, Instant::now()) {
+        let judged = gate().check(headers, &what, req.peer, Instant::now());
+        if let Err(r) = judged {
             let mut resp = HttpResponse::text(r.refusal.status(), r.body);
             if r.refusal.status() == 401 {
                 resp.headers
@@ -663,11 +665,11 @@ fn answer(
             (code, "text/plain", body)
         }
         ("GET" | "HEAD", "/metrics") => match node.status() {
-            Some(st) => (
-                200,
-                "text/plain; version=0.0.4",
-                metrics_text_with(&st, &gate.counts(), &http_refusals.counts()),
-            ),
+            Some(st) => {
+                let refusals = gate().counts();
+                let text = metrics_text_with(&st, &refusals, &http_refusals.counts());
+                (200, "text/plain; version=0.0.4", text)
+            }
             None => (503, "text/plain", "node stopped\n".into()),
         },
         ("GET" | "HEAD", "/status") => match node.status() {

@@ -31,6 +31,9 @@ pub(crate) const ADMIN_BODY_BYTES_MAX: u64 = 64 << 10;
 pub(crate) const ADMIN_REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// Time a response (or a busy answer) may take to write, in ms.
 const ADMIN_WRITE_TIMEOUT_MS: u64 = 5_000;
+/// Pause after a failed accept, doubling while accepts keep failing.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// After refusing a request: how long, and how many bytes, its sender's
 /// rest is read and dropped before the connection closes.
 const DRAIN_MS: u64 = 200;
@@ -79,11 +82,12 @@ pub(crate) struct HttpRefusals {
     body_too_large: AtomicU64,
     malformed: AtomicU64,
     timed_out: AtomicU64,
+    panicked: AtomicU64,
 }
 
 impl HttpRefusals {
     /// Each reason's label and count.
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 6] {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             ("busy", n(&self.busy)),
@@ -91,6 +95,7 @@ impl HttpRefusals {
             ("body_too_large", n(&self.body_too_large)),
             ("malformed", n(&self.malformed)),
             ("timed_out", n(&self.timed_out)),
+            ("handler_panicked", n(&self.panicked)),
         ]
     }
 }
@@ -121,12 +126,25 @@ impl HttpServer {
             let rx = rx.clone();
             let handler = Arc::clone(&handler);
             let refusals = Arc::clone(&refusals);
+            let stop = Arc::clone(&stop);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
                     .spawn(move || {
                         for stream in rx {
-                            serve(stream, &*handler, &refusals);
+                            // Stopping: what still waits is closed unserved.
+                            if stop.load(Ordering::Acquire) {
+                                continue;
+                            }
+                            // A handler that panics loses its request, not
+                            // the worker.
+                            let served =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    serve(stream, &*handler, &refusals)
+                                }));
+                            if served.is_err() {
+                                refusals.panicked.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     })?,
             );
@@ -136,17 +154,31 @@ impl HttpServer {
             std::thread::Builder::new()
                 .name(name.to_string())
                 .spawn(move || {
+                    let mut backoff = ACCEPT_BACKOFF_MIN;
                     for stream in listener.incoming() {
                         if accept_stop.load(Ordering::Acquire) {
                             break;
                         }
-                        let Ok(stream) = stream else { continue };
+                        let stream = match stream {
+                            Ok(s) => {
+                                backoff = ACCEPT_BACKOFF_MIN;
+                                s
+                            }
+                            Err(_) => {
+                                // Out of descriptors (EMFILE), say: they come
+                                // back as connections close, and retrying at
+                                // once would spin a core meanwhile.
+                                std::thread::sleep(backoff);
+                                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                                continue;
+                            }
+                        };
                         if let Err(e) = tx.try_send(stream) {
                             refusals.busy.fetch_add(1, Ordering::Relaxed);
                             let mut s = e.into_inner();
-                            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
                             let busy = HttpResponse::text(503, "busy: try again\n");
-                            let _ = write_response(&mut s, &busy, false);
+                            let by = Instant::now() + Duration::from_millis(100);
+                            let _ = write_response(&mut s, &busy, false, by);
                         }
                     }
                     // Dropping `tx` ends the workers once the queue drains.
@@ -188,7 +220,6 @@ enum Refused {
 
 /// Reads one request from `stream`, answers it and closes.
 fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
     let peer = stream.peer_addr().ok();
     let deadline = Instant::now() + Duration::from_millis(ADMIN_REQUEST_TIMEOUT_MS);
     let (answer, head_only, refused) = match read_request(&mut stream, deadline, peer) {
@@ -226,7 +257,8 @@ fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
             (answer, false, true)
         }
     };
-    let _ = write_response(&mut stream, &answer, head_only);
+    let write_by = Instant::now() + Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS);
+    let _ = write_response(&mut stream, &answer, head_only, write_by);
     let _ = stream.shutdown(std::net::Shutdown::Write);
     if refused {
         // Closing with unread bytes would reset the connection, and a
@@ -237,13 +269,13 @@ fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
 
 /// Reads and drops what the peer still sends, briefly and boundedly.
 fn drain(stream: &mut TcpStream) {
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(DRAIN_MS)));
+    let deadline = Instant::now() + Duration::from_millis(DRAIN_MS);
     let mut scratch = [0u8; 4096];
     let mut left = DRAIN_BYTES_MAX;
     while left > 0 {
-        match stream.read(&mut scratch) {
-            Ok(0) | Err(_) => return,
+        match read_before(stream, &mut scratch, deadline) {
             Ok(n) => left = left.saturating_sub(n),
+            Err(_) => return,
         }
     }
 }
@@ -263,7 +295,13 @@ fn read_request(
             return Err(Refused::HeadTooLarge);
         }
         let n = read_before(stream, &mut buf[got..], deadline)?;
+        // Parse only once the blank line that ends a head may be in: a
+        // head sent a byte at a time is not parsed once per byte.
+        let seen_from = got.saturating_sub(3);
         got += n;
+        if !buf[seen_from..got].windows(4).any(|w| w == b"\r\n\r\n") {
+            continue;
+        }
         let mut headers = [httparse::EMPTY_HEADER; ADMIN_HEADERS_MAX];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf[..got]) {
@@ -290,11 +328,22 @@ fn read_request(
                         "Transfer-Encoding is not taken: send Content-Length".into(),
                     ));
                 }
-                let body: u64 = match header("Content-Length") {
+                let lengths: Vec<&str> = headers
+                    .iter()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case("Content-Length"))
+                    .map(|(_, v)| v.trim())
+                    .collect();
+                let body: u64 = match lengths.first() {
                     None => 0,
-                    Some(v) => v
-                        .parse()
-                        .map_err(|_| Refused::Malformed(format!("Content-Length {v:?}")))?,
+                    Some(v) if lengths.iter().any(|o| o != v) => {
+                        return Err(Refused::Malformed(format!(
+                            "Content-Length given as {lengths:?}"
+                        )))
+                    }
+                    Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
+                        v.parse().map_err(|_| Refused::BodyTooLarge)?
+                    }
+                    Some(v) => return Err(Refused::Malformed(format!("Content-Length {v:?}"))),
                 };
                 if body > ADMIN_BODY_BYTES_MAX {
                     return Err(Refused::BodyTooLarge);
@@ -367,7 +416,14 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-fn write_response(stream: &mut TcpStream, r: &HttpResponse, head_only: bool) -> io::Result<()> {
+/// Writes `r` whole before `deadline` (a peer that reads slowly holds a
+/// worker no longer than that), or gives up.
+fn write_response(
+    stream: &mut TcpStream,
+    r: &HttpResponse,
+    head_only: bool,
+    deadline: Instant,
+) -> io::Result<()> {
     let mut out = format!("HTTP/1.1 {} {}\r\n", r.status, reason(r.status));
     for (name, value) in &r.headers {
         out.push_str(&format!("{name}: {value}\r\n"));
@@ -379,7 +435,21 @@ fn write_response(stream: &mut TcpStream, r: &HttpResponse, head_only: bool) -> 
     if !head_only {
         out.push_str(&r.body);
     }
-    stream.write_all(out.as_bytes())
+    let mut left = out.as_bytes();
+    while !left.is_empty() {
+        let time = deadline.saturating_duration_since(Instant::now());
+        if time.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(time))?;
+        match stream.write(left) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => left = &left[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -409,13 +479,14 @@ mod tests {
     /// A request, again while it is answered busy (the queue drains as
     /// the workers see their idle peers gone).
     fn common_retry(addr: SocketAddr) -> String {
-        for _ in 0..1000 {
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
             let out = exchange(addr, b"GET / HTTP/1.1\r\n\r\n");
             if !out.starts_with("HTTP/1.1 503 ") {
                 return out;
             }
         }
-        panic!("still busy after 1000 tries");
+        panic!("still busy after 30 s");
     }
 
     fn count(refusals: &HttpRefusals, reason: &str) -> u64 {
@@ -458,11 +529,15 @@ mod tests {
         assert!(exchange(s.addr(), big.as_bytes()).starts_with("HTTP/1.1 413 "));
         let small = b"POST /m HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc";
         assert!(exchange(s.addr(), small).ends_with("POST /m\n"));
+        let plus = b"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc";
+        assert!(exchange(s.addr(), plus).starts_with("HTTP/1.1 400 "));
+        let two = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd";
+        assert!(exchange(s.addr(), two).starts_with("HTTP/1.1 400 "));
         let chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
         assert!(exchange(s.addr(), chunked).starts_with("HTTP/1.1 400 "));
         assert!(exchange(s.addr(), b"\x00\x01garbage\r\n\r\n").starts_with("HTTP/1.1 400 "));
         assert_eq!(count(&refusals, "body_too_large"), 1);
-        assert_eq!(count(&refusals, "malformed"), 2);
+        assert_eq!(count(&refusals, "malformed"), 4);
     }
 
     #[test]
