@@ -56,7 +56,7 @@
 
 pub mod admin;
 mod admin_auth;
-mod admin_http;
+pub mod admin_http;
 pub mod client_admission;
 mod client_conns;
 pub mod client_dispatch;
