@@ -266,13 +266,26 @@ impl LocalProcesses {
 
     /// Waits for node `id` to exit; returns its exit code.
     pub fn wait(&mut self, id: NodeId) -> Option<i32> {
-        let c = self.nodes.get_mut(&id)?.child.take()?;
-        let mut c = c;
-        c.wait().ok().and_then(|s| s.code())
+        self.wait_status(id).and_then(|s| s.code())
+    }
+
+    /// Waits for node `id`'s daemon to exit; its whole status (a signal
+    /// that ended it, or its code), `None` if it was not running.
+    pub fn wait_status(&mut self, id: NodeId) -> Option<std::process::ExitStatus> {
+        let mut c = self.nodes.get_mut(&id)?.child.take()?;
+        c.wait().ok()
     }
 
     /// Stops every running node cleanly (SIGTERM) and waits for them.
     pub fn stop_all(&mut self) -> Vec<(NodeId, Option<i32>)> {
+        self.stop_all_statuses()
+            .into_iter()
+            .map(|(id, s)| (id, s.and_then(|s| s.code())))
+            .collect()
+    }
+
+    /// [`LocalProcesses::stop_all`], with each node's whole exit status.
+    pub fn stop_all_statuses(&mut self) -> Vec<(NodeId, Option<std::process::ExitStatus>)> {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for &id in &ids {
             self.signal(id, libc::SIGTERM);
@@ -281,7 +294,10 @@ impl LocalProcesses {
             .into_iter()
             .filter(|id| self.nodes[id].child.is_some())
             .collect();
-        running.into_iter().map(|id| (id, self.wait(id))).collect()
+        running
+            .into_iter()
+            .map(|id| (id, self.wait_status(id)))
+            .collect()
     }
 
     /// Every node's client address, in id order.

@@ -802,6 +802,31 @@ fn wait_for_links_up(c: &mut Client, nodes: usize, limit: Duration) -> bool {
 }
 
 /// `quire up`.
+/// How a daemon of `quire up` ended, for its stop line: `exit 0`, or the
+/// signal that killed it (a node someone SIGKILLed, say).
+fn how_it_ended(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => format!("exit {code}"),
+            (None, Some(sig)) => {
+                let name = match sig {
+                    libc::SIGKILL => "SIGKILL".to_string(),
+                    libc::SIGTERM => "SIGTERM".to_string(),
+                    libc::SIGABRT => "SIGABRT".to_string(),
+                    libc::SIGSEGV => "SIGSEGV".to_string(),
+                    libc::SIGHUP => "SIGHUP".to_string(),
+                    libc::SIGINT => "SIGINT".to_string(),
+                    n => format!("signal {n}"),
+                };
+                format!("killed by {name}")
+            }
+            (None, None) => "ended (no code, no signal)".into(),
+        },
+        None => "exit ?".into(),
+    }
+}
+
 fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
     clear_up_dir(&dir, force)?;
     quire::io::private::create_dir_all(&dir)
@@ -924,16 +949,15 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         say!("Ctrl-C stops the cluster cleanly.");
         daemon::wait_for_signal(&signals);
     }
-    let results = cluster.stop_all();
-    let clean = results.iter().all(|(_, code)| *code == Some(0));
+    let results = cluster.stop_all_statuses();
+    let clean = results
+        .iter()
+        .all(|(_, status)| status.is_some_and(|s| s.code() == Some(0)));
     say!(
         "stopped: {}",
         results
             .iter()
-            .map(|(id, code)| format!(
-                "node {id} exit {}",
-                code.map_or("?".into(), |c| c.to_string())
-            ))
+            .map(|(id, status)| format!("node {id} {}", how_it_ended(*status)))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -941,5 +965,27 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         Ok(())
     } else {
         Err("a node did not stop cleanly; see its quired.log".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::how_it_ended;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    #[test]
+    fn a_stop_line_names_the_code_or_the_signal() {
+        assert_eq!(how_it_ended(Some(ExitStatus::from_raw(0))), "exit 0");
+        assert_eq!(how_it_ended(Some(ExitStatus::from_raw(3 << 8))), "exit 3");
+        assert_eq!(
+            how_it_ended(Some(ExitStatus::from_raw(libc::SIGKILL))),
+            "killed by SIGKILL"
+        );
+        assert_eq!(
+            how_it_ended(Some(ExitStatus::from_raw(libc::SIGBUS))),
+            format!("killed by signal {}", libc::SIGBUS)
+        );
+        assert_eq!(how_it_ended(None), "exit ?");
     }
 }
