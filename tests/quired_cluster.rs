@@ -178,6 +178,28 @@ fn a_bad_config_exits_2_naming_the_key() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("node.id"), "{err}");
 
+    // A config (or a key or token file) that never ends is refused at a
+    // bound, not read until memory runs out.
+    let out = quired_with_config(std::path::Path::new("/dev/zero"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("longer than 1048576 bytes"), "{err}");
+    std::fs::write(dir.path().join("t"), "s3cret-token\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "[node]\nid = 1\ncluster_key_file = \"/dev/zero\"\nauth_token_file = \"t\"\n\
+         [[peers]]\nid = 2\nudp = \"10.0.0.2:7500\"\n\
+         [[disks]]\npath = \"log0\"\ngroup = 0\n",
+    )
+    .unwrap();
+    let out = quired_with_config(&cfg);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("node.cluster_key_file") && err.contains("longer than"),
+        "{err}"
+    );
+
     // Raft timers the consensus core cannot run with: its own check
     // refuses them, named by their key, and nothing panics.
     std::fs::write(dir.path().join("k"), "0123456789abcdef0123456789abcdef\n").unwrap();

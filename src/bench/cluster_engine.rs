@@ -156,7 +156,9 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
         .token_file
         .as_ref()
         .ok_or("--servers needs --token_file")?;
-    let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
+    let token =
+        crate::io::private::read_capped(token_file, crate::io::private::SECRET_FILE_BYTES_MAX)
+            .map_err(|e| format!("{}: {e}", token_file.display()))?;
     Ok(ClusterTarget {
         clients: resolve(&job.servers)?,
         admin: resolve(&job.admin)?,

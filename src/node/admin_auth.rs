@@ -109,7 +109,8 @@ pub(crate) struct Refused {
 /// Reads the admin token from `path`: trailing whitespace dropped, at
 /// least [`ADMIN_TOKEN_BYTES_MIN`] bytes left.
 pub(crate) fn read_admin_token(path: &Path) -> Result<Vec<u8>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = crate::io::private::read_capped(path, crate::io::private::SECRET_FILE_BYTES_MAX)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let token = bytes.trim_ascii_end();
     if token.len() < ADMIN_TOKEN_BYTES_MIN {
         return Err(format!(

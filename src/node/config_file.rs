@@ -125,11 +125,19 @@ pub fn load_with_cores(
         key: b.key,
         message: b.message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let cannot = |e: std::io::Error| {
         fail(Bad {
             key: String::new(),
             message: format!("cannot read it: {e}"),
         })
+    };
+    let bytes = crate::io::private::read_capped(path, crate::io::private::CONFIG_FILE_BYTES_MAX)
+        .map_err(cannot)?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        cannot(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
     })?;
     // Relative paths in the file are relative to the file, not to the
     // daemon's working directory (`/` under systemd).

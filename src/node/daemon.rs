@@ -233,7 +233,10 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         log_warn!("quired: {w}");
     }
     let id = cfg.node.id;
-    let token = match std::fs::read(&cfg.token_file) {
+    let token = match crate::io::private::read_capped(
+        &cfg.token_file,
+        crate::io::private::SECRET_FILE_BYTES_MAX,
+    ) {
         Ok(t) => t.trim_ascii_end().to_vec(),
         Err(e) => {
             eprintln!("quired: {}: {e}", cfg.token_file.display());

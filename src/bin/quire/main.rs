@@ -353,7 +353,8 @@ fn tune(what: TuneCmd) -> Result<bool, TuneError> {
 
 fn client(t: &Target) -> Result<Client, String> {
     let token =
-        std::fs::read(&t.token_file).map_err(|e| format!("{}: {e}", t.token_file.display()))?;
+        quire::io::private::read_capped(&t.token_file, quire::io::private::SECRET_FILE_BYTES_MAX)
+            .map_err(|e| format!("{}: {e}", t.token_file.display()))?;
     let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     Ok(Client::new(t.addr.clone(), token.trim_ascii_end(), id))
 }
@@ -572,7 +573,9 @@ fn member(
     token_file: &std::path::Path,
 ) -> Result<String, String> {
     use std::io::{Read, Write};
-    let token = std::fs::read(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
+    let token =
+        quire::io::private::read_capped(token_file, quire::io::private::SECRET_FILE_BYTES_MAX)
+            .map_err(|e| format!("{}: {e}", token_file.display()))?;
     let token = String::from_utf8(token.trim_ascii_end().to_vec())
         .map_err(|_| format!("{}: the admin token is not text", token_file.display()))?;
     let force = if force { "&force=1" } else { "" };

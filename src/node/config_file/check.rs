@@ -623,7 +623,7 @@ pub(super) fn read_secret(
     path: &Path,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<u8>, Bad> {
-    let bytes = std::fs::read(path)
+    let bytes = crate::io::private::read_capped(path, crate::io::private::SECRET_FILE_BYTES_MAX)
         .map_err(|e| bad(key, format!("{}: cannot read it: {e}", path.display())))?;
     let len = bytes
         .iter()
