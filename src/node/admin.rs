@@ -640,15 +640,16 @@ fn answer(
     // Held only to judge and to count: never while a change or a status
     // waits on the loops, so one slow request does not hold the others.
     let gate = || gate.lock().unwrap_or_else(|p| p.into_inner());
-    let url = req.url.as_str();
+    let head = &req.head;
+    let url = head.url.as_str();
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let peer = req.peer.map_or("an unknown peer".into(), |a| a.to_string());
     // Whatever is not a read passes the gate first, so a route added
     // later is closed unless said otherwise.
-    let reading = matches!(req.method.as_str(), "GET" | "HEAD");
+    let reading = matches!(head.method.as_str(), "GET" | "HEAD");
     if !reading {
-        let headers = req.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
-        let what = format!("{} {url}", req.method);
+        let headers = head.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        let what = format!("{} {url}", head.method);
         let judged = gate().check(headers, &what, req.peer, Instant::now());
         if let Err(r) = judged {
             let mut resp = HttpResponse::text(r.refusal.status(), r.body);
@@ -659,7 +660,7 @@ fn answer(
             return resp;
         }
     }
-    let (code, ctype, body) = match (req.method.as_str(), path) {
+    let (code, ctype, body) = match (head.method.as_str(), path) {
         ("POST", "/membership") => {
             let (code, body) = membership(node, query, &peer);
             (code, "text/plain", body)

@@ -40,15 +40,11 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 const DRAIN_MS: u64 = 200;
 const DRAIN_BYTES_MAX: usize = 256 << 10;
 
-/// One request, as the handler sees it.
+/// One request, as the handler sees it: its head (the body is dropped).
 #[derive(Debug)]
 pub(crate) struct HttpRequest {
-    /// `GET`, `HEAD`, `POST`, ...
-    pub(crate) method: String,
-    /// The request target: path and query.
-    pub(crate) url: String,
-    /// Each header's name and value (values that are not UTF-8 are lossy).
-    pub(crate) headers: Vec<(String, String)>,
+    /// Method, target and headers.
+    pub(crate) head: Head,
     /// Who sent it.
     pub(crate) peer: Option<SocketAddr>,
 }
@@ -224,7 +220,7 @@ fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
     let peer = stream.peer_addr().ok();
     let deadline = Instant::now() + Duration::from_millis(ADMIN_REQUEST_TIMEOUT_MS);
     let (answer, head_only, refused) = match read_request(&mut stream, deadline, peer) {
-        Ok(req) => (handler(&req), req.method == "HEAD", false),
+        Ok(req) => (handler(&req), req.head.method == "HEAD", false),
         Err(refused) => {
             let (counter, answer) = match refused {
                 Refused::HeadTooLarge => (
@@ -384,10 +380,9 @@ fn read_request(
 ) -> Result<HttpRequest, Refused> {
     let mut buf = vec![0u8; ADMIN_HEAD_BYTES_MAX];
     let mut got = 0;
+    // A full buffer is always parsed, and `parse_head` refuses it then: the
+    // loop never reads into an empty slice.
     let head = loop {
-        if got == buf.len() {
-            return Err(Refused::HeadTooLarge);
-        }
         let n = read_before(stream, &mut buf[got..], deadline)?;
         // Parse only once the blank line that ends a head may be in: a
         // head sent a byte at a time is not parsed once per byte.
@@ -412,12 +407,7 @@ fn read_request(
         let n = read_before(stream, &mut buf[..want], deadline)?;
         left -= n as u64;
     }
-    Ok(HttpRequest {
-        method: head.method,
-        url: head.url,
-        headers: head.headers,
-        peer,
-    })
+    Ok(HttpRequest { head, peer })
 }
 
 /// One read of at least a byte before `deadline`.
@@ -514,7 +504,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let refusals = Arc::new(HttpRefusals::default());
         let handler: Arc<Handler> = Arc::new(|r: &HttpRequest| {
-            HttpResponse::text(200, format!("{} {}\n", r.method, r.url))
+            HttpResponse::text(200, format!("{} {}\n", r.head.method, r.head.url))
         });
         let s = HttpServer::start(listener, "test-http", handler, Arc::clone(&refusals)).unwrap();
         (s, refusals)

@@ -804,7 +804,6 @@ fn wait_for_links_up(c: &mut Client, nodes: usize, limit: Duration) -> bool {
     true
 }
 
-/// `quire up`.
 /// How a daemon of `quire up` ended, for its stop line: `exit 0`, or the
 /// signal that killed it (a node someone SIGKILLed, say).
 fn how_it_ended(status: Option<std::process::ExitStatus>) -> String {
@@ -830,6 +829,7 @@ fn how_it_ended(status: Option<std::process::ExitStatus>) -> String {
     }
 }
 
+/// `quire up`.
 fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
     clear_up_dir(&dir, force)?;
     quire::io::private::create_dir_all(&dir)
