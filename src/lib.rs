@@ -25,5 +25,6 @@ pub mod serial;
 pub mod sim;
 pub mod state;
 pub mod storage;
+pub mod tls;
 pub mod transport;
 pub mod tune;

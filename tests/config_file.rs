@@ -3,6 +3,7 @@
 //! message that names the key and says what is wrong (exit code 2).
 
 use quire::node::config_file::{load, load_with_cores, ConfigError, DaemonConfig};
+use quire::tls::issue::{CertRequest, LocalCa};
 use std::path::{Path, PathBuf};
 
 /// A temp dir holding a key file and the client and admin token files,
@@ -21,6 +22,13 @@ impl Dir {
         .unwrap();
         std::fs::write(dir.path().join("client.token"), "s3cret-token\n").unwrap();
         std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-admin\n").unwrap();
+        let ca = LocalCa::generate("test CA").unwrap();
+        let cert = ca
+            .issue(&CertRequest::server("node1", &["10.0.0.1"]))
+            .unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+        std::fs::write(dir.path().join("tls.pem"), &cert.cert_pem).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &cert.key_pem).unwrap();
         Dir { dir }
     }
 
@@ -70,6 +78,10 @@ udp = "10.0.0.3:7400"
 [[disks]]
 path = "log0"
 group = 0
+
+[client]
+tls_cert_file = "tls.pem"
+tls_key_file = "tls.key"
 "#;
 
 fn minimal_with(extra: &str) -> String {
@@ -480,13 +492,13 @@ fn embedded_configs_are_checked_with_their_section() {
     );
     let (_, msg) = d.error(&minimal_with("[udp]\ngso_segments_max = 65\n"));
     assert_eq!(msg, "udp.gso_segments_max: must be in 1..=64");
-    let (_, msg) = d.error(&minimal_with("[client]\nunauthenticated_max = 0\n"));
+    let (_, msg) = d.error(&minimal_with("unauthenticated_max = 0\n"));
     assert_eq!(
         msg,
         "client.unauthenticated_max: is 0: no client could connect"
     );
     let c = d
-        .load(&minimal_with("[client]\nhello_timeout_ms = 300\n"))
+        .load(&minimal_with("hello_timeout_ms = 300\n"))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.client.hello_timeout_ms, 300);
 }
@@ -578,4 +590,96 @@ fn recycled_segments_cover_one_snapshot_unless_given() {
         .load(&minimal_with(given))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.node.wal.segments_recycled_max, 3);
+}
+
+#[test]
+fn clients_are_served_tls_unless_the_file_says_plain() {
+    let d = Dir::new();
+    let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    let tls = c.client_tls.expect("TLS by default");
+    assert_eq!(tls.cert, d.path().join("tls.pem"));
+    assert_eq!(tls.client_ca, None);
+    assert_eq!(tls.min_version, quire::tls::TlsVersion::V1_3);
+
+    let no_tls = MINIMAL.replace(
+        "tls_cert_file = \"tls.pem\"\ntls_key_file = \"tls.key\"\n",
+        "",
+    );
+    let (e, msg) = d.error(&no_tls);
+    assert_eq!(e.key, "client.tls_cert_file");
+    assert!(
+        msg.contains("unless the config says client.plain = true"),
+        "{msg}"
+    );
+    let (e, _) = d.error(&MINIMAL.replace("tls_key_file = \"tls.key\"\n", ""));
+    assert_eq!(e.key, "client.tls_key_file");
+
+    let plain = d
+        .load(&format!("{no_tls}plain = true\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(plain.client_tls.is_none());
+    let (e, msg) = d.error(&minimal_with("plain = true\n"));
+    assert_eq!(e.key, "client.plain");
+    assert!(msg.contains("client.tls_cert_file is set too"), "{msg}");
+    let (e, _) = d.error(&format!("{no_tls}plain = false\n"));
+    assert_eq!(e.key, "client.tls_cert_file");
+
+    let (e, msg) = d.error(&minimal_with("tls_min_version = \"1.1\"\n"));
+    assert_eq!(e.key, "client.tls_min_version");
+    assert!(msg.contains("must be \"1.2\" or \"1.3\""), "{msg}");
+    let v12 = d
+        .load(&minimal_with("tls_min_version = \"1.2\"\n"))
+        .unwrap();
+    assert_eq!(
+        v12.client_tls.unwrap().min_version,
+        quire::tls::TlsVersion::V1_2
+    );
+
+    let (e, msg) = d.error(&minimal_with("tls_client_crl_file = \"ca.pem\"\n"));
+    assert_eq!(e.key, "client.tls_client_crl_file");
+    assert!(msg.contains("set it too"), "{msg}");
+    let (e, msg) = d.error(&minimal_with(
+        "tls_client_ca_file = \"ca.pem\"\ntls_client_crl_file = \"ca.pem\"\n",
+    ));
+    assert_eq!(e.key, "client.tls_client_crl_file");
+    assert!(msg.contains("no revocation list in it"), "{msg}");
+    let mtls = d
+        .load(&minimal_with("tls_client_ca_file = \"ca.pem\"\n"))
+        .unwrap();
+    assert_eq!(
+        mtls.client_tls.unwrap().client_ca,
+        Some(d.path().join("ca.pem"))
+    );
+}
+
+#[test]
+fn bad_tls_files_are_refused_with_the_key_at_fault() {
+    let d = Dir::new();
+    // A file that is not a certificate, one that is missing, a key that
+    // belongs to another certificate, a CA file with no certificate.
+    let (e, msg) = d.error(&MINIMAL.replace(
+        "tls_cert_file = \"tls.pem\"",
+        "tls_cert_file = \"client.token\"",
+    ));
+    assert_eq!(e.key, "client.tls_cert_file");
+    assert!(msg.contains("no certificate in it"), "{msg}");
+    let (e, msg) = d.error(&MINIMAL.replace("\"tls.pem\"", "\"missing.pem\""));
+    assert_eq!(e.key, "client.tls_cert_file");
+    assert!(msg.contains("missing.pem"), "{msg}");
+    let ca = LocalCa::generate("another CA").unwrap();
+    let other = ca
+        .issue(&CertRequest::server("node9", &["10.0.0.9"]))
+        .unwrap();
+    std::fs::write(d.path().join("other.key"), &other.key_pem).unwrap();
+    let (e, msg) = d.error(&MINIMAL.replace("\"tls.key\"", "\"other.key\""));
+    assert_eq!(e.key, "client.tls_key_file");
+    assert!(msg.contains("does not go with"), "{msg}");
+    let (e, msg) = d.error(&MINIMAL.replace("\"tls.key\"", "\"tls.pem\""));
+    assert_eq!(e.key, "client.tls_key_file");
+    assert!(msg.contains("no private key in it"), "{msg}");
+    let (e, msg) = d.error(&minimal_with("tls_client_ca_file = \"tls.key\"\n"));
+    assert_eq!(e.key, "client.tls_client_ca_file");
+    assert!(msg.contains("no certificate in it"), "{msg}");
+    let (_, msg) = d.error(&MINIMAL.replace("\"tls.pem\"", "\"/dev/zero\""));
+    assert!(msg.contains("/dev/zero"), "{msg}");
 }

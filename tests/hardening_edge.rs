@@ -276,7 +276,8 @@ fn a_running_node_owns_its_ports_and_a_second_quired_on_its_config_exits_2() {
 fn idle_connections_never_lock_out_an_authenticated_client() {
     let dir = tempfile::tempdir().unwrap();
     // Small budgets and a short deadline, so the test floods them cheaply.
-    let cfg = "\n[client]\nhello_timeout_ms = 500\nunauthenticated_max = 8\n\
+    // Into the config's last section, [client].
+    let cfg = "hello_timeout_ms = 500\nunauthenticated_max = 8\n\
                connections_per_source_max = 4\n";
     let mut procs = prepare(dir.path(), 1, cfg);
     procs.start_all().unwrap();

@@ -181,7 +181,8 @@ fn config(dir: &Path, log: &Path, serial: &str) -> quire::node::config_file::Dae
         "[node]\nid = 1\ncluster_key_file = \"cluster.key\"\nauth_token_file = \"client.token\"\ncores = [0]\n\n\
          [[peers]]\nid = 2\nudp = \"127.0.0.1:7500\"\nserial = \"{serial}\"\n\n\
          [[peers]]\nid = 3\nudp = \"127.0.0.1:7600\"\n\n\
-         [[disks]]\npath = \"{}\"\ngroup = 0\n",
+         [[disks]]\npath = \"{}\"\ngroup = 0\n\n\
+         [client]\nplain = true\n",
         log.join("g0").display()
     );
     std::fs::write(dir.join("node.toml"), text).unwrap();

@@ -7,11 +7,14 @@
 //! policy do), and it never blocks but in [`Link::open`] (a TCP connect,
 //! bounded by its timeout). Requests are encoded into one output buffer
 //! and written together: one `write` per turn per connection, however
-//! many requests the turn queued.
+//! many requests the turn queued. Over TLS the frames go through a
+//! `tls::TlsChannel` (rustls driven by hand: the handshake runs in the
+//! same non-blocking turns as the requests behind it).
 
-use super::io_text;
 use super::retry::CallError;
-use crate::api::{ClientConfig, ClientSession, Received, Request, RequestError};
+use super::{io_failure, io_text};
+use crate::api::{ClientConfig, ClientSession, ErrorCode, Received, Request, RequestError};
+use crate::tls::{ClientTls, TlsChannel};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -28,6 +31,9 @@ pub(crate) type CallId = u64;
 /// One open connection.
 pub(crate) struct Link {
     stream: TcpStream,
+    /// The TLS session the frames go through, if the producer has TLS.
+    tls: Option<Box<TlsChannel>>,
+    addr: SocketAddr,
     session: ClientSession,
     /// Frames encoded and not yet written: `out[out_at..]`.
     out: Vec<u8>,
@@ -53,11 +59,21 @@ impl Link {
         token: &[u8],
         in_flight_max: usize,
         connect_timeout: Duration,
+        tls: Option<&ClientTls>,
     ) -> Result<Link, CallError> {
         let lost = |e: std::io::Error| CallError::Lost(format!("{addr}: {}", io_text(&e)));
         let stream = TcpStream::connect_timeout(&addr, connect_timeout).map_err(lost)?;
         let _ = stream.set_nodelay(true);
         stream.set_nonblocking(true).map_err(lost)?;
+        let tls = match tls {
+            None => None,
+            Some(t) => {
+                let conn = t.connect(addr).map_err(|e| {
+                    CallError::Fatal(ErrorCode::Unauthorized, format!("{addr}: TLS: {e}"))
+                })?;
+                Some(Box::new(TlsChannel::new(conn)))
+            }
+        };
         let mut config = ClientConfig::new(token);
         // The Hello is in flight too until its answer comes.
         config.in_flight_max = in_flight_max + 1;
@@ -67,6 +83,8 @@ impl Link {
             .map_err(|e| CallError::Lost(format!("{addr}: {e}")))?;
         Ok(Link {
             stream,
+            tls,
+            addr,
             session,
             out: frame,
             out_at: 0,
@@ -93,14 +111,27 @@ impl Link {
         Ok(())
     }
 
-    /// True while encoded bytes wait to be written.
+    /// True while encoded bytes (or TLS records) wait to be written and
+    /// can be: mid-handshake, frames wait for the keys, not for room in
+    /// the socket (asking `poll` for POLLOUT then would spin).
     pub(crate) fn wants_write(&self) -> bool {
-        self.out_at < self.out.len()
+        let frames = self.out_at < self.out.len();
+        match &self.tls {
+            None => frames,
+            Some(t) => t.wants_write() || (frames && !t.is_handshaking()),
+        }
     }
 
     /// Writes what the socket takes now, without blocking.
     pub(crate) fn write(&mut self) -> Result<(), CallError> {
-        while self.out_at < self.out.len() {
+        if let Some(tls) = &mut self.tls {
+            match tls.write_from(&mut self.stream, &self.out, &mut self.out_at) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(io_failure(self.addr, &e)),
+            }
+        }
+        while self.out_at < self.out.len() && self.tls.is_none() {
             match self.stream.write(&self.out[self.out_at..]) {
                 Ok(0) => return Err(CallError::Lost("connection closed".into())),
                 Ok(n) => self.out_at += n,
@@ -125,13 +156,27 @@ impl Link {
     ) -> Result<(), CallError> {
         let mut read = 0;
         while read < READ_BYTES_PER_TURN_MAX {
-            let n = match self.stream.read(buf) {
+            let r = match &mut self.tls {
+                None => self.stream.read(buf),
+                Some(tls) => tls.read(&mut self.stream, buf),
+            };
+            let n = match r {
                 Ok(0) => return Err(CallError::Lost("connection closed".into())),
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(CallError::Lost(io_text(&e))),
+                Err(e) => return Err(io_failure(self.addr, &e)),
             };
+            let first = self.session.stats().bytes_received == 0;
+            if first && self.tls.is_none() && crate::tls::looks_like_tls(&buf[..n]) {
+                return Err(CallError::Fatal(
+                    ErrorCode::Unauthorized,
+                    format!(
+                        "{}: the node serves TLS: give the CA that signed its certificate (--ca)",
+                        self.addr
+                    ),
+                ));
+            }
             read += n;
             self.heard = Instant::now();
             let mut at = 0;

@@ -15,14 +15,21 @@
 //! one's outcome back by its ticket, in order per group.
 //!
 //! A refusal of the connection itself (a wrong token, a protocol version
-//! the node does not speak) is permanent and the same on every node: the
-//! call returns it at once, without retrying this node or any other.
+//! the node does not speak, a TLS handshake that fails) is permanent and
+//! the same on every node: the call returns it at once, without retrying
+//! this node or any other.
+//!
+//! [`Client::with_tls`] and [`Producer::with_tls`] speak TLS to the nodes
+//! (`tls::ClientTls`: the CA to trust, and a client certificate for
+//! nodes that ask for one); without it they speak plain TCP.
 
 use crate::api::{ClientConfig, ClientSession, ErrorCode, LeaderInfo, Received, Request, Response};
 use crate::consensus::NodeId;
+use crate::tls::{looks_like_tls, tls_failure, ClientTls};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// An entry read back: index, term and the appended bytes.
@@ -89,9 +96,51 @@ fn without<'a>(why: &'a str, prefixes: &[&str]) -> &'a str {
 impl std::error::Error for ClientError {}
 
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     session: ClientSession,
     node: NodeId,
+}
+
+/// A connection's bytes: plain TCP, or TLS over it (rustls' blocking
+/// stream: the handshake runs in the first write and read).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A failed read or write of a connection as the retry policy takes it:
+/// a TLS failure (an untrusted certificate, the node refusing ours) is
+/// for good; anything else loses the connection.
+pub(crate) fn io_failure(addr: SocketAddr, e: &std::io::Error) -> CallError {
+    match tls_failure(e) {
+        Some(why) => CallError::Fatal(ErrorCode::Unauthorized, format!("{addr}: {why}")),
+        None => CallError::Lost(format!("{addr}: {}", io_text(e))),
+    }
 }
 
 /// A client of a quire cluster.
@@ -106,6 +155,7 @@ pub struct Client {
     next_seq: u64,
     /// How long one call keeps retrying before it gives up.
     pub deadline: Duration,
+    tls: Option<Arc<ClientTls>>,
 }
 
 impl Client {
@@ -121,7 +171,20 @@ impl Client {
             client_id,
             next_seq: 1,
             deadline: Duration::from_secs(10),
+            tls: None,
         }
+    }
+
+    /// The same client speaking TLS with `tls` to every node.
+    pub fn with_tls(mut self, tls: Arc<ClientTls>) -> Client {
+        self.conns.clear();
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The TLS config it speaks with, if any.
+    pub fn tls(&self) -> Option<&Arc<ClientTls>> {
+        self.tls.as_ref()
     }
 
     fn connect(&mut self, i: usize) -> Result<(), CallError> {
@@ -135,6 +198,21 @@ impl Client {
         stream
             .set_read_timeout(Some(Duration::from_secs(2)))
             .map_err(lost)?;
+        // Bounded like the reads: a node that takes our bytes slowly
+        // (or not at all) costs a call its timeout, not forever.
+        stream
+            .set_write_timeout(Some(Duration::from_secs(2)))
+            .map_err(lost)?;
+        let stream = match &self.tls {
+            None => Stream::Plain(stream),
+            Some(tls) => {
+                let conn = tls.connect(addr).map_err(|e| {
+                    CallError::Fatal(ErrorCode::Unauthorized, format!("{addr}: TLS: {e}"))
+                })?;
+                Stream::Tls(Box::new(rustls::StreamOwned::new(conn, stream)))
+            }
+        };
+        let plain = matches!(stream, Stream::Plain(_));
         let mut conn = Conn {
             stream,
             session: ClientSession::new(ClientConfig::new(&self.token)),
@@ -144,8 +222,15 @@ impl Client {
             .session
             .hello()
             .map_err(|e| CallError::Lost(format!("{e:?}")))?;
-        conn.stream.write_all(&frame).map_err(lost)?;
-        match read_answer(&mut conn)? {
+        conn.stream
+            .write_all(&frame)
+            .map_err(|e| io_failure(addr, &e))?;
+        let answer = if plain {
+            read_hello_answer_plain(&mut conn, addr)
+        } else {
+            read_answer(&mut conn, addr)
+        };
+        match answer? {
             Response::HelloOk { node } => conn.node = node,
             Response::Error { code, message, .. } => {
                 return Err(CallError::refused(code, format!("{addr}: {message}")))
@@ -165,6 +250,7 @@ impl Client {
     /// connection is dropped (and reopened on the next call).
     fn call(&mut self, i: usize, req: &Request) -> Result<Response, CallError> {
         self.connect(i)?;
+        let addr = self.addrs[i];
         let conn = self.conns.get_mut(&i).expect("just connected");
         let r = (|| {
             let (_, frame) = conn
@@ -173,8 +259,8 @@ impl Client {
                 .map_err(|e| CallError::Lost(format!("{e:?}")))?;
             conn.stream
                 .write_all(&frame)
-                .map_err(|e| CallError::Lost(e.to_string()))?;
-            read_answer(conn)
+                .map_err(|e| io_failure(addr, &e))?;
+            read_answer(conn, addr)
         })();
         if r.is_err() {
             self.conns.remove(&i);
@@ -272,6 +358,9 @@ impl Client {
             config,
             self.leaders.clone(),
         );
+        if let Some(tls) = &self.tls {
+            p = p.with_tls(Arc::clone(tls));
+        }
         p.set_next_seq(group, self.next_seq);
         self.next_seq += records.len() as u64;
         let mut indexes = vec![0u64; records.len()];
@@ -471,8 +560,8 @@ fn log_tail(group: u32, from: u64, wait_ms: u32, stale: bool) -> Request {
 
 /// Reads from the connection until the session yields an answer, with its
 /// request id.
-fn read_reply(conn: &mut Conn) -> Result<(u64, Response), CallError> {
-    let mut buf = [0u8; 64 << 10];
+fn read_reply(conn: &mut Conn, addr: SocketAddr) -> Result<(u64, Response), CallError> {
+    let mut buf = vec![0u8; 64 << 10];
     loop {
         match conn.session.poll() {
             Ok(Some(Received::Response { id, resp })) => return Ok((id, resp)),
@@ -488,21 +577,51 @@ fn read_reply(conn: &mut Conn) -> Result<(u64, Response), CallError> {
         let n = conn
             .stream
             .read(&mut buf)
-            .map_err(|e| CallError::Lost(io_text(&e)))?;
+            .map_err(|e| io_failure(addr, &e))?;
         if n == 0 {
             return Err(CallError::Lost("connection closed".into()));
         }
-        let mut at = 0;
-        while at < n {
-            let took = conn.session.push(&buf[at..n]);
-            at += took;
-            if took == 0 {
-                return Err(CallError::Lost(
-                    "the answer does not fit the session's buffer".into(),
-                ));
-            }
+        push_all(conn, &buf[..n])?;
+    }
+}
+
+/// Hands `bytes` to the connection's session, all of them.
+fn push_all(conn: &mut Conn, bytes: &[u8]) -> Result<(), CallError> {
+    let mut at = 0;
+    while at < bytes.len() {
+        let took = conn.session.push(&bytes[at..]);
+        at += took;
+        if took == 0 {
+            return Err(CallError::Lost(
+                "the answer does not fit the session's buffer".into(),
+            ));
         }
     }
+    Ok(())
+}
+
+/// The answer to a Hello sent over plain TCP: a node that serves TLS
+/// answers it with a TLS alert, which is said as such (and is for good)
+/// rather than read as a frame that never completes.
+fn read_hello_answer_plain(conn: &mut Conn, addr: SocketAddr) -> Result<Response, CallError> {
+    let mut first = [0u8; 2];
+    let mut got = 0;
+    while got < first.len() {
+        match conn.stream.read(&mut first[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_failure(addr, &e)),
+        }
+    }
+    if looks_like_tls(&first[..got]) {
+        return Err(CallError::Fatal(
+            ErrorCode::Unauthorized,
+            format!("{addr}: the node serves TLS: give the CA that signed its certificate (--ca)"),
+        ));
+    }
+    push_all(conn, &first[..got])?;
+    read_answer(conn, addr)
 }
 
 /// An I/O error as an operator reads it: a read that hit the socket's
@@ -518,6 +637,6 @@ fn io_text(e: &std::io::Error) -> String {
 }
 
 /// Reads from the connection until the session yields an answer.
-fn read_answer(conn: &mut Conn) -> Result<Response, CallError> {
-    read_reply(conn).map(|(_, resp)| resp)
+fn read_answer(conn: &mut Conn, addr: SocketAddr) -> Result<Response, CallError> {
+    read_reply(conn, addr).map(|(_, resp)| resp)
 }

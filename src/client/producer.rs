@@ -61,9 +61,11 @@ use super::ClientError;
 use crate::api::wire::ITEMS_MAX;
 use crate::api::{ErrorCode, Received, Request, RequestError, Response};
 use crate::state::dedup::WINDOW;
+use crate::tls::ClientTls;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes read from a socket at a time.
@@ -299,6 +301,7 @@ pub struct Producer {
     received: Vec<Received>,
     pollfds: Vec<libc::pollfd>,
     stats: ProducerStats,
+    tls: Option<Arc<ClientTls>>,
 }
 
 impl Producer {
@@ -314,6 +317,13 @@ impl Producer {
     ) -> Producer {
         let leaders = Leaders::new(addrs.len());
         Producer::with_leaders(addrs, token, client_id, config, leaders)
+    }
+
+    /// The same producer speaking TLS with `tls` to every node (call it
+    /// before the first send: open connections stay as they are).
+    pub fn with_tls(mut self, tls: Arc<ClientTls>) -> Producer {
+        self.tls = Some(tls);
+        self
     }
 
     /// `new`, starting from what `leaders` knows (the blocking client's).
@@ -343,6 +353,7 @@ impl Producer {
             ready: VecDeque::new(),
             pending: 0,
             unresolved: 0,
+            tls: None,
             held_bytes: 0,
             flushing: false,
             urgent: None,
@@ -761,6 +772,7 @@ impl Producer {
             &self.token,
             self.config.in_flight_max,
             timeout,
+            self.tls.as_deref(),
         ) {
             Ok(link) => {
                 self.stats.connections_opened += 1;

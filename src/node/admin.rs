@@ -424,12 +424,13 @@ fn metrics_text_with(
     );
     refused.set(s.sends_refused);
     let c = &s.clients;
-    let client_gauges: [(&str, &str, u64); 7] = [
+    let client_gauges: [(&str, &str, u64); 8] = [
         ("client_connections_accepted", "Client TCP connections accepted", c.connections_accepted),
         ("client_connections_refused", "Client connections closed at once: source address full of authenticated connections, or every authenticated slot taken at Hello", c.connections_refused),
         ("client_connections_evicted", "Unauthenticated client connections closed to make room for a newer one", c.connections_evicted),
         ("client_hello_timeouts", "Client connections closed for no Hello within client.hello_timeout_ms", c.hello_timeouts),
         ("client_auth_failures", "Client Hellos with a wrong token", c.auth_failures),
+        ("client_tls_failures", "Client connections closed for a failed TLS handshake or a corrupt TLS record", c.tls_failures),
         ("client_connections_authenticated", "Client connections authenticated now", c.authenticated),
         ("client_connections_unauthenticated", "Client connections waiting for their Hello now", c.unauthenticated),
     ];

@@ -3,8 +3,9 @@
 //! polls the node's one listening socket (`EPOLLEXCLUSIVE`: one loop is
 //! woken per connection) and serves what it accepts through an epoll set
 //! of its own, whose descriptor sits in the loop's `ppoll` beside the UDP
-//! sockets. Bytes go through the sans-IO `api::ServerSession` (so a TLS
-//! session can wrap it later); what a request asks is
+//! sockets. Bytes go through the sans-IO `api::ServerSession`, under a
+//! `tls::TlsChannel` when the node serves TLS (rustls driven by hand, on
+//! the loop's thread like the rest); what a request asks is
 //! `client_dispatch::translate`'s.
 //!
 //! An append for a group this loop owns is proposed at once with a
@@ -34,6 +35,7 @@ use super::mesh::{CoreMailbox, CoreMsg, Routing};
 use super::replica::Replica;
 use crate::api::{ErrorCode, Incoming, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
+use crate::tls::{ServerTls, TlsChannel};
 use crate::transport::GroupId;
 use crossbeam_channel::Sender;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -88,6 +90,9 @@ pub(super) struct ClientPort {
     pub(super) tails_max: usize,
     /// The status thread (bounded queue).
     pub(super) slow: Sender<SlowCall>,
+    /// The node's TLS config, which each accepted connection takes a
+    /// session of; `None`: plain TCP (`client.plain = true`).
+    pub(super) tls: Option<Arc<ServerTls>>,
 }
 
 /// What the client server tells a loop.
@@ -144,6 +149,8 @@ enum Phase {
 /// One client connection.
 struct Conn {
     stream: TcpStream,
+    /// The TLS session the bytes go through, if the node serves TLS.
+    tls: Option<Box<TlsChannel>>,
     session: ServerSession,
     id: ConnId,
     peer: Option<SocketAddr>,
@@ -168,6 +175,12 @@ struct Conn {
 impl Conn {
     fn unwritten(&self) -> usize {
         self.out.len() - self.out_at
+    }
+
+    /// Whether anything waits to go out: answers, or TLS records
+    /// (handshake, data, an alert) its session holds.
+    fn wants_write(&self) -> bool {
+        self.unwritten() > 0 || self.tls.as_ref().is_some_and(|t| t.wants_write())
     }
 
     /// Whether the loop must stop reading requests from it for now.
@@ -395,6 +408,15 @@ impl LoopClients {
             }
             let _ = stream.set_nodelay(true);
             let peer = stream.peer_addr().ok();
+            let tls = match self.port.tls.as_ref().map(|t| t.accept()) {
+                None => None,
+                Some(Ok(conn)) => Some(Box::new(TlsChannel::new(conn))),
+                Some(Err(e)) => {
+                    self.port.gate.tls_failed(peer, &e);
+                    self.port.gate.closed(id);
+                    continue;
+                }
+            };
             let slot = match self.free.pop() {
                 Some(s) => s,
                 None => {
@@ -421,6 +443,7 @@ impl LoopClients {
             self.deadlines.insert((deadline, slot, generation));
             self.conns[slot as usize] = Some(Conn {
                 stream,
+                tls,
                 session: ServerSession::new(Arc::clone(&self.port.config)),
                 id,
                 peer,
@@ -517,7 +540,28 @@ impl LoopClients {
                 break;
             }
             let want = READ_CHUNK_BYTES.min(budget);
-            match c.session.read_from(c.stream.as_fd(), want) {
+            let (got, tls_out) = match &mut c.tls {
+                None => (c.session.read_from(c.stream.as_fd(), want), false),
+                Some(tls) => {
+                    // At most the session's room, so it takes all of it
+                    // (the rest stays decrypted, or not yet, in rustls).
+                    let room = c.session.room_bytes().min(want);
+                    let got = tls.read(&mut c.stream, &mut self.scratch[..room]);
+                    if let Ok(n) = got {
+                        let took = c.session.push(&self.scratch[..n]);
+                        debug_assert_eq!(took, n);
+                    }
+                    // A handshake step, a key update or an alert to send.
+                    (got, tls.wants_write())
+                }
+            };
+            if tls_out {
+                self.mark_flush(slot);
+            }
+            let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
+                break;
+            };
+            match got {
                 Ok(0) => {
                     // The client is done sending: answer what is queued
                     // and close.
@@ -528,7 +572,17 @@ impl LoopClients {
                 Ok(n) => budget -= n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    if let Some(tls) = c
+                        .tls
+                        .as_mut()
+                        .filter(|_| e.kind() == ErrorKind::InvalidData)
+                    {
+                        // The handshake failed or a record was corrupt:
+                        // tell the peer why (its alert), once, then close.
+                        self.port.gate.tls_failed(c.peer, &e);
+                        let _ = tls.send(&mut c.stream);
+                    }
                     self.close(slot);
                     break;
                 }
@@ -602,7 +656,7 @@ impl LoopClients {
         if read {
             want |= libc::EPOLLIN as u32;
         }
-        if c.unwritten() > 0 && !c.flushing {
+        if c.wants_write() && !c.flushing {
             want |= libc::EPOLLOUT as u32;
         }
         if want != c.interest {
@@ -882,22 +936,30 @@ impl LoopClients {
                 continue;
             };
             c.flushing = false;
-            if c.unwritten() > 0 {
-                match c.stream.write(&c.out[c.out_at..]) {
-                    Ok(n) => c.out_at += n,
-                    Err(e)
-                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
-                    Err(_) => {
-                        self.close(slot);
-                        continue;
-                    }
-                }
-                if c.unwritten() == 0 {
-                    c.out.clear();
-                    c.out_at = 0;
+            if c.unwritten() == 0 && c.phase == Phase::Closing {
+                if let Some(tls) = &mut c.tls {
+                    tls.close(); // once: rustls sends one close_notify
                 }
             }
-            if c.unwritten() == 0 && c.phase == Phase::Closing {
+            let unwritten = c.unwritten();
+            let written = match &mut c.tls {
+                None if unwritten > 0 => c.stream.write(&c.out[c.out_at..]).map(|n| c.out_at += n),
+                None => Ok(()),
+                Some(tls) => tls.write_from(&mut c.stream, &c.out, &mut c.out_at),
+            };
+            match written {
+                Ok(()) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+                Err(_) => {
+                    self.close(slot);
+                    continue;
+                }
+            }
+            if c.unwritten() == 0 {
+                c.out.clear();
+                c.out_at = 0;
+            }
+            if !c.wants_write() && c.phase == Phase::Closing {
                 let _ = c.stream.shutdown(Shutdown::Write);
                 c.phase = Phase::Draining {
                     until_ms: now_ms + CLOSE_DRAIN_MS,

@@ -25,6 +25,7 @@ enum Refusal {
     BadToken,
     HelloTimeout,
     Budget,
+    Tls,
 }
 
 /// What the gate's mutex guards.
@@ -33,7 +34,7 @@ struct GateState {
     /// A handle on each unauthenticated connection's socket, to close it
     /// when the policy evicts it or its deadline passes.
     waiting: HashMap<ConnId, TcpStream>,
-    logs: [LogLimit; 3],
+    logs: [LogLimit; 4],
 }
 
 /// The admission policy applied to sockets: shared by the accept thread
@@ -55,7 +56,7 @@ impl Gate {
             state: Mutex::new(GateState {
                 admission: Admission::new(limits),
                 waiting: HashMap::new(),
-                logs: [LogLimit::new(REFUSAL_LOG_INTERVAL_MS); 3],
+                logs: [LogLimit::new(REFUSAL_LOG_INTERVAL_MS); 4],
             }),
             counters,
             node,
@@ -176,6 +177,14 @@ impl Gate {
         self.counters.add(ClientEvent::AuthFailure, 1);
         let mut st = self.lock();
         self.log(&mut st, Refusal::BadToken, peer, "wrong auth token; closed");
+    }
+
+    /// `peer`'s connection failed its TLS handshake or sent a corrupt
+    /// record (`why`, rustls' words); it is being closed.
+    pub(super) fn tls_failed(&self, peer: Option<SocketAddr>, why: &dyn std::fmt::Display) {
+        self.counters.add(ClientEvent::TlsFailure, 1);
+        let mut st = self.lock();
+        self.log(&mut st, Refusal::Tls, peer, &format!("TLS: {why}; closed"));
     }
 
     /// `id` has closed (whatever the reason): its slots are free.

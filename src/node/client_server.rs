@@ -18,6 +18,7 @@ use super::client_gate::Gate;
 use super::{ListenError, NodeHandle, ProposeError};
 use crate::api::{Response, ServerConfig};
 use crate::consensus::NodeId;
+use crate::tls::ServerTls;
 use crossbeam_channel::{bounded, Sender};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -53,17 +54,26 @@ impl ClientServer {
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
     ) -> Result<ClientServer, ListenError> {
-        Self::start_with(listen, node, token, client_addrs, ClientLimits::default())
+        Self::start_with(
+            listen,
+            node,
+            token,
+            client_addrs,
+            ClientLimits::default(),
+            None,
+        )
     }
 
     /// [`start`](Self::start) with the connection bounds of `limits`
-    /// (the config file's `[client]` section).
+    /// (the config file's `[client]` section), over TLS with `tls`
+    /// (plain TCP if `None`).
     pub fn start_with(
         listen: SocketAddr,
         node: Arc<NodeHandle>,
         token: &[u8],
         client_addrs: BTreeMap<NodeId, String>,
         limits: ClientLimits,
+        tls: Option<Arc<ServerTls>>,
     ) -> Result<ClientServer, ListenError> {
         limits.validate().map_err(ListenError::Limits)?;
         let bind_failed = |error| ListenError::Bind {
@@ -115,6 +125,7 @@ impl ClientServer {
             tails: Arc::clone(&tails),
             tails_max: TAILS_MAX,
             slow: slow.clone(),
+            tls: tls.clone(),
         };
         let served = node.serve_clients(|| port(&slow));
         drop(slow);

@@ -14,6 +14,7 @@ pub struct ClientCounters {
     connections_evicted: AtomicU64,
     hello_timeouts: AtomicU64,
     auth_failures: AtomicU64,
+    tls_failures: AtomicU64,
     authenticated: AtomicU64,
     unauthenticated: AtomicU64,
 }
@@ -33,6 +34,10 @@ pub struct ClientView {
     pub hello_timeouts: u64,
     /// Hellos with a wrong token.
     pub auth_failures: u64,
+    /// Connections closed for a failed TLS handshake or a corrupt record
+    /// (no certificate, an untrusted or expired one, a client speaking
+    /// plain TCP to a TLS port).
+    pub tls_failures: u64,
     /// Connections authenticated now.
     pub authenticated: u64,
     /// Connections waiting for their Hello now.
@@ -52,6 +57,8 @@ pub enum ClientEvent {
     HelloTimeout,
     /// A wrong token.
     AuthFailure,
+    /// A failed TLS handshake or a corrupt record.
+    TlsFailure,
 }
 
 impl ClientCounters {
@@ -63,6 +70,7 @@ impl ClientCounters {
             ClientEvent::Evicted => &self.connections_evicted,
             ClientEvent::HelloTimeout => &self.hello_timeouts,
             ClientEvent::AuthFailure => &self.auth_failures,
+            ClientEvent::TlsFailure => &self.tls_failures,
         };
         c.fetch_add(n, Ordering::Relaxed);
     }
@@ -84,6 +92,7 @@ impl ClientCounters {
             connections_evicted: get(&self.connections_evicted),
             hello_timeouts: get(&self.hello_timeouts),
             auth_failures: get(&self.auth_failures),
+            tls_failures: get(&self.tls_failures),
             authenticated: get(&self.authenticated),
             unauthenticated: get(&self.unauthenticated),
         }

@@ -58,6 +58,9 @@ pub struct DaemonConfig {
     pub admin_listen: SocketAddr,
     /// The client server's connection bounds (`[client]`).
     pub client: super::client_admission::ClientLimits,
+    /// The files clients are served TLS with (`client.tls_*`, checked
+    /// loadable); `None` where the config says `client.plain = true`.
+    pub client_tls: Option<crate::tls::ServerTlsFiles>,
     /// The file holding the clients' auth token (checked readable and not
     /// empty; the server reads it).
     pub token_file: PathBuf,
@@ -218,7 +221,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     }
     let transport = check::transport(raw.transport, peers.len())?;
     check::entries_fit(&wal, &transport, &mut warnings);
-    let client = check::client(raw.client)?;
+    let client = check::client(&raw.client)?;
     let serial_baud = check::serial(
         raw.serial,
         &peers,
@@ -231,6 +234,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     let token_file = check::resolve(dir, &raw.node.auth_token_file);
     let client_token = check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
     let admin_token_file = check::admin_token(&raw.node, dir, &client_token, &mut warnings)?;
+    let client_tls = check::client_tls(&raw.client, dir)?;
 
     let node = NodeSpec {
         id,
@@ -257,6 +261,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         client_listen,
         admin_listen,
         client,
+        client_tls,
         token_file,
         admin_token_file,
         warnings,

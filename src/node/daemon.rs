@@ -4,8 +4,10 @@
 //! port and its holder: a second daemon on the same config, or another
 //! process on a replication port, see `port_check`), starts one pinned event loop per configured core, the client server and
 //! the admin endpoint; on SIGTERM or SIGINT stops taking work, lets
-//! in-flight flushes finish and exits 0 (a SIGHUP is logged and changes
-//! nothing). A restart recovers every group from its log.
+//! in-flight flushes finish and exits 0. A SIGHUP reloads the client TLS
+//! certificate, key and client CA (new connections get them, open ones
+//! keep theirs; a file that does not load leaves the old ones in use);
+//! nothing else is re-read. A restart recovers every group from its log.
 
 use super::admin::AdminServer;
 use super::client_server::ClientServer;
@@ -13,6 +15,7 @@ use super::config_file::{self, DaemonConfig};
 use super::log::{log_info, log_warn};
 use super::port_check::{self, Claim, Proto};
 use super::NodeHandle;
+use crate::tls::ServerTls;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
@@ -48,14 +51,22 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     }
 }
 
-/// Waits for SIGTERM or SIGINT; a SIGHUP in between is logged and the
-/// node goes on (it has nothing to reload: the config is read at start).
-fn wait_for_stop(id: u64, set: &libc::sigset_t) -> &'static str {
+/// Waits for SIGTERM or SIGINT; a SIGHUP in between reloads the client
+/// TLS files (if clients are served TLS), says so, and the node goes on.
+fn wait_for_stop(id: u64, set: &libc::sigset_t, tls: Option<&ServerTls>) -> &'static str {
     loop {
         match wait_for_signal(set) {
-            "SIGHUP" => log_info!(
-                "quired: node {id}: SIGHUP: nothing to reload (the config is read once, at start: restart the node to apply a change); still running"
-            ),
+            "SIGHUP" => match tls.map(ServerTls::reload) {
+                None => log_info!(
+                    "quired: node {id}: SIGHUP: nothing to reload (clients are served plain TCP; the config is read once, at start: restart the node to apply a change); still running"
+                ),
+                Some(Ok(what)) => log_info!(
+                    "quired: node {id}: SIGHUP: client TLS reloaded: new connections get {what}; open ones keep theirs"
+                ),
+                Some(Err(e)) => log_warn!(
+                    "quired: node {id}: SIGHUP: client TLS not reloaded, the certificate in use stays: {e}"
+                ),
+            },
             sig => return sig,
         }
     }
@@ -243,6 +254,14 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let tls = match cfg.client_tls.clone().map(ServerTls::load).transpose() {
+        Ok(t) => t.map(Arc::new),
+        Err(e) => {
+            // Checked with the config a moment ago: a file changed since.
+            eprintln!("quired: node {id}: client TLS: {e}");
+            return ExitCode::from(config_file::EXIT_CODE_BAD_CONFIG as u8);
+        }
+    };
     // Before any log is opened: a second daemon on this config must not
     // touch the disks of the first.
     let claims = port_claims(&cfg);
@@ -278,6 +297,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         &token,
         BTreeMap::new(),
         cfg.client,
+        tls.clone(),
     ) {
         Ok(c) => c,
         Err(e) => return start_failed(id, &listener("node.client_listen"), e.is_config(), &e),
@@ -288,6 +308,12 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         clients.addr(),
         admin.addr()
     );
+    match &tls {
+        Some(t) => log_info!("quired: node {id}: clients: {}", t.describe()),
+        None => log_warn!(
+            "quired: node {id}: clients are served plain TCP (client.plain = true): tokens and records cross the network in clear"
+        ),
+    }
     match &cfg.admin_token_file {
         Some(f) => log_info!(
             "quired: node {id}: membership changes on the admin endpoint need the token in {} (re-read on each request)",
@@ -297,7 +323,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             "quired: node {id}: membership changes on the admin endpoint are off (no node.admin_token_file)"
         ),
     }
-    let sig = wait_for_stop(id, &signals);
+    let sig = wait_for_stop(id, &signals, tls.as_deref());
     log_info!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
     drop(clients);
     drop(admin);

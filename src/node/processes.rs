@@ -5,17 +5,26 @@
 //! between every pair of nodes (in this process), and starts
 //! `<exe> daemon --config nodeN/node.toml` for each node with its log in
 //! `nodeN/quired.log`.
+//!
+//! Clients are served plain TCP ([`LocalProcesses::prepare`]: the
+//! configs say `client.plain = true`) or TLS ([`LocalProcesses::prepare_tls`],
+//! what `quire up` runs): then it makes a CA (`ca.pem`, `ca.key`) and a
+//! certificate for each node (`nodeN/tls.pem`, `nodeN/tls.key`, valid
+//! for 127.0.0.1 and localhost).
 
 use super::free_ports;
 use crate::consensus::NodeId;
 use crate::io::private;
 use crate::serial::{End, NullModem};
+use crate::tls::issue::{CertRequest, LocalCa};
+use crate::tls::{ClientTls, ClientTlsFiles};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
 /// One node of the cluster.
 pub struct NodeProcess {
@@ -51,6 +60,9 @@ pub struct LocalProcesses {
     pub token: Vec<u8>,
     /// The admin token (`admin.token`), which `POST /membership` needs.
     pub admin_token: Vec<u8>,
+    /// What a client needs to trust the nodes (`ca.pem`), if they serve
+    /// TLS.
+    pub client_tls: Option<ClientTlsFiles>,
     /// The null-modem cable between each pair of nodes, keyed (lower id,
     /// higher id); it runs in this process, so a test can unplug it.
     cables: BTreeMap<(NodeId, NodeId), NullModem>,
@@ -94,6 +106,27 @@ impl LocalProcesses {
     /// absolute (serial devices) or relative to the config by construction
     /// (`../cluster.key`, `log0`).
     pub fn prepare(dir: &Path, n: u64, groups: u32, exe: &Path) -> Result<LocalProcesses, String> {
+        Self::prepare_with(dir, n, groups, exe, false)
+    }
+
+    /// [`prepare`](Self::prepare), with clients served TLS: a CA made
+    /// here signs each node's certificate.
+    pub fn prepare_tls(
+        dir: &Path,
+        n: u64,
+        groups: u32,
+        exe: &Path,
+    ) -> Result<LocalProcesses, String> {
+        Self::prepare_with(dir, n, groups, exe, true)
+    }
+
+    fn prepare_with(
+        dir: &Path,
+        n: u64,
+        groups: u32,
+        exe: &Path,
+        tls: bool,
+    ) -> Result<LocalProcesses, String> {
         let io = |what: &str| {
             let what = what.to_string();
             move |e: std::io::Error| format!("{what}: {e}")
@@ -105,6 +138,14 @@ impl LocalProcesses {
         private::write(&dir.join("client.token"), &token).map_err(io("client.token"))?;
         let admin_token = random_hex(24);
         private::write(&dir.join("admin.token"), &admin_token).map_err(io("admin.token"))?;
+        let ca = if tls {
+            let ca = LocalCa::generate("quire local CA")?;
+            private::write(&dir.join("ca.pem"), ca.cert_pem()).map_err(io("ca.pem"))?;
+            private::write(&dir.join("ca.key"), ca.key_pem()).map_err(io("ca.key"))?;
+            Some(ca)
+        } else {
+            None
+        };
         let ids: Vec<NodeId> = (1..=n).collect();
         let mut cables = BTreeMap::new();
         let mut ends: BTreeMap<(NodeId, NodeId), PathBuf> = BTreeMap::new();
@@ -172,6 +213,23 @@ impl LocalProcesses {
             }
             let cfg_dir = node.config.parent().expect("nodeN/node.toml");
             private::create_dir_all(cfg_dir).map_err(io("creating a node directory"))?;
+            // Last, so that a test may append keys of its own to it.
+            let _ = writeln!(t, "\n[client]");
+            match &ca {
+                None => {
+                    let _ = writeln!(t, "plain = true");
+                }
+                Some(ca) => {
+                    let name = format!("node{id}");
+                    let cert =
+                        ca.issue(&CertRequest::server(&name, &["127.0.0.1", "localhost"]))?;
+                    private::write(&cfg_dir.join("tls.pem"), &cert.cert_pem)
+                        .map_err(io("a node certificate"))?;
+                    private::write(&cfg_dir.join("tls.key"), &cert.key_pem)
+                        .map_err(io("a node key"))?;
+                    let _ = writeln!(t, "tls_cert_file = \"tls.pem\"\ntls_key_file = \"tls.key\"");
+                }
+            }
             private::write(&node.config, t).map_err(io("writing a node config"))?;
         }
         Ok(LocalProcesses {
@@ -180,8 +238,17 @@ impl LocalProcesses {
             nodes,
             token: token.into_bytes(),
             admin_token: admin_token.into_bytes(),
+            client_tls: ca.map(|_| ClientTlsFiles {
+                ca: dir.join("ca.pem"),
+                ..ClientTlsFiles::default()
+            }),
             cables,
         })
+    }
+
+    /// The TLS config a client of this cluster needs, if it serves TLS.
+    pub fn client_tls(&self) -> Result<Option<Arc<ClientTls>>, String> {
+        self.client_tls.as_ref().map(ClientTls::load).transpose()
     }
 
     /// The cable between nodes `a` and `b` (either order), to unplug and

@@ -68,6 +68,49 @@ struct Target {
     /// File holding the client token.
     #[arg(long)]
     token_file: PathBuf,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// How the CLI speaks TLS to the nodes (each flag also read from its
+/// environment variable, so a shell can set them once).
+#[derive(clap::Args, Debug, Default)]
+struct TlsArgs {
+    /// CA certificates (PEM) the nodes' certificates must chain to: speak
+    /// TLS to them (`quire up` writes DIR/ca.pem). Without it: plain TCP,
+    /// which only a node with client.plain = true serves.
+    #[arg(long, env = "QUIRE_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for nodes that ask for one
+    /// (client.tls_client_ca_file); needs --key.
+    #[arg(long, env = "QUIRE_CERT", value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, env = "QUIRE_KEY", value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// The name the nodes' certificates must carry (by default the IP
+    /// address of --addr).
+    #[arg(long, env = "QUIRE_TLS_NAME", value_name = "NAME")]
+    tls_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// The client TLS config these flags name, or `None` for plain TCP.
+    fn load(&self) -> Result<Option<std::sync::Arc<quire::tls::ClientTls>>, String> {
+        let Some(ca) = &self.ca else {
+            if self.cert.is_some() || self.tls_name.is_some() {
+                return Err("--cert, --key and --tls-name need --ca (the CA the nodes' certificates chain to)".into());
+            }
+            return Ok(None);
+        };
+        let files = quire::tls::ClientTlsFiles {
+            ca: ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            server_name: self.tls_name.clone(),
+        };
+        quire::tls::ClientTls::load(&files).map(Some)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -356,7 +399,11 @@ fn client(t: &Target) -> Result<Client, String> {
         quire::io::private::read_capped(&t.token_file, quire::io::private::SECRET_FILE_BYTES_MAX)
             .map_err(|e| format!("{}: {e}", t.token_file.display()))?;
     let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
-    Ok(Client::new(t.addr.clone(), token.trim_ascii_end(), id))
+    let c = Client::new(t.addr.clone(), token.trim_ascii_end(), id);
+    Ok(match t.tls.load()? {
+        Some(tls) => c.with_tls(tls),
+        None => c,
+    })
 }
 
 fn main() -> ExitCode {
@@ -842,7 +889,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let signals = daemon::block_stop_signals();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cluster = LocalProcesses::prepare(&dir, nodes, groups, &exe)?;
+    let mut cluster = LocalProcesses::prepare_tls(&dir, nodes, groups, &exe)?;
     // Absolute from here on (`prepare` made it so), for the printed commands.
     let dir = cluster.dir.clone();
     cluster.start_all()?;
@@ -853,6 +900,9 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     );
     let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     let mut c = Client::new(addrs.clone(), &cluster.token, id);
+    if let Some(tls) = cluster.client_tls()? {
+        c = c.with_tls(tls);
+    }
     c.deadline = Duration::from_secs(20);
     let started = Instant::now();
     let mut indexes = Vec::new();
@@ -900,19 +950,24 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     let target = Target {
         addr: addrs.clone(),
         token_file: dir.join("client.token"),
+        tls: TlsArgs {
+            ca: Some(dir.join("ca.pem")),
+            ..TlsArgs::default()
+        },
     };
     status(&target, false)?;
     // Commands that work as printed: this binary's own path (`quire` is
     // not on PATH after `cargo run`) and absolute paths.
     let quire = shell_word(&exe.to_string_lossy());
     let on = format!(
-        "--addr {} --token-file {}",
+        "--addr {} --token-file {} --ca {}",
         addrs
             .iter()
             .map(|a| a.to_string())
             .collect::<Vec<_>>()
             .join(","),
-        shell_word(&dir.join("client.token").to_string_lossy())
+        shell_word(&dir.join("client.token").to_string_lossy()),
+        shell_word(&dir.join("ca.pem").to_string_lossy())
     );
     say!();
     for n in cluster.nodes.values() {

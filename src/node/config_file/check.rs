@@ -21,6 +21,7 @@ use crate::node::config::{GroupSpec, PeerSpec};
 use crate::serial::SerialConfig;
 use crate::storage::format::BLOCK_BYTES;
 use crate::storage::WalConfig;
+use crate::tls::{ServerTlsFiles, TlsFileRole, TlsVersion};
 use crate::transport::{ClusterKey, GroupId, TransportConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -350,12 +351,81 @@ pub(super) fn timers(
 }
 
 /// `[client]`: the client server's connection bounds.
-pub(super) fn client(raw: RawClient) -> Result<ClientLimits, Bad> {
+pub(super) fn client(raw: &RawClient) -> Result<ClientLimits, Bad> {
     let mut limits = ClientLimits::default();
     set_present!(limits, raw; hello_timeout_ms, connections_max, unauthenticated_max,
         connections_per_source_max);
     limits.validate().map_err(|e| in_section("client", e))?;
     Ok(limits)
+}
+
+/// `[client]`'s TLS keys: the files a node serves TLS with, or `None`
+/// if the config says `plain = true` (plain TCP is never a default). The
+/// files are loaded here, so a bad certificate or a key that does not
+/// match it stops the daemon before it binds anything.
+pub(super) fn client_tls(raw: &RawClient, dir: &Path) -> Result<Option<ServerTlsFiles>, Bad> {
+    let tls_keys = [
+        ("tls_cert_file", raw.tls_cert_file.is_some()),
+        ("tls_key_file", raw.tls_key_file.is_some()),
+        ("tls_client_ca_file", raw.tls_client_ca_file.is_some()),
+        ("tls_client_crl_file", raw.tls_client_crl_file.is_some()),
+        ("tls_min_version", raw.tls_min_version.is_some()),
+    ];
+    if raw.plain == Some(true) {
+        if let Some((key, _)) = tls_keys.iter().find(|k| k.1) {
+            return Err(bad(
+                "client.plain",
+                format!("is true, but client.{key} is set too: keep one (clients are served either plain or over TLS)"),
+            ));
+        }
+        return Ok(None);
+    }
+    let missing = |key: &str| {
+        bad(
+            format!("client.{key}"),
+            "missing: clients are served over TLS (certificate and key files), unless the config says client.plain = true",
+        )
+    };
+    let cert = raw
+        .tls_cert_file
+        .as_ref()
+        .ok_or_else(|| missing("tls_cert_file"))?;
+    let key = raw
+        .tls_key_file
+        .as_ref()
+        .ok_or_else(|| missing("tls_key_file"))?;
+    let min_version = match raw.tls_min_version.as_deref() {
+        None => TlsVersion::default(),
+        Some(v) => TlsVersion::parse(v).ok_or_else(|| {
+            bad(
+                "client.tls_min_version",
+                format!("{v:?}: must be \"1.2\" or \"1.3\""),
+            )
+        })?,
+    };
+    if raw.tls_client_crl_file.is_some() && raw.tls_client_ca_file.is_none() {
+        return Err(bad(
+            "client.tls_client_crl_file",
+            "revokes client certificates, which only client.tls_client_ca_file asks for: set it too",
+        ));
+    }
+    let files = ServerTlsFiles {
+        cert: resolve(dir, cert),
+        key: resolve(dir, key),
+        client_ca: raw.tls_client_ca_file.as_ref().map(|p| resolve(dir, p)),
+        client_crl: raw.tls_client_crl_file.as_ref().map(|p| resolve(dir, p)),
+        min_version,
+    };
+    files.load().map_err(|(role, why)| {
+        let key = match role {
+            TlsFileRole::Cert => "client.tls_cert_file",
+            TlsFileRole::Key => "client.tls_key_file",
+            TlsFileRole::ClientCa => "client.tls_client_ca_file",
+            TlsFileRole::ClientCrl => "client.tls_client_crl_file",
+        };
+        bad(key, why)
+    })?;
+    Ok(Some(files))
 }
 
 /// `[snapshot]`: when to take one (`entries` or `bytes` of log growth,

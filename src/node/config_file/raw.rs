@@ -39,6 +39,12 @@ pub(super) struct RawClient {
     pub(super) connections_max: Option<usize>,
     pub(super) unauthenticated_max: Option<usize>,
     pub(super) connections_per_source_max: Option<usize>,
+    pub(super) plain: Option<bool>,
+    pub(super) tls_cert_file: Option<PathBuf>,
+    pub(super) tls_key_file: Option<PathBuf>,
+    pub(super) tls_client_ca_file: Option<PathBuf>,
+    pub(super) tls_client_crl_file: Option<PathBuf>,
+    pub(super) tls_min_version: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
