@@ -153,7 +153,8 @@ fn two_thousand_idle_connections_cost_no_thread_and_a_client_still_appends() {
     let dir = tempfile::tempdir().unwrap();
     let c = common::three_daemons_tuned(dir.path(), |config| {
         let mut t = std::fs::read_to_string(config).unwrap();
-        t.push_str("\n[client]\nconnections_per_source_max = 4096\n");
+        // Into the config's last section, [client].
+        t.push_str("connections_per_source_max = 4096\n");
         std::fs::write(config, t).unwrap();
     });
     common::agreed_leader(&c, Duration::from_secs(20));

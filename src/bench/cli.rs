@@ -64,6 +64,7 @@ const FLAGS: &[&str] = &[
     "time_based",
     "group_reporting",
     "embedded",
+    "tls",
     "udp_offload",
     "stonewall",
     "wait_for_previous",
@@ -86,6 +87,7 @@ job options (also job-file keys):
   --stonewall --group_reporting --percentile_list=50:99:99.9 --directory (wal)
   --wal_segment_bytes --write_lat_log=PREFIX --log_avg_msec
   --servers=H:P,.. --token_file --admin=H:P,.. --embedded --group --queue (cluster)
+  --tls --ca=FILE (cluster: TLS to the nodes; --embedded --tls makes its own CA)
   --loss=PCT (udp, root + nft) --udp_offload=0|1 --udp_mtu=1500|9000 --randseed
 See bench/README.md for every option and output key.
 ";

@@ -18,6 +18,7 @@ use super::engine::{ClusterCounters, Completion, Engine, EngineReport, FsyncBloc
 use super::options::{JobOptions, Workload};
 use crate::client::{Client, ClientError, Producer, ProducerConfig, SendError, Ticket};
 use crate::node::processes::LocalProcesses;
+use crate::tls::{ClientTls, ClientTlsFiles};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,6 +53,19 @@ pub struct ClusterTarget {
     /// The daemons' PIDs, when this process started them (embedded): for
     /// their CPU time per operation.
     pub pids: Vec<u32>,
+    /// TLS to the nodes, if they serve it.
+    pub tls: Option<Arc<ClientTls>>,
+}
+
+impl ClusterTarget {
+    /// A blocking client of the cluster as client `id`.
+    fn client(&self, id: u64) -> Client {
+        let c = Client::new(self.clients.clone(), &self.token, id);
+        match &self.tls {
+            Some(tls) => c.with_tls(Arc::clone(tls)),
+            None => c,
+        }
+    }
 }
 
 /// A local 3-node cluster started for the run; stopped when dropped.
@@ -69,6 +83,7 @@ impl EmbeddedCluster {
         directory: Option<&Path>,
         groups: u32,
         group: u32,
+        tls: bool,
     ) -> Result<EmbeddedCluster, String> {
         let own =
             std::env::current_exe().map_err(|e| format!("finding quire-bench itself: {e}"))?;
@@ -90,14 +105,18 @@ impl EmbeddedCluster {
         let dir = directory
             .map_or_else(std::env::temp_dir, Path::to_path_buf)
             .join(format!("quire-bench-cluster.{}", std::process::id()));
-        let mut processes = LocalProcesses::prepare(&dir, 3, groups, &exe)?;
+        let mut processes = if tls {
+            LocalProcesses::prepare_tls(&dir, 3, groups, &exe)?
+        } else {
+            LocalProcesses::prepare(&dir, 3, groups, &exe)?
+        };
         processes.start_all()?;
         let cluster = EmbeddedCluster {
             processes,
             exe,
             dir,
         };
-        let mut c = Client::new(cluster.target().clients, &cluster.processes.token, 1);
+        let mut c = cluster.target()?.client(1);
         c.deadline = Duration::from_secs(30);
         c.append(group, b"quire-bench warm-up").map_err(|e| {
             format!(
@@ -109,8 +128,8 @@ impl EmbeddedCluster {
     }
 
     /// How to reach it.
-    pub fn target(&self) -> ClusterTarget {
-        ClusterTarget {
+    pub fn target(&self) -> Result<ClusterTarget, String> {
+        Ok(ClusterTarget {
             clients: self.processes.client_addrs(),
             admin: self.processes.nodes.values().map(|n| n.admin).collect(),
             token: self.processes.token.clone(),
@@ -126,7 +145,8 @@ impl EmbeddedCluster {
                 .values()
                 .filter_map(|n| n.child.as_ref().map(|c| c.id()))
                 .collect(),
-        }
+            tls: self.processes.client_tls()?,
+        })
     }
 }
 
@@ -159,6 +179,13 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
     let token =
         crate::io::private::read_capped(token_file, crate::io::private::SECRET_FILE_BYTES_MAX)
             .map_err(|e| format!("{}: {e}", token_file.display()))?;
+    let tls = match &job.ca {
+        Some(ca) => Some(ClientTls::load(&ClientTlsFiles {
+            ca: ca.clone(),
+            ..ClientTlsFiles::default()
+        })?),
+        None => None,
+    };
     Ok(ClusterTarget {
         clients: resolve(&job.servers)?,
         admin: resolve(&job.admin)?,
@@ -166,6 +193,7 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
         device: None,
         note: None,
         pids: Vec::new(),
+        tls,
     })
 }
 
@@ -299,16 +327,19 @@ impl Pipelined {
         // The leader, learnt by one blocking append (under another client
         // id): an error here is not the run's, whose appends will say what
         // is wrong, counted by kind.
-        let mut c = Client::new(target.clients.clone(), &target.token, client_id ^ 1);
+        let mut c = target.client(client_id ^ 1);
         c.deadline = Duration::from_secs(2);
         let _ = c.append(job.group, b"quire-bench: the leader");
-        let producer = Producer::with_leaders(
+        let mut producer = Producer::with_leaders(
             target.clients.clone(),
             &target.token,
             client_id,
             config,
             c.known_leaders().clone(),
         );
+        if let Some(tls) = &target.tls {
+            producer = producer.with_tls(Arc::clone(tls));
+        }
         Ok(Pipelined {
             producer,
             group: job.group,
@@ -358,7 +389,7 @@ impl Threads {
             prepare_queue(job, target, client_id(0xfffe))?;
         }
         if matches!(job.rw, Workload::Read | Workload::Mixed | Workload::Tail) {
-            let mut c = Client::new(target.clients.clone(), &target.token, client_id(0xffff));
+            let mut c = target.client(client_id(0xffff));
             let records = vec![vec![0xa5u8; job.bs.max_bytes as usize]; PREFILL_RECORDS];
             let indexes = c
                 .append_all(group, &records, 32, 1)
@@ -370,7 +401,7 @@ impl Threads {
         let mut workers = Vec::new();
         for w in 0..job.iodepth as u64 {
             let (op_rx, done_tx, highest) = (op_rx.clone(), done_tx.clone(), highest.clone());
-            let mut client = Client::new(target.clients.clone(), &target.token, client_id(w));
+            let mut client = target.client(client_id(w));
             let rw = job.rw;
             let queue = job.queue.clone();
             let mut rng = ChaCha8Rng::seed_from_u64(job.seed ^ w);
@@ -446,7 +477,7 @@ const VISIBILITY_MS: u64 = 30_000;
 /// Creates `job.queue` (an existing one is reused) and, for a consume job,
 /// fills it.
 fn prepare_queue(job: &JobOptions, target: &ClusterTarget, client_id: u64) -> Result<(), String> {
-    let mut c = Client::new(target.clients.clone(), &target.token, client_id);
+    let mut c = target.client(client_id);
     match c.queue_create(job.group, &job.queue, 1000) {
         Ok(()) => {}
         Err(ClientError::Refused(_, why)) if why.contains("exists") => {}

@@ -120,6 +120,11 @@ pub struct JobOptions {
     pub token_file: Option<PathBuf>,
     /// Start a local 3-node cluster instead of using `servers`.
     pub embedded: bool,
+    /// Speak TLS to the cluster: `--embedded` makes its daemons serve it
+    /// (a CA of its own); with `servers`, `ca` names the CA to trust.
+    pub tls: bool,
+    /// The CA certificates (PEM) of `servers`' certificates (implies `tls`).
+    pub ca: Option<PathBuf>,
     /// Raft group the cluster engine writes to.
     pub group: u32,
     /// Queue name for produce/consume.
@@ -174,6 +179,8 @@ impl Default for JobOptions {
             admin: Vec::new(),
             token_file: None,
             embedded: false,
+            tls: false,
+            ca: None,
             group: 0,
             queue: "bench".into(),
             linger_us: 0,
@@ -232,6 +239,8 @@ pub const JOB_OPTION_NAMES: &[&str] = &[
     "admin",
     "token_file",
     "embedded",
+    "tls",
+    "ca",
     "group",
     "queue",
     "linger_us",
@@ -409,6 +418,11 @@ impl JobOptions {
             "admin" => self.admin = parse_list(value),
             "token_file" => self.token_file = Some(PathBuf::from(value.trim())),
             "embedded" => self.embedded = parse_bool(value)?,
+            "tls" => self.tls = parse_bool(value)?,
+            "ca" => {
+                self.ca = Some(PathBuf::from(value.trim()));
+                self.tls = true;
+            }
             "group" => self.group = bounded(value, "group", 0, u32::MAX as u64)? as u32,
             "queue" => {
                 if value.trim().is_empty() || value.len() > 200 {
@@ -468,6 +482,15 @@ impl JobOptions {
                 }
                 if !self.embedded && self.token_file.is_none() {
                     return fail("--servers needs --token_file".into());
+                }
+                if self.tls && !self.embedded && self.ca.is_none() {
+                    return fail(
+                        "--tls with --servers needs --ca (the CA the nodes' certificates chain to)"
+                            .into(),
+                    );
+                }
+                if self.embedded && self.ca.is_some() {
+                    return fail("--ca is for --servers: --embedded --tls makes its own CA".into());
                 }
             }
             (engine, rw) => {

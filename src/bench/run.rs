@@ -66,11 +66,12 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
                 first.directory.as_deref(),
                 groups,
                 first.group,
+                embedded_jobs.iter().any(|j| j.tls),
             )?)
         }
         None => None,
     };
-    let target = embedded.as_ref().map(EmbeddedCluster::target);
+    let target = embedded.as_ref().map(EmbeddedCluster::target).transpose()?;
     let mut devices: Vec<String> = Vec::new();
     for j in &cfg.jobs {
         let d = match j.ioengine {
