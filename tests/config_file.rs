@@ -683,3 +683,62 @@ fn bad_tls_files_are_refused_with_the_key_at_fault() {
     let (_, msg) = d.error(&MINIMAL.replace("\"tls.pem\"", "\"/dev/zero\""));
     assert!(msg.contains("/dev/zero"), "{msg}");
 }
+
+#[test]
+fn a_credentials_file_names_principals_and_is_checked_whole() {
+    let d = Dir::new();
+    std::fs::write(d.path().join("reader.token"), "reader-token\n").unwrap();
+    let with = |creds: &str| {
+        std::fs::write(d.path().join("credentials.toml"), creds).unwrap();
+        MINIMAL.replace(
+            "[node]\n",
+            "[node]\ncredentials_file = \"credentials.toml\"\n",
+        )
+    };
+    let good = "[[principals]]\nname = \"reader\"\ntoken_file = \"reader.token\"\n\
+                grants = [{ groups = [0], allow = [\"read\"] }]\n";
+    let c = d.load(&with(good)).unwrap_or_else(|e| panic!("{e}"));
+    let creds = &c.credentials;
+    let reader = creds.by_token(b"reader-token").expect("the reader's token");
+    assert_eq!(creds.principal(reader).unwrap().name, "reader");
+    let cluster = creds.by_token(b"s3cret-token").expect("the cluster token");
+    assert!(creds.principal(cluster).unwrap().all);
+
+    let cases = [
+        (
+            good.replace("reader.token", "client.token"),
+            "has the token of principal \"cluster\"",
+        ),
+        (
+            good.replace("\"reader\"", "\"bad name\""),
+            "name \"bad name\"",
+        ),
+        (
+            good.replace("\"read\"", "\"write\""),
+            "unknown variant `write`",
+        ),
+        (
+            good.replace("allow = [\"read\"]", "allow = []"),
+            "grants[0] allows nothing",
+        ),
+        (
+            good.replace("token_file = \"reader.token\"", "cert_common_name = \"r\""),
+            "only client.tls_client_ca_file asks for",
+        ),
+        (
+            good.replace("token_file = \"reader.token\"\n", ""),
+            "neither token_file nor cert_common_name",
+        ),
+        (format!("{good}{good}"), "named twice"),
+        ("principals = 3\n".to_string(), "principals"),
+        (
+            good.replace("reader.token", "missing.token"),
+            "missing.token",
+        ),
+    ];
+    for (text, words) in cases {
+        let (e, msg) = d.error(&with(&text));
+        assert_eq!(e.key, "node.credentials_file", "{msg}");
+        assert!(msg.contains(words), "{msg:?} does not say {words:?}");
+    }
+}

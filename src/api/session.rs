@@ -228,9 +228,10 @@ pub struct ServerConfig {
     /// Requests handed out by `poll` and not yet answered before `poll`
     /// stops handing out more (the rest wait in the buffer, then in TCP).
     pub requests_in_flight_max: usize,
-    /// BLAKE3 of the token: comparing fixed-size hashes in constant time
-    /// also hides the token's length.
-    token_hash: [u8; 32],
+    /// BLAKE3 of each token accepted, and the principal (an index the
+    /// caller gives meaning to) it authenticates: a lookup of the fixed-
+    /// size hash reveals nothing of a token's bytes or length.
+    tokens: BTreeMap<[u8; 32], u32>,
 }
 
 impl fmt::Debug for ServerConfig {
@@ -245,18 +246,28 @@ impl fmt::Debug for ServerConfig {
 }
 
 impl ServerConfig {
-    /// A config for node `node` expecting `token`, with default limits.
+    /// A config for node `node` expecting `token` (principal 0), with
+    /// default limits.
     pub fn new(node: NodeId, token: &[u8]) -> ServerConfig {
+        Self::with_tokens(node, [(*blake3::hash(token).as_bytes(), 0)])
+    }
+
+    /// A config accepting each of `tokens`, given as the BLAKE3 of the
+    /// token and the principal it authenticates.
+    pub fn with_tokens(
+        node: NodeId,
+        tokens: impl IntoIterator<Item = ([u8; 32], u32)>,
+    ) -> ServerConfig {
         ServerConfig {
             node,
             frame_bytes_max: FRAME_BYTES_MAX,
             requests_in_flight_max: REQUESTS_IN_FLIGHT_MAX,
-            token_hash: *blake3::hash(token).as_bytes(),
+            tokens: tokens.into_iter().collect(),
         }
     }
 
-    fn token_ok(&self, token: &[u8]) -> bool {
-        constant_time_eq::constant_time_eq_32(blake3::hash(token).as_bytes(), &self.token_hash)
+    fn principal_of(&self, token: &[u8]) -> Option<u32> {
+        self.tokens.get(blake3::hash(token).as_bytes()).copied()
     }
 }
 
@@ -289,6 +300,8 @@ pub struct ServerSession {
     /// The fatal error and the id of the frame that caused it (0 if unknown).
     failed: Option<(u64, ProtocolError)>,
     stats: SessionStats,
+    /// Who the connection is (see [`principal`](Self::principal)).
+    principal: Option<u32>,
 }
 
 impl ServerSession {
@@ -309,6 +322,7 @@ impl ServerSession {
             in_flight: 0,
             failed: None,
             stats: SessionStats::default(),
+            principal: None,
         }
     }
 
@@ -426,9 +440,16 @@ impl ServerSession {
                 if version != VERSION {
                     return Err(self.fail(id, ProtocolError::HelloVersion(version)));
                 }
-                if !self.config.token_ok(&token) {
-                    return Err(self.fail(id, ProtocolError::BadToken));
-                }
+                // A principal its client certificate proved needs no
+                // token; anyone else's token must be known.
+                let principal = match self.principal {
+                    Some(p) => p,
+                    None => match self.config.principal_of(&token) {
+                        Some(p) => p,
+                        None => return Err(self.fail(id, ProtocolError::BadToken)),
+                    },
+                };
+                self.principal = Some(principal);
                 self.authenticated = true;
                 self.framer
                     .set_buffer_bytes_max(self.config.frame_bytes_max);
@@ -489,6 +510,20 @@ impl ServerSession {
     /// True once a Hello with the right version and token was accepted.
     pub fn is_authenticated(&self) -> bool {
         self.authenticated
+    }
+
+    /// The principal the connection is: its token's once the Hello is
+    /// accepted, or the one [`certified`](Self::certified) named.
+    pub fn principal(&self) -> Option<u32> {
+        self.principal
+    }
+
+    /// Before the Hello: the connection's client certificate proved it is
+    /// `principal`, so its Hello needs no known token.
+    pub fn certified(&mut self, principal: u32) {
+        if !self.authenticated {
+            self.principal = Some(principal);
+        }
     }
 
     /// Requests handed out by `poll` and not yet answered.

@@ -388,13 +388,13 @@ fn every_response_round_trips_and_is_canonical() {
 #[test]
 fn error_codes_are_stable_and_displayed() {
     let wire: Vec<u16> = ErrorCode::ALL.iter().map(|c| c.to_u16()).collect();
-    assert_eq!(wire, (1..=13).collect::<Vec<u16>>());
+    assert_eq!(wire, (1..=14).collect::<Vec<u16>>());
     for c in ErrorCode::ALL {
         assert_eq!(ErrorCode::from_u16(c.to_u16()), Some(c));
         assert!(!c.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u16(0), None);
-    assert_eq!(ErrorCode::from_u16(14), None);
+    assert_eq!(ErrorCode::from_u16(15), None);
     assert_eq!(ErrorCode::NotLeader.to_string(), "not leader");
 }
 

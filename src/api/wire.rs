@@ -139,11 +139,14 @@ pub enum ErrorCode {
     /// The ledger or queue is not in a state that allows it (closed, not
     /// the writer, exists already, a forgotten produce sequence...).
     Conflict = 13,
+    /// The connection's principal may not do this (its credentials'
+    /// grants do not cover the group, queue or operation).
+    Forbidden = 14,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::NotLeader,
         ErrorCode::Fenced,
         ErrorCode::TooLarge,
@@ -157,6 +160,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NotFound,
         ErrorCode::Conflict,
+        ErrorCode::Forbidden,
     ];
 
     /// The code's stable number on the wire.
@@ -186,6 +190,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::Internal => "internal error",
             ErrorCode::NotFound => "not found",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::Forbidden => "forbidden",
         })
     }
 }

@@ -60,6 +60,12 @@ struct ReasonLabel {
     reason: String,
 }
 
+/// Labels of a per-principal metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrincipalLabel {
+    principal: String,
+}
+
 /// Labels of a per-peer metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabel {
@@ -438,6 +444,18 @@ fn metrics_text_with(
         let g = Gauge::<u64, AtomicU64>::default();
         reg.register(name, help, g.clone());
         g.set(value);
+    }
+    let denials = Family::<PrincipalLabel, Gauge<u64, AtomicU64>>::default();
+    reg.register(
+        "client_denials",
+        "Client requests refused as Forbidden, by principal (its credentials' grants do not cover them)",
+        denials.clone(),
+    );
+    for (principal, n) in &c.denials {
+        let label = PrincipalLabel {
+            principal: principal.clone(),
+        };
+        denials.get_or_create(&label).set(*n);
     }
     let admin_refusals = Family::<ReasonLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(

@@ -35,6 +35,7 @@ use super::mesh::{CoreMailbox, CoreMsg, Routing};
 use super::replica::Replica;
 use crate::api::{ErrorCode, Incoming, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
+use crate::node::credentials::{access_of, Credentials};
 use crate::tls::{ServerTls, TlsChannel};
 use crate::transport::GroupId;
 use crossbeam_channel::Sender;
@@ -93,6 +94,10 @@ pub(super) struct ClientPort {
     /// The node's TLS config, which each accepted connection takes a
     /// session of; `None`: plain TCP (`client.plain = true`).
     pub(super) tls: Option<Arc<ServerTls>>,
+    /// Who the connections are and what each may do.
+    pub(super) credentials: Arc<Credentials>,
+    /// Some principal is limited: requests are checked.
+    pub(super) limited: bool,
 }
 
 /// What the client server tells a loop.
@@ -607,6 +612,18 @@ impl LoopClients {
                 return false;
             }
             let generation = c.generation;
+            if !c.session.is_authenticated() && c.session.principal().is_none() {
+                // A client certificate that names a principal makes the
+                // connection that principal, token or not.
+                let cn = c
+                    .tls
+                    .as_ref()
+                    .and_then(|t| t.peer_certificates()?.first())
+                    .and_then(|leaf| crate::tls::subject::common_name(leaf));
+                if let Some(p) = cn.and_then(|cn| self.port.credentials.by_certificate(&cn)) {
+                    c.session.certified(p);
+                }
+            }
             match c.session.poll() {
                 Ok(Some(Incoming::Handshake { id: hello, reply })) => {
                     if self.port.gate.authenticate(c.id, c.peer) {
@@ -680,6 +697,13 @@ impl LoopClients {
         req: Request,
         parts: &mut LoopParts<'_>,
     ) {
+        if let Some(why) = self.denied(slot, generation, &req) {
+            if let Some(c) = self.live(slot, generation) {
+                c.respond(id, &why);
+            }
+            self.mark_flush(slot);
+            return;
+        }
         let routing = parts.routing;
         let call = match translate(req, |g| routing.owner.contains_key(&g)) {
             Dispatch::Call(call) => call,
@@ -894,6 +918,33 @@ impl LoopClients {
                 "the queue of the core serving group {group} is full"
             )));
         }
+    }
+
+    /// The Forbidden answer to `req` if the connection's principal may
+    /// not make it (counted and logged); `None` if it may. A node whose
+    /// principals all have every permission checks nothing.
+    fn denied(&mut self, slot: u32, generation: u32, req: &Request) -> Option<Response> {
+        if !self.port.limited {
+            return None;
+        }
+        let credentials = Arc::clone(&self.port.credentials);
+        let c = self.live(slot, generation)?;
+        let principal = credentials.principal(c.session.principal()?)?;
+        if principal.all {
+            return None;
+        }
+        let access = access_of(req)?;
+        if principal.allows(&access) {
+            return None;
+        }
+        let why = principal.denial(&access);
+        let peer = c.peer;
+        self.port.gate.denied(peer, &principal.name, &why);
+        Some(Response::Error {
+            code: ErrorCode::Forbidden,
+            message: why,
+            leader: None,
+        })
     }
 
     /// The outcome of a ticketed append of this loop's connections.

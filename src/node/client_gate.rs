@@ -26,6 +26,7 @@ enum Refusal {
     HelloTimeout,
     Budget,
     Tls,
+    Denied,
 }
 
 /// What the gate's mutex guards.
@@ -34,7 +35,7 @@ struct GateState {
     /// A handle on each unauthenticated connection's socket, to close it
     /// when the policy evicts it or its deadline passes.
     waiting: HashMap<ConnId, TcpStream>,
-    logs: [LogLimit; 4],
+    logs: [LogLimit; 5],
 }
 
 /// The admission policy applied to sockets: shared by the accept thread
@@ -56,7 +57,7 @@ impl Gate {
             state: Mutex::new(GateState {
                 admission: Admission::new(limits),
                 waiting: HashMap::new(),
-                logs: [LogLimit::new(REFUSAL_LOG_INTERVAL_MS); 4],
+                logs: [LogLimit::new(REFUSAL_LOG_INTERVAL_MS); 5],
             }),
             counters,
             node,
@@ -185,6 +186,14 @@ impl Gate {
         self.counters.add(ClientEvent::TlsFailure, 1);
         let mut st = self.lock();
         self.log(&mut st, Refusal::Tls, peer, &format!("TLS: {why}; closed"));
+    }
+
+    /// A request of `principal` on `peer`'s connection was refused
+    /// (`why`): counted per principal, logged at most once a second.
+    pub(super) fn denied(&self, peer: Option<SocketAddr>, principal: &str, why: &str) {
+        self.counters.denied(principal);
+        let mut st = self.lock();
+        self.log(&mut st, Refusal::Denied, peer, &format!("forbidden: {why}"));
     }
 
     /// `id` has closed (whatever the reason): its slots are free.

@@ -18,6 +18,7 @@ use super::client_gate::Gate;
 use super::{ListenError, NodeHandle, ProposeError};
 use crate::api::{Response, ServerConfig};
 use crate::consensus::NodeId;
+use crate::node::credentials::Credentials;
 use crate::tls::ServerTls;
 use crossbeam_channel::{bounded, Sender};
 use std::collections::BTreeMap;
@@ -57,20 +58,21 @@ impl ClientServer {
         Self::start_with(
             listen,
             node,
-            token,
+            Credentials::cluster_only(token),
             client_addrs,
             ClientLimits::default(),
             None,
         )
     }
 
-    /// [`start`](Self::start) with the connection bounds of `limits`
-    /// (the config file's `[client]` section), over TLS with `tls`
-    /// (plain TCP if `None`).
+    /// [`start`](Self::start) with the principals of `credentials` (the
+    /// cluster token's and the credentials file's), the connection bounds
+    /// of `limits` (the config file's `[client]` section), over TLS with
+    /// `tls` (plain TCP if `None`).
     pub fn start_with(
         listen: SocketAddr,
         node: Arc<NodeHandle>,
-        token: &[u8],
+        credentials: Credentials,
         client_addrs: BTreeMap<NodeId, String>,
         limits: ClientLimits,
         tls: Option<Arc<ServerTls>>,
@@ -85,7 +87,11 @@ impl ClientServer {
         let addr = listener.local_addr().map_err(bind_failed)?;
         listener.set_nonblocking(true).map_err(bind_failed)?;
         let listener = Arc::new(listener);
-        let config = Arc::new(ServerConfig::new(node.id(), token));
+        let config = Arc::new(ServerConfig::with_tokens(
+            node.id(),
+            credentials.token_hashes(),
+        ));
+        let credentials = Arc::new(credentials);
         let addrs = Arc::new(client_addrs);
         let gate = Arc::new(Gate::new(
             limits,
@@ -126,6 +132,8 @@ impl ClientServer {
             tails_max: TAILS_MAX,
             slow: slow.clone(),
             tls: tls.clone(),
+            credentials: Arc::clone(&credentials),
+            limited: credentials.any_limited(),
         };
         let served = node.serve_clients(|| port(&slow));
         drop(slow);

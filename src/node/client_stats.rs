@@ -15,12 +15,15 @@ pub struct ClientCounters {
     hello_timeouts: AtomicU64,
     auth_failures: AtomicU64,
     tls_failures: AtomicU64,
+    /// Requests refused as Forbidden, per principal (off the data path:
+    /// a denial is an error, and only limited principals are checked).
+    denials: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     authenticated: AtomicU64,
     unauthenticated: AtomicU64,
 }
 
 /// A copy of [`ClientCounters`] at one moment (in `NodeStatus`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientView {
     /// TCP connections accepted (each `connect` of a client that reached us).
     pub connections_accepted: u64,
@@ -38,6 +41,8 @@ pub struct ClientView {
     /// (no certificate, an untrusted or expired one, a client speaking
     /// plain TCP to a TLS port).
     pub tls_failures: u64,
+    /// Requests refused as Forbidden, per principal.
+    pub denials: Vec<(String, u64)>,
     /// Connections authenticated now.
     pub authenticated: u64,
     /// Connections waiting for their Hello now.
@@ -75,6 +80,22 @@ impl ClientCounters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts a request of `principal` refused as Forbidden.
+    pub fn denied(&self, principal: &str) {
+        let mut d = self.denials.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = d.get_mut(principal) {
+            *n += 1;
+        } else {
+            d.insert(principal.to_string(), 1);
+        }
+    }
+
+    /// Requests refused as Forbidden so far, per principal.
+    pub fn denials(&self) -> Vec<(String, u64)> {
+        let d = self.denials.lock().unwrap_or_else(|p| p.into_inner());
+        d.iter().map(|(k, &v)| (k.clone(), v)).collect()
+    }
+
     /// Sets the gauges of connections held now.
     pub fn set_held(&self, authenticated: usize, unauthenticated: usize) {
         self.authenticated
@@ -93,6 +114,7 @@ impl ClientCounters {
             hello_timeouts: get(&self.hello_timeouts),
             auth_failures: get(&self.auth_failures),
             tls_failures: get(&self.tls_failures),
+            denials: self.denials(),
             authenticated: get(&self.authenticated),
             unauthenticated: get(&self.unauthenticated),
         }

@@ -61,6 +61,9 @@ pub struct DaemonConfig {
     /// The files clients are served TLS with (`client.tls_*`, checked
     /// loadable); `None` where the config says `client.plain = true`.
     pub client_tls: Option<crate::tls::ServerTlsFiles>,
+    /// Who clients are and what each may do: the cluster token's
+    /// principal (every permission) and those of `node.credentials_file`.
+    pub credentials: crate::node::credentials::Credentials,
     /// The file holding the clients' auth token (checked readable and not
     /// empty; the server reads it).
     pub token_file: PathBuf,
@@ -235,6 +238,8 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     let client_token = check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
     let admin_token_file = check::admin_token(&raw.node, dir, &client_token, &mut warnings)?;
     let client_tls = check::client_tls(&raw.client, dir)?;
+    let mtls = client_tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    let credentials = check::credentials(&raw.node, dir, &client_token, mtls, &mut warnings)?;
 
     let node = NodeSpec {
         id,
@@ -262,6 +267,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         admin_listen,
         client,
         client_tls,
+        credentials,
         token_file,
         admin_token_file,
         warnings,

@@ -244,16 +244,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         log_warn!("quired: {w}");
     }
     let id = cfg.node.id;
-    let token = match crate::io::private::read_capped(
-        &cfg.token_file,
-        crate::io::private::SECRET_FILE_BYTES_MAX,
-    ) {
-        Ok(t) => t.trim_ascii_end().to_vec(),
-        Err(e) => {
-            eprintln!("quired: {}: {e}", cfg.token_file.display());
-            return ExitCode::from(2);
-        }
-    };
+    // The tokens were read with the config (`cfg.credentials`).
     let tls = match cfg.client_tls.clone().map(ServerTls::load).transpose() {
         Ok(t) => t.map(Arc::new),
         Err(e) => {
@@ -294,7 +285,7 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
     let clients = match ClientServer::start_with(
         cfg.client_listen,
         Arc::clone(&node),
-        &token,
+        cfg.credentials.clone(),
         BTreeMap::new(),
         cfg.client,
         tls.clone(),

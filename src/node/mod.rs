@@ -67,6 +67,7 @@ mod command;
 mod config;
 pub mod config_file;
 mod control;
+pub mod credentials;
 pub mod daemon;
 mod errors;
 mod event_loop;

@@ -12,6 +12,7 @@
 mod channel;
 mod files;
 pub mod issue;
+pub mod subject;
 
 pub use channel::{looks_like_tls, tls_failure, TlsChannel};
 pub use files::{ClientTls, ClientTlsFiles, ServerTls, ServerTlsFiles, TlsFileRole, TlsVersion};

@@ -65,9 +65,11 @@ struct Target {
     /// Client addresses of the cluster's nodes, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     addr: Vec<SocketAddr>,
-    /// File holding the client token.
-    #[arg(long)]
-    token_file: PathBuf,
+    /// File holding the client token (the cluster's, or a principal's of
+    /// node.credentials_file); not needed with a --cert that names a
+    /// principal.
+    #[arg(long, required_unless_present = "cert")]
+    token_file: Option<PathBuf>,
     #[command(flatten)]
     tls: TlsArgs,
 }
@@ -395,9 +397,11 @@ fn tune(what: TuneCmd) -> Result<bool, TuneError> {
 }
 
 fn client(t: &Target) -> Result<Client, String> {
-    let token =
-        quire::io::private::read_capped(&t.token_file, quire::io::private::SECRET_FILE_BYTES_MAX)
-            .map_err(|e| format!("{}: {e}", t.token_file.display()))?;
+    let token = match &t.token_file {
+        Some(f) => quire::io::private::read_capped(f, quire::io::private::SECRET_FILE_BYTES_MAX)
+            .map_err(|e| format!("{}: {e}", f.display()))?,
+        None => Vec::new(),
+    };
     let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     let c = Client::new(t.addr.clone(), token.trim_ascii_end(), id);
     Ok(match t.tls.load()? {
@@ -949,7 +953,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     }
     let target = Target {
         addr: addrs.clone(),
-        token_file: dir.join("client.token"),
+        token_file: Some(dir.join("client.token")),
         tls: TlsArgs {
             ca: Some(dir.join("ca.pem")),
             ..TlsArgs::default()

@@ -18,6 +18,7 @@ use crate::net::UdpConfig;
 use crate::node::admin_auth::ADMIN_TOKEN_BYTES_MIN;
 use crate::node::client_admission::ClientLimits;
 use crate::node::config::{GroupSpec, PeerSpec};
+use crate::node::credentials::{Credentials, Principal, RawCredentials, GRANTS_PER_PRINCIPAL_MAX};
 use crate::serial::SerialConfig;
 use crate::storage::format::BLOCK_BYTES;
 use crate::storage::WalConfig;
@@ -621,6 +622,89 @@ pub(super) fn admin_token(
         ));
     }
     Ok(Some(file))
+}
+
+/// Bytes a principal's name may have at most (it is a metric label).
+const PRINCIPAL_NAME_BYTES_MAX: usize = 64;
+
+/// `node.credentials_file`: the principals besides the cluster token's
+/// (which has every permission). Their tokens are read here, checked
+/// unique; a certificate principal needs mTLS on (`mtls`).
+pub(super) fn credentials(
+    raw: &RawNode,
+    dir: &Path,
+    client_token: &[u8],
+    mtls: bool,
+    warnings: &mut Vec<String>,
+) -> Result<Credentials, Bad> {
+    const KEY: &str = "node.credentials_file";
+    let mut creds = Credentials::cluster_only(client_token);
+    let Some(file) = &raw.credentials_file else {
+        return Ok(creds);
+    };
+    let file = resolve(dir, file);
+    let text = crate::io::private::read_capped(&file, crate::io::private::CONFIG_FILE_BYTES_MAX)
+        .map_err(|e| bad(KEY, format!("{}: cannot read it: {e}", file.display())))?;
+    let text = String::from_utf8(text)
+        .map_err(|_| bad(KEY, format!("{}: not UTF-8 text", file.display())))?;
+    let de = toml::Deserializer::parse(&text).map_err(|e| {
+        bad(
+            KEY,
+            format!("{}: not TOML: {}", file.display(), e.message()),
+        )
+    })?;
+    let parsed: RawCredentials = serde_path_to_error::deserialize(de).map_err(|e| {
+        bad(
+            KEY,
+            format!("{}: {}: {}", file.display(), e.path(), e.inner().message()),
+        )
+    })?;
+    let cred_dir = file.parent().unwrap_or(dir);
+    for (i, p) in parsed.principals.into_iter().enumerate() {
+        let at = |what: String| bad(KEY, format!("{}: principals[{i}]: {what}", file.display()));
+        let name_ok = !p.name.is_empty()
+            && p.name.len() <= PRINCIPAL_NAME_BYTES_MAX
+            && p.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !name_ok {
+            return Err(at(format!(
+                "name {:?}: 1 to {PRINCIPAL_NAME_BYTES_MAX} of A-Z a-z 0-9 . _ -",
+                p.name
+            )));
+        }
+        if p.token_file.is_none() && p.cert_common_name.is_none() {
+            return Err(at(format!(
+                "{:?} has neither token_file nor cert_common_name: nothing could be it",
+                p.name
+            )));
+        }
+        if p.cert_common_name.is_some() && !mtls {
+            return Err(at(format!(
+                "{:?} is known by a client certificate, which only client.tls_client_ca_file asks for",
+                p.name
+            )));
+        }
+        if p.grants.len() > GRANTS_PER_PRINCIPAL_MAX {
+            return Err(at(format!("more than {GRANTS_PER_PRINCIPAL_MAX} grants")));
+        }
+        if let Some(g) = p.grants.iter().position(|g| g.allow.is_empty()) {
+            return Err(at(format!("grants[{g}] allows nothing")));
+        }
+        let token = match &p.token_file {
+            Some(t) => Some(read_secret(KEY, &resolve(cred_dir, t), warnings)?),
+            None => None,
+        };
+        let principal = Principal {
+            name: p.name,
+            all: false,
+            grants: p.grants,
+        };
+        creds
+            .add(principal, token.as_deref(), p.cert_common_name.as_deref())
+            .map_err(at)?;
+    }
+    Ok(creds)
 }
 
 /// "0-1,4,6-7".

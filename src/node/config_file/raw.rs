@@ -62,6 +62,7 @@ pub(super) struct RawNode {
     pub(super) cluster_key_file: PathBuf,
     pub(super) auth_token_file: PathBuf,
     pub(super) admin_token_file: Option<PathBuf>,
+    pub(super) credentials_file: Option<PathBuf>,
     pub(super) cores: Option<Vec<usize>>,
     pub(super) client_listen: Option<String>,
     pub(super) admin_listen: Option<String>,
