@@ -49,15 +49,10 @@ fn node(dir: &Path, client_ca: &LocalCa) -> LocalProcesses {
     std::fs::write(dir.join("credentials.toml"), CREDENTIALS).unwrap();
     std::fs::write(dir.join("reader.token"), "reader-secret-token\n").unwrap();
     std::fs::write(dir.join("orders.token"), "orders-secret-token\n").unwrap();
+    // `prepare_tls` names credentials.toml in the config already.
     let cfg = procs.nodes[&1].config.clone();
-    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
-        "[node]\n",
-        &format!(
-            "[node]\ncredentials_file = {:?}\n",
-            dir.join("credentials.toml")
-        ),
-        1,
-    );
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("credentials_file = \"../credentials.toml\""));
     let mut f = std::fs::File::create(&cfg).unwrap();
     writeln!(f, "{text}tls_client_ca_file = {ca_file:?}").unwrap();
     drop(f);

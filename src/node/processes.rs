@@ -94,6 +94,16 @@ fn random_hex(bytes: usize) -> String {
     s
 }
 
+/// The credentials file `prepare_tls` writes: one read-only principal,
+/// `reader`, whose token is `reader.token`.
+pub const READER_CREDENTIALS: &str =
+    "# Written by `quire up`: principals besides the cluster token's (client.token).
+[[principals]]
+name = \"reader\"
+token_file = \"reader.token\"
+grants = [{ allow = [\"read\"] }]
+";
+
 impl LocalProcesses {
     /// Writes the key, tokens, configs and cables for `n` nodes of `groups`
     /// groups each under `dir` (created if missing); starts nothing yet.
@@ -110,7 +120,9 @@ impl LocalProcesses {
     }
 
     /// [`prepare`](Self::prepare), with clients served TLS: a CA made
-    /// here signs each node's certificate.
+    /// here signs each node's certificate (`ca.pem`, `ca.key`,
+    /// `nodeN/tls.pem`), and `credentials.toml` names a read-only
+    /// principal, `reader` (`reader.token`), beside the cluster token's.
     pub fn prepare_tls(
         dir: &Path,
         n: u64,
@@ -139,6 +151,12 @@ impl LocalProcesses {
         let admin_token = random_hex(24);
         private::write(&dir.join("admin.token"), &admin_token).map_err(io("admin.token"))?;
         let ca = if tls {
+            // A second, read-only principal beside the cluster token's,
+            // to show (and test) a credential that may not write.
+            private::write(&dir.join("reader.token"), random_hex(24))
+                .map_err(io("reader.token"))?;
+            private::write(&dir.join("credentials.toml"), READER_CREDENTIALS)
+                .map_err(io("credentials.toml"))?;
             let ca = LocalCa::generate("quire local CA")?;
             private::write(&dir.join("ca.pem"), ca.cert_pem()).map_err(io("ca.pem"))?;
             private::write(&dir.join("ca.key"), ca.key_pem()).map_err(io("ca.key"))?;
@@ -193,6 +211,9 @@ impl LocalProcesses {
             let _ = writeln!(t, "cluster_key_file = \"../cluster.key\"");
             let _ = writeln!(t, "auth_token_file = \"../client.token\"");
             let _ = writeln!(t, "admin_token_file = \"../admin.token\"");
+            if ca.is_some() {
+                let _ = writeln!(t, "credentials_file = \"../credentials.toml\"");
+            }
             let _ = writeln!(t, "cores = [{}]", (id as usize - 1) % cores);
             let _ = writeln!(t, "client_listen = \"{}\"", node.client);
             let _ = writeln!(t, "admin_listen = \"{}\"", node.admin);

@@ -880,6 +880,33 @@ fn how_it_ended(status: Option<std::process::ExitStatus>) -> String {
     }
 }
 
+/// The read-only principal `quire up` makes (`reader`, credentials.toml):
+/// it reads record `first` of group 0, and its append is refused.
+fn reader_demo(cluster: &LocalProcesses, first: u64) -> Result<(), String> {
+    let token = std::fs::read(cluster.dir.join("reader.token"))
+        .map_err(|e| format!("reader.token: {e}"))?;
+    let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
+    let mut reader = Client::new(cluster.client_addrs(), token.trim_ascii_end(), id);
+    if let Some(tls) = cluster.client_tls()? {
+        reader = reader.with_tls(tls);
+    }
+    reader.deadline = Duration::from_secs(20);
+    let read = reader
+        .read(0, first, 1)
+        .map_err(|e| format!("reading as \"reader\": {e}"))?;
+    match reader.append(0, b"not allowed") {
+        Err(quire::client::ClientError::Refused(quire::api::ErrorCode::Forbidden, message)) => {
+            say!(
+                "principal \"reader\" read {} record(s); its append was refused: {message}",
+                read.len()
+            );
+            Ok(())
+        }
+        Ok(index) => Err(format!("the read-only principal appended at index {index}")),
+        Err(e) => Err(format!("appending as \"reader\": {e}")),
+    }
+}
+
 /// `quire up`.
 fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
     clear_up_dir(&dir, force)?;
@@ -948,6 +975,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
     }
     say!("read back identical from {} nodes", copies.len());
     ledger_and_queue_demo(&mut c)?;
+    reader_demo(&cluster, first)?;
     if !wait_for_links_up(&mut c, addrs.len(), Duration::from_secs(10)) {
         say!("not every link came up within 10 s (see the ALARM lines)");
     }
@@ -983,6 +1011,13 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         );
     }
     say!("try: {quire} status {on}");
+    say!(
+        "     {quire} read {} --from {first}   (the read-only principal \"reader\": credentials.toml)",
+        on.replace(
+            &shell_word(&dir.join("client.token").to_string_lossy()),
+            &shell_word(&dir.join("reader.token").to_string_lossy())
+        )
+    );
     say!("     {quire} append {on} 'my record'");
     say!("     {quire} ledger list {on}");
     say!("     {quire} queue create {on} jobs");
