@@ -703,6 +703,12 @@ fn a_credentials_file_names_principals_and_is_checked_whole() {
     assert_eq!(creds.principal(reader).unwrap().name, "reader");
     let cluster = creds.by_token(b"s3cret-token").expect("the cluster token");
     assert!(creds.principal(cluster).unwrap().all);
+    let metered = format!("{good}quota_bytes_per_s = 1048576\n");
+    let c = d.load(&with(&metered)).unwrap_or_else(|e| panic!("{e}"));
+    let reader = c.credentials.by_token(b"reader-token").unwrap();
+    let quota = c.credentials.principal(reader).unwrap().quota;
+    assert_eq!(quota.bytes_per_s, Some(1 << 20));
+    assert_eq!(quota.requests_per_s, None);
 
     let cases = [
         (
@@ -730,6 +736,14 @@ fn a_credentials_file_names_principals_and_is_checked_whole() {
             "neither token_file nor cert_common_name",
         ),
         (format!("{good}{good}"), "named twice"),
+        (
+            format!("{good}quota_bytes_per_s = 0\n"),
+            "quota_bytes_per_s = 0 would stop every write",
+        ),
+        (
+            format!("{good}quota_requests_per_s = -1\n"),
+            "quota_requests_per_s",
+        ),
         ("principals = 3\n".to_string(), "principals"),
         (
             good.replace("reader.token", "missing.token"),

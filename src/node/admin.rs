@@ -11,6 +11,7 @@ use super::admin_http::{Handler, HttpRefusals, HttpRequest, HttpResponse, HttpSe
 use super::log::log_info;
 use super::{ListenError, NodeHandle, NodeStatus};
 use crate::consensus::Role;
+use crate::node::quota::QuotaView;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -59,6 +60,9 @@ struct LinkLabel {
 struct ReasonLabel {
     reason: String,
 }
+
+/// A per-principal quota metric: its name, help and value.
+type QuotaMetric = (&'static str, &'static str, fn(&QuotaView) -> u64);
 
 /// Labels of a per-principal metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -457,6 +461,48 @@ fn metrics_text_with(
         };
         denials.get_or_create(&label).set(*n);
     }
+    let quota_metrics: [QuotaMetric; 6] = [
+        (
+            "client_quota_bytes_per_second",
+            "A principal's quota of write bytes per second (node.credentials_file)",
+            |q| q.quota.bytes_per_s.unwrap_or(0),
+        ),
+        (
+            "client_quota_requests_per_second",
+            "A principal's quota of write requests per second (node.credentials_file)",
+            |q| q.quota.requests_per_s.unwrap_or(0),
+        ),
+        (
+            "client_quota_charged_bytes",
+            "Bytes of writes charged to a principal's quota",
+            |q| q.bytes,
+        ),
+        (
+            "client_quota_charged_requests",
+            "Write requests charged to a principal's quota",
+            |q| q.requests,
+        ),
+        (
+            "client_quota_holds",
+            "Times a connection of a principal was held (not read) for its quota",
+            |q| q.holds,
+        ),
+        (
+            "client_quota_held_ms",
+            "Milliseconds connections of a principal were held for its quota, summed",
+            |q| q.held_ms,
+        ),
+    ];
+    for (name, help, value) in quota_metrics {
+        let family = Family::<PrincipalLabel, Gauge<u64, AtomicU64>>::default();
+        reg.register(name, help, family.clone());
+        for q in &c.quotas {
+            let label = PrincipalLabel {
+                principal: q.principal.clone(),
+            };
+            family.get_or_create(&label).set(value(q));
+        }
+    }
     let admin_refusals = Family::<ReasonLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
         "admin_refusals",
@@ -542,6 +588,15 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "disk_stalled": p.disk_stalled,
         })).collect::<Vec<_>>(),
         "transitions": s.transitions,
+        "quotas": s.clients.quotas.iter().map(|q| serde_json::json!({
+            "principal": q.principal,
+            "bytes_per_s": q.quota.bytes_per_s,
+            "requests_per_s": q.quota.requests_per_s,
+            "charged_bytes": q.bytes,
+            "charged_requests": q.requests,
+            "holds": q.holds,
+            "held_ms": q.held_ms,
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -36,6 +36,7 @@ use super::replica::Replica;
 use crate::api::{ErrorCode, Incoming, Request, Response, ServerConfig, ServerSession};
 use crate::consensus::NodeId;
 use crate::node::credentials::{access_of, Credentials};
+use crate::node::quota::Quotas;
 use crate::tls::{ServerTls, TlsChannel};
 use crate::transport::GroupId;
 use crossbeam_channel::Sender;
@@ -98,6 +99,8 @@ pub(super) struct ClientPort {
     pub(super) credentials: Arc<Credentials>,
     /// Some principal is limited: requests are checked.
     pub(super) limited: bool,
+    /// The principals' write quotas, if some principal has one.
+    pub(super) quotas: Option<Arc<Quotas>>,
 }
 
 /// What the client server tells a loop.
@@ -175,6 +178,10 @@ struct Conn {
     dirty: bool,
     /// In the loop's `to_flush` list.
     flushing: bool,
+    /// Over its principal's quota: not read from, nor its buffered
+    /// requests served, until this time (node ms; in the loop's
+    /// `deadlines` too).
+    held_until_ms: Option<u64>,
 }
 
 impl Conn {
@@ -192,7 +199,8 @@ impl Conn {
     fn blocked(&self, requests_in_flight_max: usize) -> bool {
         // No room: a whole frame waits (read straight into the session's
         // buffer, only what it can take).
-        self.session.room_bytes() == 0
+        self.held_until_ms.is_some()
+            || self.session.room_bytes() == 0
             || self.unwritten() >= CONN_OUT_BYTES_MAX
             || self.session.in_flight() >= requests_in_flight_max
             || self.calls_in_flight >= CONN_CALLS_IN_FLIGHT_MAX
@@ -462,6 +470,7 @@ impl LoopClients {
                 phase: Phase::Open,
                 dirty: false,
                 flushing: false,
+                held_until_ms: None,
             });
         }
     }
@@ -499,6 +508,11 @@ impl LoopClients {
                     self.mark_dirty(slot);
                 }
                 Phase::Draining { .. } => self.close(slot),
+                Phase::Open if c.held_until_ms.is_some_and(|t| t <= at) => {
+                    // Its quota allows again: serve what it sent, read on.
+                    c.held_until_ms = None;
+                    self.mark_dirty(slot);
+                }
                 _ => {}
             }
         }
@@ -605,7 +619,8 @@ impl LoopClients {
             let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
                 return true;
             };
-            if c.session.in_flight() >= in_flight_max
+            if c.held_until_ms.is_some()
+                || c.session.in_flight() >= in_flight_max
                 || c.unwritten() >= CONN_OUT_BYTES_MAX
                 || c.calls_in_flight >= CONN_CALLS_IN_FLIGHT_MAX
             {
@@ -704,6 +719,7 @@ impl LoopClients {
             self.mark_flush(slot);
             return;
         }
+        self.charge(slot, generation, &req, parts.now_ms);
         let routing = parts.routing;
         let call = match translate(req, |g| routing.owner.contains_key(&g)) {
             Dispatch::Call(call) => call,
@@ -945,6 +961,28 @@ impl LoopClients {
             message: why,
             leader: None,
         })
+    }
+
+    /// Charges `req` to the quota of the connection's principal; over
+    /// it, the connection is held (not read) until the quota allows
+    /// again. The request itself is served: a quota delays, it never
+    /// refuses.
+    fn charge(&mut self, slot: u32, generation: u32, req: &Request, now_ms: u64) {
+        let Some(quotas) = self.port.quotas.as_ref().map(Arc::clone) else {
+            return;
+        };
+        let Some(c) = self.live(slot, generation) else {
+            return;
+        };
+        let Some(principal) = c.session.principal() else {
+            return;
+        };
+        let now_ns = now_ms.saturating_mul(1_000_000);
+        if let Some(until_ns) = quotas.charge(principal, req, now_ns) {
+            let until_ms = until_ns.div_ceil(1_000_000);
+            c.held_until_ms = Some(until_ms);
+            self.deadlines.insert((until_ms, slot, generation));
+        }
     }
 
     /// The outcome of a ticketed append of this loop's connections.

@@ -19,6 +19,7 @@ use super::{ListenError, NodeHandle, ProposeError};
 use crate::api::{Response, ServerConfig};
 use crate::consensus::NodeId;
 use crate::node::credentials::Credentials;
+use crate::node::quota::Quotas;
 use crate::tls::ServerTls;
 use crossbeam_channel::{bounded, Sender};
 use std::collections::BTreeMap;
@@ -91,6 +92,8 @@ impl ClientServer {
             node.id(),
             credentials.token_hashes(),
         ));
+        let quotas = Arc::new(Quotas::new(&credentials));
+        node.client_counters().set_quotas(Arc::clone(&quotas));
         let credentials = Arc::new(credentials);
         let addrs = Arc::new(client_addrs);
         let gate = Arc::new(Gate::new(
@@ -134,6 +137,7 @@ impl ClientServer {
             tls: tls.clone(),
             credentials: Arc::clone(&credentials),
             limited: credentials.any_limited(),
+            quotas: quotas.any().then(|| Arc::clone(&quotas)),
         };
         let served = node.serve_clients(|| port(&slow));
         drop(slow);

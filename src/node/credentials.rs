@@ -41,6 +41,10 @@ pub enum Permission {
     Create,
     /// Deleting a ledger or queue.
     Delete,
+    /// The admin endpoint's mutating routes (`POST /membership`), with
+    /// the principal's token as `Authorization: Bearer` or its client
+    /// certificate over HTTPS; no client request needs it.
+    Admin,
 }
 
 impl Permission {
@@ -52,6 +56,7 @@ impl Permission {
             Permission::Consume => "consume",
             Permission::Create => "create",
             Permission::Delete => "delete",
+            Permission::Admin => "admin",
         }
     }
 }
@@ -149,6 +154,8 @@ pub struct Principal {
     pub all: bool,
     /// Its grants (unused if `all`).
     pub grants: Vec<Grant>,
+    /// Its write quotas (`node::quota`).
+    pub quota: crate::node::quota::Quota,
 }
 
 impl Principal {
@@ -203,6 +210,10 @@ pub struct RawPrincipal {
     /// Its grants.
     #[serde(default)]
     pub grants: Vec<Grant>,
+    /// Bytes of writes per second it may make, at most.
+    pub quota_bytes_per_s: Option<u64>,
+    /// Write requests per second it may make, at most.
+    pub quota_requests_per_s: Option<u64>,
 }
 
 /// The credentials file as serde sees it.
@@ -223,6 +234,7 @@ impl Credentials {
                 name: CLUSTER_PRINCIPAL.into(),
                 all: true,
                 grants: Vec::new(),
+                quota: Default::default(),
             },
             Some(token),
             None,
@@ -289,6 +301,25 @@ impl Credentials {
         self.principals.get(id as usize)
     }
 
+    /// The principal with the admin permission that `token` (an admin
+    /// endpoint's bearer token) or a client certificate's common name
+    /// `cert_cn` authenticates; the cluster principal does not count (its
+    /// token is the clients', not an admin's).
+    pub fn admin(&self, token: Option<&[u8]>, cert_cn: Option<&str>) -> Option<&Principal> {
+        let by_token = token.and_then(|t| self.by_token(t));
+        let by_cert = cert_cn.and_then(|cn| self.by_certificate(cn));
+        [by_token, by_cert]
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.principal(id))
+            .find(|p| {
+                !p.all
+                    && p.grants
+                        .iter()
+                        .any(|g| g.allow.contains(&Permission::Admin))
+            })
+    }
+
     /// Whether some principal is limited (else no request is checked).
     pub fn any_limited(&self) -> bool {
         self.principals.iter().any(|p| !p.all)
@@ -325,6 +356,7 @@ mod tests {
                 grant(Some(vec![0]), None, &[Read]),
                 grant(None, Some("orders-"), &[Append, Consume]),
             ],
+            quota: Default::default(),
         };
         assert!(p.allows(&access(Read, 0, None)));
         assert!(p.allows(&access(Read, 0, Some("x"))));
@@ -376,6 +408,7 @@ mod tests {
             name: n.into(),
             all: false,
             grants: Vec::new(),
+            quota: Default::default(),
         };
         assert_eq!(c.add(p("a"), Some(b"t1"), Some("cn-a")), Ok(1));
         assert!(c

@@ -79,6 +79,7 @@ pub(crate) mod log;
 mod mesh;
 pub mod port_check;
 pub mod processes;
+pub mod quota;
 pub(crate) mod replica;
 mod stall;
 mod status;

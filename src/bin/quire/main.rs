@@ -746,6 +746,23 @@ fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
             peer_status(&l["peer"])
         );
     }
+    let quotas = v["quotas"].as_array().into_iter().flatten();
+    for (i, q) in quotas.enumerate() {
+        if i == 0 {
+            say!("  principal         quota bytes/s  quota req/s  charged bytes  requests  holds  held");
+        }
+        let n = |k: &str| q[k].as_u64().map_or("-".into(), |x| x.to_string());
+        say!(
+            "  {:<16}  {:>13}  {:>11}  {:>13}  {:>8}  {:>5}  {} ms",
+            q["principal"].as_str().unwrap_or("?"),
+            n("bytes_per_s"),
+            n("requests_per_s"),
+            n("charged_bytes"),
+            n("charged_requests"),
+            n("holds"),
+            n("held_ms")
+        );
+    }
 }
 
 /// The ledger and queue half of `quire up`'s demonstration: a ledger

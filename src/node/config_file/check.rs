@@ -695,10 +695,24 @@ pub(super) fn credentials(
             Some(t) => Some(read_secret(KEY, &resolve(cred_dir, t), warnings)?),
             None => None,
         };
+        for (key, rate) in [
+            ("quota_bytes_per_s", p.quota_bytes_per_s),
+            ("quota_requests_per_s", p.quota_requests_per_s),
+        ] {
+            if rate == Some(0) {
+                return Err(at(format!(
+                    "{key} = 0 would stop every write; leave it out for no quota, or take \"append\" from its grants"
+                )));
+            }
+        }
         let principal = Principal {
             name: p.name,
             all: false,
             grants: p.grants,
+            quota: crate::node::quota::Quota {
+                bytes_per_s: p.quota_bytes_per_s,
+                requests_per_s: p.quota_requests_per_s,
+            },
         };
         creds
             .add(principal, token.as_deref(), p.cert_common_name.as_deref())
