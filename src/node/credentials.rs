@@ -41,10 +41,6 @@ pub enum Permission {
     Create,
     /// Deleting a ledger or queue.
     Delete,
-    /// The admin endpoint's mutating routes (`POST /membership`), with
-    /// the principal's token as `Authorization: Bearer` or its client
-    /// certificate over HTTPS; no client request needs it.
-    Admin,
 }
 
 impl Permission {
@@ -56,7 +52,6 @@ impl Permission {
             Permission::Consume => "consume",
             Permission::Create => "create",
             Permission::Delete => "delete",
-            Permission::Admin => "admin",
         }
     }
 }
@@ -299,25 +294,6 @@ impl Credentials {
     /// The principal `id`.
     pub fn principal(&self, id: PrincipalId) -> Option<&Principal> {
         self.principals.get(id as usize)
-    }
-
-    /// The principal with the admin permission that `token` (an admin
-    /// endpoint's bearer token) or a client certificate's common name
-    /// `cert_cn` authenticates; the cluster principal does not count (its
-    /// token is the clients', not an admin's).
-    pub fn admin(&self, token: Option<&[u8]>, cert_cn: Option<&str>) -> Option<&Principal> {
-        let by_token = token.and_then(|t| self.by_token(t));
-        let by_cert = cert_cn.and_then(|cn| self.by_certificate(cn));
-        [by_token, by_cert]
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.principal(id))
-            .find(|p| {
-                !p.all
-                    && p.grants
-                        .iter()
-                        .any(|g| g.allow.contains(&Permission::Admin))
-            })
     }
 
     /// Whether some principal is limited (else no request is checked).
