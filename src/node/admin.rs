@@ -496,7 +496,7 @@ fn metrics_text_with(
     for (name, help, value) in quota_metrics {
         let family = Family::<PrincipalLabel, Gauge<u64, AtomicU64>>::default();
         reg.register(name, help, family.clone());
-        for q in &c.quotas {
+        for q in &s.quotas {
             let label = PrincipalLabel {
                 principal: q.principal.clone(),
             };
@@ -588,7 +588,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "disk_stalled": p.disk_stalled,
         })).collect::<Vec<_>>(),
         "transitions": s.transitions,
-        "quotas": s.clients.quotas.iter().map(|q| serde_json::json!({
+        "quotas": s.quotas.iter().map(|q| serde_json::json!({
             "principal": q.principal,
             "bytes_per_s": q.quota.bytes_per_s,
             "requests_per_s": q.quota.requests_per_s,

@@ -92,8 +92,13 @@ impl ClientServer {
             node.id(),
             credentials.token_hashes(),
         ));
-        let quotas = Arc::new(Quotas::new(&credentials));
-        node.client_counters().set_quotas(Arc::clone(&quotas));
+        let quotas = Arc::new(Quotas::new(
+            credentials
+                .principals
+                .iter()
+                .map(|p| (p.name.clone(), p.quota)),
+        ));
+        node.set_quotas(Arc::clone(&quotas));
         let credentials = Arc::new(credentials);
         let addrs = Arc::new(client_addrs);
         let gate = Arc::new(Gate::new(

@@ -18,8 +18,6 @@ pub struct ClientCounters {
     /// Requests refused as Forbidden, per principal (off the data path:
     /// a denial is an error, and only limited principals are checked).
     denials: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
-    /// The client server's quotas, once it has started with some.
-    quotas: std::sync::Mutex<Option<std::sync::Arc<crate::node::quota::Quotas>>>,
     authenticated: AtomicU64,
     unauthenticated: AtomicU64,
 }
@@ -45,8 +43,6 @@ pub struct ClientView {
     pub tls_failures: u64,
     /// Requests refused as Forbidden, per principal.
     pub denials: Vec<(String, u64)>,
-    /// Each principal with a quota, and what it has done.
-    pub quotas: Vec<crate::node::quota::QuotaView>,
     /// Connections authenticated now.
     pub authenticated: u64,
     /// Connections waiting for their Hello now.
@@ -100,11 +96,6 @@ impl ClientCounters {
         d.iter().map(|(k, &v)| (k.clone(), v)).collect()
     }
 
-    /// The quotas the client server enforces, for the views.
-    pub fn set_quotas(&self, quotas: std::sync::Arc<crate::node::quota::Quotas>) {
-        *self.quotas.lock().unwrap_or_else(|p| p.into_inner()) = Some(quotas);
-    }
-
     /// Sets the gauges of connections held now.
     pub fn set_held(&self, authenticated: usize, unauthenticated: usize) {
         self.authenticated
@@ -124,12 +115,6 @@ impl ClientCounters {
             auth_failures: get(&self.auth_failures),
             tls_failures: get(&self.tls_failures),
             denials: self.denials(),
-            quotas: self
-                .quotas
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .map_or_else(Vec::new, |q| q.views()),
             authenticated: get(&self.authenticated),
             unauthenticated: get(&self.unauthenticated),
         }

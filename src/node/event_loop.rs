@@ -763,6 +763,7 @@ impl EventLoop {
             transitions: self.transitions.iter().cloned().collect(),
             sends_refused: self.sends_refused,
             clients: Default::default(),
+            quotas: Vec::new(),
             mac_failures: self.udp.endpoint().stats().mac_failures,
             malformed_dropped: self.udp.endpoint().stats().malformed_dropped,
             stalls: StallView {

@@ -50,6 +50,8 @@ pub struct NodeHandle {
     owner: BTreeMap<GroupId, usize>,
     /// Counted by the client server, shown by the admin endpoint.
     clients: std::sync::Arc<super::client_stats::ClientCounters>,
+    /// The client server's quotas, once it has started with some.
+    quotas: std::sync::Mutex<Option<std::sync::Arc<super::quota::Quotas>>>,
 }
 
 impl NodeHandle {
@@ -114,6 +116,7 @@ impl NodeHandle {
             cores: Vec::new(),
             owner,
             clients: std::sync::Arc::default(),
+            quotas: std::sync::Mutex::new(None),
         };
         for (i, (core, groups)) in plan.into_iter().enumerate() {
             let wiring = if i == 0 {
@@ -505,8 +508,15 @@ impl NodeHandle {
         if let Some(m) = merged.as_mut() {
             m.groups.sort_by_key(|g| g.group);
             m.clients = self.clients.view();
+            let quotas = self.quotas.lock().unwrap_or_else(|p| p.into_inner());
+            m.quotas = quotas.as_ref().map_or_else(Vec::new, |q| q.views());
         }
         merged
+    }
+
+    /// The quotas the client server enforces, for the status.
+    pub(super) fn set_quotas(&self, quotas: std::sync::Arc<super::quota::Quotas>) {
+        *self.quotas.lock().unwrap_or_else(|p| p.into_inner()) = Some(quotas);
     }
 
     /// Has every loop serve client connections on the port `make` builds

@@ -15,7 +15,7 @@
 //! node nanoseconds.
 
 use crate::api::Request;
-use crate::node::credentials::{access_of, Credentials, Permission, PrincipalId};
+use crate::state::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How far ahead of its rate a principal may get before it waits: this
@@ -105,33 +105,30 @@ pub struct QuotaView {
 /// Every principal's quota state: one per node, shared by the loops.
 #[derive(Debug, Default)]
 pub struct Quotas {
-    /// Indexed by [`PrincipalId`]; `None` for a principal without quota.
+    /// Indexed by principal id; `None` for a principal without quota.
     by_principal: Vec<Option<PrincipalQuota>>,
     names: Vec<String>,
 }
 
 impl Quotas {
-    /// The quotas `credentials` name.
-    pub fn new(credentials: &Credentials) -> Quotas {
-        let by_principal = credentials
-            .principals
-            .iter()
-            .map(|p| {
-                p.quota.is_limited().then(|| PrincipalQuota {
-                    quota: p.quota,
-                    bytes: p.quota.bytes_per_s.map(Rate::new),
-                    requests: p.quota.requests_per_s.map(Rate::new),
+    /// The quotas of the principals `(name, quota)`, in the order of
+    /// their ids (`node::credentials`).
+    pub fn new(principals: impl IntoIterator<Item = (String, Quota)>) -> Quotas {
+        let (names, by_principal) = principals
+            .into_iter()
+            .map(|(name, quota)| {
+                let q = quota.is_limited().then(|| PrincipalQuota {
+                    quota,
+                    bytes: quota.bytes_per_s.map(Rate::new),
+                    requests: quota.requests_per_s.map(Rate::new),
                     ..PrincipalQuota::default()
-                })
+                });
+                (name, q)
             })
-            .collect();
+            .unzip();
         Quotas {
             by_principal,
-            names: credentials
-                .principals
-                .iter()
-                .map(|p| p.name.clone())
-                .collect(),
+            names,
         }
     }
 
@@ -143,7 +140,7 @@ impl Quotas {
     /// Charges `req` of `principal` at `now_ns` if it is a write and the
     /// principal has a quota; the time (node ns) until which its
     /// connection must then wait, if any.
-    pub fn charge(&self, principal: PrincipalId, req: &Request, now_ns: u64) -> Option<u64> {
+    pub fn charge(&self, principal: u32, req: &Request, now_ns: u64) -> Option<u64> {
         let q = self.by_principal.get(principal as usize)?.as_ref()?;
         let bytes = write_bytes(req)?;
         q.charged_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -184,8 +181,18 @@ fn write_bytes(req: &Request) -> Option<u64> {
         Request::Append { data, .. } => Some(data.len() as u64),
         Request::AppendBatch { items, .. } => Some(items.iter().map(|i| i.len() as u64).sum()),
         Request::Command { command, .. } => {
-            // Only writes: a consume or a create is not charged.
-            let is_write = access_of(req).is_some_and(|a| a.permission == Permission::Append);
+            // Only writes (what the `append` permission covers): a
+            // consume or a create is not charged.
+            let is_write = matches!(
+                Command::decode(command),
+                Some(
+                    Command::AddEntry { .. }
+                        | Command::SetLac { .. }
+                        | Command::CloseLedger { .. }
+                        | Command::Produce { .. }
+                        | Command::ProduceUncounted { .. }
+                )
+            );
             // Decoded here and again when served: only for a principal
             // with a quota, and commands are small.
             is_write.then_some(command.len() as u64)
@@ -197,7 +204,6 @@ fn write_bytes(req: &Request) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Command;
 
     const MS: u64 = 1_000_000;
 

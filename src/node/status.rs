@@ -132,6 +132,8 @@ pub struct NodeStatus {
     pub transport: Vec<TransportView>,
     /// The client server's connection counters (zero without one).
     pub clients: super::client_stats::ClientView,
+    /// Each principal with a write quota, and what it has done.
+    pub quotas: Vec<super::quota::QuotaView>,
     /// The node's own stalls (its loops paused or starved), which are not
     /// counted against its peers or timers.
     pub stalls: StallView,
