@@ -126,12 +126,7 @@ fn write_issued_serial(
 
 /// `r` is a refusal for good (Unauthorized) whose message holds `words`.
 fn assert_refused<T: std::fmt::Debug>(r: Result<T, ClientError>, words: &str) {
-    match r {
-        Err(ClientError::Refused(ErrorCode::Unauthorized, why)) => {
-            assert!(why.contains(words), "{why:?} does not say {words:?}")
-        }
-        other => panic!("expected a refusal saying {words:?}, got {other:?}"),
-    }
+    common::assert_refused_with(r, ErrorCode::Unauthorized, words)
 }
 
 #[test]

@@ -95,12 +95,7 @@ fn issue(dir: &Path, ca: &LocalCa, cn: &str) -> (PathBuf, PathBuf) {
 }
 
 fn assert_forbidden<T: std::fmt::Debug>(r: Result<T, ClientError>, words: &str) {
-    match r {
-        Err(ClientError::Refused(ErrorCode::Forbidden, why)) => {
-            assert!(why.contains(words), "{why:?} does not say {words:?}")
-        }
-        other => panic!("expected Forbidden saying {words:?}, got {other:?}"),
-    }
+    common::assert_refused_with(r, ErrorCode::Forbidden, words)
 }
 
 #[test]

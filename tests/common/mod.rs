@@ -216,3 +216,17 @@ pub fn single_node(dir: &Path) -> Arc<NodeHandle> {
     });
     node
 }
+
+/// `r` is the client error `Refused(code, why)` with `why` holding `words`.
+pub fn assert_refused_with<T: std::fmt::Debug>(
+    r: Result<T, quire::client::ClientError>,
+    code: quire::api::ErrorCode,
+    words: &str,
+) {
+    match r {
+        Err(quire::client::ClientError::Refused(got, why)) if got == code => {
+            assert!(why.contains(words), "{why:?} does not say {words:?}")
+        }
+        other => panic!("expected {code} saying {words:?}, got {other:?}"),
+    }
+}
