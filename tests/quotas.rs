@@ -131,3 +131,49 @@ fn a_bytes_quota_holds_a_producer_to_its_rate_and_loses_nothing() {
     assert_eq!(status["quotas"][0]["principal"], "metered", "{status}");
     assert!(status["quotas"][0]["holds"].as_u64().unwrap() > 0);
 }
+
+/// A principal cannot step around its quota by opening a new connection
+/// for each write: the node holds every connection of a principal in
+/// debt, not only the one that went over. The bound checked is a lower
+/// one (a slow machine only makes the writes take longer).
+#[test]
+fn a_new_connection_per_write_is_held_too() {
+    const QUOTA: u64 = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
+    let mut procs = LocalProcesses::prepare_tls(dir.path(), 1, 1, &exe).unwrap();
+    std::fs::write(
+        dir.path().join("credentials.toml"),
+        format!(
+            "[[principals]]\nname = \"metered\"\ntoken_file = \"metered.token\"\n\
+             grants = [{{ allow = [\"append\"] }}]\nquota_bytes_per_s = {QUOTA}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("metered.token"), "metered-secret-token\n").unwrap();
+    procs.start_all().unwrap();
+    let tls = procs.client_tls().unwrap().expect("a TLS cluster");
+    let writer = || {
+        let id = quire::client::random_client_id().unwrap();
+        let mut c = Client::new(procs.client_addrs(), b"metered-secret-token", id)
+            .with_tls(std::sync::Arc::clone(&tls));
+        c.deadline = Duration::from_secs(30);
+        c
+    };
+    // Elected, and the bucket full again, before the clock starts.
+    writer()
+        .append(0, b"warm-up")
+        .expect("the group elects a leader");
+    let started = Instant::now();
+    for _ in 0..5 {
+        writer().append(0, &[b'x'; 1000]).expect("appended");
+    }
+    let elapsed = started.elapsed();
+    // 5000 bytes at 2000 B/s, less the 100 ms burst and the first
+    // write's own cost, which is paid after it.
+    let at_least = Duration::from_millis((5000 - 1000) * 1000 / QUOTA - 100);
+    assert!(
+        elapsed >= at_least,
+        "5 writes on new connections took {elapsed:?}, under {at_least:?}: the quota was stepped around"
+    );
+}

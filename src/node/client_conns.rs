@@ -627,6 +627,12 @@ impl LoopClients {
                 return false;
             }
             let generation = c.generation;
+            if self.over_quota(slot, parts.now_ms) {
+                return false;
+            }
+            let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
+                return true;
+            };
             if !c.session.is_authenticated() && c.session.principal().is_none() {
                 // A client certificate that names a principal makes the
                 // connection that principal, token or not.
@@ -939,13 +945,15 @@ impl LoopClients {
     /// The Forbidden answer to `req` if the connection's principal may
     /// not make it (counted and logged); `None` if it may. A node whose
     /// principals all have every permission checks nothing.
-    fn denied(&mut self, slot: u32, generation: u32, req: &Request) -> Option<Response> {
+    fn denied(&self, slot: u32, generation: u32, req: &Request) -> Option<Response> {
         if !self.port.limited {
             return None;
         }
-        let credentials = Arc::clone(&self.port.credentials);
-        let c = self.live(slot, generation)?;
-        let principal = credentials.principal(c.session.principal()?)?;
+        let c = self.conns.get(slot as usize)?.as_ref()?;
+        if c.generation != generation {
+            return None;
+        }
+        let principal = self.port.credentials.principal(c.session.principal()?)?;
         if principal.all {
             return None;
         }
@@ -954,8 +962,7 @@ impl LoopClients {
             return None;
         }
         let why = principal.denial(&access);
-        let peer = c.peer;
-        self.port.gate.denied(peer, &principal.name, &why);
+        self.port.gate.denied(c.peer, &principal.name, &why);
         Some(Response::Error {
             code: ErrorCode::Forbidden,
             message: why,
@@ -963,26 +970,53 @@ impl LoopClients {
         })
     }
 
-    /// Charges `req` to the quota of the connection's principal; over
-    /// it, the connection is held (not read) until the quota allows
-    /// again. The request itself is served: a quota delays, it never
-    /// refuses.
+    /// Charges `req` to the quota of the connection's principal. The
+    /// request itself is served: a quota delays the next ones
+    /// (`over_quota`), it never refuses.
     fn charge(&mut self, slot: u32, generation: u32, req: &Request, now_ms: u64) {
-        let Some(quotas) = self.port.quotas.as_ref().map(Arc::clone) else {
+        // Fields borrowed apart: no reference count touched per request
+        // (the Arcs are shared by every loop's core).
+        let Some(quotas) = &self.port.quotas else {
             return;
         };
-        let Some(c) = self.live(slot, generation) else {
+        let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
             return;
         };
+        if c.generation != generation {
+            return;
+        }
         let Some(principal) = c.session.principal() else {
             return;
         };
-        let now_ns = now_ms.saturating_mul(1_000_000);
-        if let Some(until_ns) = quotas.charge(principal, req, now_ns) {
-            let until_ms = until_ns.div_ceil(1_000_000);
-            c.held_until_ms = Some(until_ms);
-            self.deadlines.insert((until_ms, slot, generation));
+        quotas.charge(principal, req, now_ms.saturating_mul(1_000_000));
+    }
+
+    /// Holds connection `slot` if it has requests to serve and its
+    /// principal is over its quota: true if it is held now.
+    fn over_quota(&mut self, slot: u32, now_ms: u64) -> bool {
+        let Some(quotas) = &self.port.quotas else {
+            return false;
+        };
+        let Some(Some(c)) = self.conns.get_mut(slot as usize) else {
+            return false;
+        };
+        let Some(principal) = c
+            .session
+            .principal()
+            .filter(|_| c.session.is_authenticated())
+        else {
+            return false;
+        };
+        if c.session.buffered_bytes() == 0 {
+            return false;
         }
+        let Some(until_ns) = quotas.hold(principal, now_ms.saturating_mul(1_000_000)) else {
+            return false;
+        };
+        let until_ms = until_ns.div_ceil(1_000_000);
+        c.held_until_ms = Some(until_ms);
+        self.deadlines.insert((until_ms, slot, c.generation));
+        true
     }
 
     /// The outcome of a ticketed append of this loop's connections.

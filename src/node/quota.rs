@@ -1,10 +1,10 @@
 //! Quotas per principal: bytes/s and requests/s of writes (log appends,
 //! ledger entries, queue produces), as Kafka and Redpanda enforce them:
 //! by backpressure, never by refusing or dropping a write. A connection
-//! whose principal is over its quota is not read from (nor are the
-//! requests it already sent served) until the quota allows again; the
-//! request that went over is served, and its cost paid by the wait after
-//! it.
+//! of a principal over its quota is neither served (what it sent waits
+//! in its buffer) nor read from until the quota allows again, whether it
+//! made the principal go over or is new; the request that went over is
+//! served, and its cost paid by the wait after it.
 //!
 //! Each quota is a GCRA (the generic cell rate algorithm, a token bucket
 //! kept as one number): the theoretical arrival time `tat` moves on by a
@@ -56,19 +56,21 @@ impl Rate {
         }
     }
 
-    /// Pays for `units` at `now_ns`; the time (node ns) before which the
-    /// payer must not be served again, if that is after `now_ns`.
-    fn charge(&self, units: u64, now_ns: u64) -> Option<u64> {
+    /// Pays for `units` at `now_ns` (always: the request is served).
+    fn charge(&self, units: u64, now_ns: u64) {
         let cost = (u128::from(units) * 1_000_000_000 / u128::from(self.per_s)) as u64;
-        let burst = (u128::from(QUOTA_BURST_MS) * 1_000_000) as u64;
-        let mut tat = 0;
         let _ = self
             .tat_ns
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-                tat = old.max(now_ns).saturating_add(cost);
-                Some(tat)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                Some(tat.max(now_ns).saturating_add(cost))
             });
-        let free_at = tat.saturating_sub(burst);
+    }
+
+    /// The time (node ns) before which the payer must not be served, if
+    /// that is after `now_ns`: it is more than the burst ahead.
+    fn free_at(&self, now_ns: u64) -> Option<u64> {
+        let burst = QUOTA_BURST_MS * 1_000_000;
+        let free_at = self.tat_ns.load(Ordering::Acquire).saturating_sub(burst);
         (free_at > now_ns).then_some(free_at)
     }
 }
@@ -138,19 +140,39 @@ impl Quotas {
     }
 
     /// Charges `req` of `principal` at `now_ns` if it is a write and the
-    /// principal has a quota; the time (node ns) until which its
-    /// connection must then wait, if any.
-    pub fn charge(&self, principal: u32, req: &Request, now_ns: u64) -> Option<u64> {
-        let q = self.by_principal.get(principal as usize)?.as_ref()?;
-        let bytes = write_bytes(req)?;
+    /// principal has a quota.
+    pub fn charge(&self, principal: u32, req: &Request, now_ns: u64) {
+        let Some(q) = self.get(principal) else {
+            return;
+        };
+        let Some(bytes) = write_bytes(req) else {
+            return;
+        };
         q.charged_bytes.fetch_add(bytes, Ordering::Relaxed);
         q.charged_requests.fetch_add(1, Ordering::Relaxed);
-        let by_bytes = q.bytes.as_ref().and_then(|r| r.charge(bytes, now_ns));
-        let by_requests = q.requests.as_ref().and_then(|r| r.charge(1, now_ns));
+        if let Some(r) = &q.bytes {
+            r.charge(bytes, now_ns);
+        }
+        if let Some(r) = &q.requests {
+            r.charge(1, now_ns);
+        }
+    }
+
+    /// If `principal` is over its quota at `now_ns`, the time (node ns)
+    /// until which a connection of its with requests to serve must wait
+    /// (counted as a hold); `None` if it may be served now.
+    pub fn hold(&self, principal: u32, now_ns: u64) -> Option<u64> {
+        let q = self.get(principal)?;
+        let by_bytes = q.bytes.as_ref().and_then(|r| r.free_at(now_ns));
+        let by_requests = q.requests.as_ref().and_then(|r| r.free_at(now_ns));
         let until = by_bytes.max(by_requests)?;
         q.holds.fetch_add(1, Ordering::Relaxed);
         q.held_ns.fetch_add(until - now_ns, Ordering::Relaxed);
         Some(until)
+    }
+
+    fn get(&self, principal: u32) -> Option<&PrincipalQuota> {
+        self.by_principal.get(principal as usize)?.as_ref()
     }
 
     /// Each principal with a quota, and what it has done.
@@ -213,18 +235,23 @@ mod tests {
         let r = Rate::new(1000);
         let t0 = 1_000 * MS;
         for _ in 0..100 {
-            assert_eq!(r.charge(1, t0), None, "within the burst");
+            r.charge(1, t0);
+            assert_eq!(r.free_at(t0), None, "within the burst");
         }
-        // The 101st is served, and its payer waits until 1 ms from now.
-        assert_eq!(r.charge(1, t0), Some(t0 + MS));
+        // The 101st is served, and then its payer waits 1 ms.
+        r.charge(1, t0);
+        assert_eq!(r.free_at(t0), Some(t0 + MS));
         // Served again at that time, it waits 1 ms more: the rate.
-        assert_eq!(r.charge(1, t0 + MS), Some(t0 + 2 * MS));
+        r.charge(1, t0 + MS);
+        assert_eq!(r.free_at(t0 + MS), Some(t0 + 2 * MS));
         // Idle for long, the bucket refills to its burst, no more.
         let later = t0 + 10_000 * MS;
         for _ in 0..100 {
-            assert_eq!(r.charge(1, later), None);
+            r.charge(1, later);
+            assert_eq!(r.free_at(later), None);
         }
-        assert!(r.charge(1, later).is_some());
+        r.charge(1, later);
+        assert!(r.free_at(later).is_some());
     }
 
     #[test]
@@ -235,10 +262,12 @@ mod tests {
         let start = now;
         let mut served = 0u64;
         while now < start + 10_000 * MS {
-            served += 1024;
-            if let Some(until) = r.charge(1024, now) {
+            if let Some(until) = r.free_at(now) {
                 now = until;
+                continue;
             }
+            served += 1024;
+            r.charge(1024, now);
         }
         let expected = 10 * (1u64 << 20);
         let burst = (1u64 << 20) * QUOTA_BURST_MS / 1000;
@@ -246,6 +275,39 @@ mod tests {
             served >= expected && served <= expected + burst + 1024,
             "{served} bytes in 10 s at 1 MiB/s"
         );
+    }
+
+    #[test]
+    fn a_principal_over_its_quota_is_held_on_every_connection() {
+        let quotas = Quotas::new([
+            ("free".to_string(), Quota::default()),
+            (
+                "metered".to_string(),
+                Quota {
+                    bytes_per_s: Some(1000),
+                    requests_per_s: None,
+                },
+            ),
+        ]);
+        let append = Request::Append {
+            group: 0,
+            client_id: 1,
+            seq: 1,
+            data: vec![0; 600].into(),
+        };
+        let t0 = 7 * MS;
+        assert_eq!(quotas.hold(1, t0), None);
+        quotas.charge(1, &append, t0);
+        // 600 ms of debt less the 100 ms burst: held until t0 + 500 ms,
+        // whichever connection asks next (a new one too).
+        assert_eq!(quotas.hold(1, t0), Some(t0 + 500 * MS));
+        assert_eq!(quotas.hold(1, t0 + 500 * MS), None);
+        quotas.charge(0, &append, t0);
+        assert_eq!(quotas.hold(0, t0), None, "no quota, never held");
+        let v = quotas.views();
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].bytes, v[0].requests, v[0].holds), (600, 1, 1));
+        assert_eq!(v[0].held_ms, 500);
     }
 
     #[test]
