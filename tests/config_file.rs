@@ -749,10 +749,40 @@ fn a_credentials_file_names_principals_and_is_checked_whole() {
             good.replace("reader.token", "missing.token"),
             "missing.token",
         ),
+        (
+            good.replace(
+                "{ groups = [0], allow = [\"read\"] }",
+                "{ queues = \"q-\", allow = [\"admin\"] }",
+            ),
+            "allows \"admin\" on queues",
+        ),
     ];
     for (text, words) in cases {
         let (e, msg) = d.error(&with(&text));
         assert_eq!(e.key, "node.credentials_file", "{msg}");
         assert!(msg.contains(words), "{msg:?} does not say {words:?}");
     }
+}
+
+#[test]
+fn the_admin_endpoint_serves_https_with_the_client_certificate_if_asked() {
+    let d = Dir::new();
+    let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.admin_tls.is_none(), "plain HTTP unless asked");
+    let https = MINIMAL.replace("[node]\n", "[node]\nadmin_tls = true\n");
+    let c = d.load(&https).unwrap_or_else(|e| panic!("{e}"));
+    let admin = c.admin_tls.expect("HTTPS");
+    let client = c.client_tls.unwrap();
+    assert_eq!((&admin.cert, &admin.key), (&client.cert, &client.key));
+    assert!(admin.client_cert_optional && !client.client_cert_optional);
+
+    let plain = https.replace(
+        "tls_cert_file = \"tls.pem\"\ntls_key_file = \"tls.key\"\n",
+        "plain = true\n",
+    );
+    let (e, msg) = d.error(&plain);
+    assert_eq!(e.key, "node.admin_tls");
+    assert!(msg.contains("client.plain = true"), "{msg}");
+    let (e, _) = d.error(&MINIMAL.replace("[node]\n", "[node]\nadmin_tls = \"yes\"\n"));
+    assert_eq!(e.key, "node.admin_tls");
 }

@@ -12,9 +12,8 @@ mod common;
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
 use quire::node::processes::LocalProcesses;
-use quire::tls::issue::{CertRequest, LocalCa};
+use quire::tls::issue::LocalCa;
 use quire::tls::ClientTls;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,21 +41,11 @@ grants = [{ allow = ["read"] }]
 /// A one-node TLS cluster with mTLS (client CA `client_ca`) and the
 /// credentials above, started.
 fn node(dir: &Path, client_ca: &LocalCa) -> LocalProcesses {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
-    let mut procs = LocalProcesses::prepare_tls(dir, 1, 1, &exe).expect("cluster prepared");
-    let ca_file = dir.join("client-ca.pem");
-    std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
-    std::fs::write(dir.join("credentials.toml"), CREDENTIALS).unwrap();
-    std::fs::write(dir.join("reader.token"), "reader-secret-token\n").unwrap();
-    std::fs::write(dir.join("orders.token"), "orders-secret-token\n").unwrap();
-    // `prepare_tls` names credentials.toml in the config already.
-    let cfg = procs.nodes[&1].config.clone();
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    assert!(text.contains("credentials_file = \"../credentials.toml\""));
-    let mut f = std::fs::File::create(&cfg).unwrap();
-    writeln!(f, "{text}tls_client_ca_file = {ca_file:?}").unwrap();
-    drop(f);
-    procs.start_all().unwrap();
+    let tokens = [
+        ("reader.token", "reader-secret-token"),
+        ("orders.token", "orders-secret-token"),
+    ];
+    let procs = common::mtls_node(dir, client_ca, CREDENTIALS, &tokens, |_, text| text);
     metrics(&procs);
     let client = procs.nodes[&1].client;
     common::wait_for("the client port", LIMIT, || {
@@ -87,11 +76,7 @@ fn client(procs: &LocalProcesses, token: &[u8], cert: &(PathBuf, PathBuf)) -> Cl
 }
 
 fn issue(dir: &Path, ca: &LocalCa, cn: &str) -> (PathBuf, PathBuf) {
-    let issued = ca.issue(&CertRequest::client(cn)).unwrap();
-    let (c, k) = (dir.join(format!("{cn}.pem")), dir.join(format!("{cn}.key")));
-    std::fs::write(&c, issued.cert_pem).unwrap();
-    std::fs::write(&k, issued.key_pem).unwrap();
-    (c, k)
+    common::issue_client_cert(dir, ca, cn)
 }
 
 fn assert_forbidden<T: std::fmt::Debug>(r: Result<T, ClientError>, words: &str) {

@@ -2,7 +2,8 @@
 //! three real `quired` processes (`LocalProcesses`, `quire up`'s layout):
 //!
 //! - `POST /membership` needs the admin token (`admin.token`, not the
-//!   client token): without it 401, with a wrong one 403, from a browser
+//!   client token): without it 401, with a wrong one or the client
+//!   token 403, from a browser
 //!   (an `Origin` header) 403, and the voter stays; refusals are counted
 //!   in `/metrics` and logged, at most a line a second; a change that
 //!   cannot apply answers 400/404/409 with the reason; with the token the
@@ -53,13 +54,7 @@ fn log_of(c: &LocalProcesses, id: u64) -> String {
 }
 
 fn refusals(text: &str, reason: &str) -> u64 {
-    let prefix = format!("quire_admin_refusals{{reason=\"{reason}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("no {prefix} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    common::reason_count(text, "quire_admin_refusals", reason)
 }
 
 #[test]
@@ -82,9 +77,17 @@ fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
     let (code, body) = post(&remove, "");
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("Authorization: Bearer"), "{body}");
-    // The client token is not the admin token.
+    // The client token is every client permission, but not admin.
     let (code, body) = post(&remove, &bearer(&c.token));
     assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("principal \"cluster\" holds no \"admin\" grant"),
+        "{body}"
+    );
+    // A token nobody holds.
+    let (code, body) = post(&remove, &bearer(b"not-anyones-token-0123"));
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("not the admin token"), "{body}");
     // The right token from a browser (DNS rebinding, a cross-site form).
     let (code, body) = post(
         &remove,
@@ -97,6 +100,7 @@ fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
     let m = metrics(admin);
     assert_eq!(refusals(&m, "missing_token"), 1, "{m}");
     assert_eq!(refusals(&m, "wrong_token"), 1, "{m}");
+    assert_eq!(refusals(&m, "not_admin"), 1, "{m}");
     assert_eq!(refusals(&m, "browser"), 1, "{m}");
     assert_eq!(refusals(&m, "not_configured"), 0, "{m}");
 
@@ -150,6 +154,7 @@ fn membership_changes_need_the_admin_token_and_refusals_are_counted() {
         .unwrap_or_else(|| panic!("no log line of the change:\n{log}"));
     assert!(line.contains("127.0.0.1:"), "who: {line}");
     assert!(line.contains(&format!("node={victim}")), "what: {line}");
+    assert!(line.contains("as the admin token"), "as whom: {line}");
 
     // Rotation: replace the file (atomically); no restart.
     let file = dir.path().join("admin.token");

@@ -6,6 +6,7 @@
 mod common;
 
 use quire::node::admin::AdminServer;
+use quire::node::credentials::Credentials;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -49,15 +50,28 @@ fn post(addr: SocketAddr, path: &str) -> (u16, String) {
 fn admin_with_token(dir: &std::path::Path, node: &Arc<quire::node::NodeHandle>) -> AdminServer {
     let f = dir.join("admin.token");
     std::fs::write(&f, ADMIN_TOKEN).unwrap();
-    AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(node), Some(f)).unwrap()
+    AdminServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::clone(node),
+        Some(f),
+        Credentials::default(),
+        None,
+    )
+    .unwrap()
 }
 
 #[test]
 fn status_and_metrics_over_http() {
     let dir = tempfile::tempdir().unwrap();
     let node = common::single_node(dir.path());
-    let admin =
-        AdminServer::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&node), None).unwrap();
+    let admin = AdminServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::clone(&node),
+        None,
+        Credentials::default(),
+        None,
+    )
+    .unwrap();
 
     let (code, body) = get(admin.addr(), "/status");
     assert_eq!(code, 200);

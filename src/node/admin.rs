@@ -1,17 +1,20 @@
 //! The admin endpoint: HTTP `/metrics` in the Prometheus text format and
 //! `/status` as JSON, readable by anyone who can reach it, and `POST
-//! /membership`, which only the admin token opens (`admin_auth`), served
+//! /membership`, which only an admin opens (`admin_auth`), served
 //! by a few threads of its own off the data path (`admin_http`, which
 //! bounds what a peer can make them hold). It asks the node's loops for
 //! their status through the handle (channels), so it never touches their
-//! state.
+//! state. With `node.admin_tls` it serves all of it over HTTPS only,
+//! with the client listener's certificate.
 
 use super::admin_auth::{Gate, RefusalCounts};
 use super::admin_http::{Handler, HttpRefusals, HttpRequest, HttpResponse, HttpServer};
 use super::log::log_info;
 use super::{ListenError, NodeHandle, NodeStatus};
 use crate::consensus::Role;
+use crate::node::credentials::Credentials;
 use crate::node::quota::QuotaView;
+use crate::tls::ServerTls;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -610,26 +613,29 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
 /// (without `force`) the learner to promote is more than
 /// `LEARNER_CAUGHT_UP_ENTRIES_MAX` entries behind the leader's log, 503
 /// if the group cannot serve (stopped log, full disk, no answer in time).
-/// Every outcome is logged with who asked (`peer`).
-fn membership(node: &NodeHandle, query: &str, peer: &str) -> (u16, String) {
+/// Every outcome is logged with who asked (`peer`, as `who`).
+fn membership(node: &NodeHandle, query: &str, peer: &str, who: &str) -> (u16, String) {
     let (code, body) = membership_outcome(node, query);
     log_info!(
-        "quired: admin: membership change {query:?} from {peer}: {code} {}",
+        "quired: admin: membership change {query:?} from {peer} as {who}: {code} {}",
         body.trim_end()
     );
     (code, body)
 }
 
+/// The value of `key` in a URL's `query` (`k=v&k=v`), if there.
+fn query_arg(query: &str, key: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_string())
+}
+
 fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
     use crate::consensus::MembershipChange;
     const USAGE: &str = "want group=G&change=remove|learner|voter&node=N[&force=1]";
-    let arg = |k: &str| {
-        query
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(key, _)| *key == k)
-            .map(|(_, v)| v.to_string())
-    };
+    let arg = |k: &str| query_arg(query, k);
     let (Some(group), Some(peer)) = (
         arg("group").and_then(|g| g.parse::<u32>().ok()),
         arg("node").and_then(|n| n.parse::<u64>().ok()),
@@ -673,14 +679,18 @@ pub struct AdminServer {
 
 impl AdminServer {
     /// Serves `/metrics`, `/status` and `/membership` for `node` on
-    /// `listen`. Requests other than GET need the token in
-    /// `admin_token_file` (read again for each, so replacing the file
-    /// rotates it); with `None` they are all refused. What a peer can make
-    /// it hold is bounded (`admin_http`).
+    /// `listen`, over HTTPS only if given `tls`. Requests other than GET
+    /// need an admin: the token in `admin_token_file` (read again for
+    /// each, so replacing the file rotates it), or a principal of
+    /// `credentials` with an `admin` grant, by token or client
+    /// certificate; with neither configured they are all refused. What a
+    /// peer can make it hold is bounded (`admin_http`).
     pub fn start(
         listen: SocketAddr,
         node: Arc<NodeHandle>,
         admin_token_file: Option<PathBuf>,
+        credentials: Credentials,
+        tls: Option<Arc<ServerTls>>,
     ) -> Result<AdminServer, ListenError> {
         let bind_failed = |error| ListenError::Bind {
             server: "the admin endpoint",
@@ -688,12 +698,12 @@ impl AdminServer {
             error,
         };
         let listener = std::net::TcpListener::bind(listen).map_err(bind_failed)?;
-        let gate = Mutex::new(Gate::new(admin_token_file));
+        let gate = Mutex::new(Gate::new(admin_token_file, credentials));
         let refusals = Arc::new(HttpRefusals::default());
         let counted = Arc::clone(&refusals);
         let handler: Arc<Handler> =
             Arc::new(move |req: &HttpRequest| answer(&node, &gate, &counted, req));
-        let http = HttpServer::start(listener, "quire-admin", handler, refusals)
+        let http = HttpServer::start(listener, "quire-admin", handler, refusals, tls)
             .map_err(ListenError::Thread)?;
         Ok(AdminServer { http })
     }
@@ -721,22 +731,29 @@ fn answer(
     // Whatever is not a read passes the gate first, so a route added
     // later is closed unless said otherwise.
     let reading = matches!(head.method.as_str(), "GET" | "HEAD");
+    let mut who = String::new();
     if !reading {
         let headers = head.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
         let what = format!("{} {url}", head.method);
-        let judged = gate().check(headers, &what, req.peer, Instant::now());
-        if let Err(r) = judged {
-            let mut resp = HttpResponse::text(r.refusal.status(), r.body);
-            if r.refusal.status() == 401 {
-                resp.headers
-                    .push(("WWW-Authenticate", "Bearer realm=\"quire-admin\"".into()));
+        // A group that does not parse is none: only an admin of every
+        // group passes, and the route then answers the usage.
+        let group = query_arg(query, "group").and_then(|g| g.parse().ok());
+        let cn = req.client_cn.as_deref();
+        match gate().check(headers, cn, group, &what, req.peer, Instant::now()) {
+            Ok(w) => who = w,
+            Err(r) => {
+                let mut resp = HttpResponse::text(r.refusal.status(), r.body);
+                if r.refusal.status() == 401 {
+                    resp.headers
+                        .push(("WWW-Authenticate", "Bearer realm=\"quire-admin\"".into()));
+                }
+                return resp;
             }
-            return resp;
         }
     }
     let (code, ctype, body) = match (head.method.as_str(), path) {
         ("POST", "/membership") => {
-            let (code, body) = membership(node, query, &peer);
+            let (code, body) = membership(node, query, &peer, &who);
             (code, "text/plain", body)
         }
         ("GET" | "HEAD", "/metrics") => match node.status() {

@@ -1,11 +1,15 @@
 //! Who may change the cluster through the admin endpoint. Every request
-//! that is not a GET or HEAD (today `POST /membership`) must carry the
-//! admin token as `Authorization: Bearer <token>`, and none may come from
-//! a browser (an `Origin` or `Sec-Fetch-Site` header: a page the operator
-//! visits could otherwise reach a loopback listener by DNS rebinding or a
-//! cross-site form, as etcd and Consul guard against). With no
-//! `node.admin_token_file` configured such requests are refused: the
-//! endpoint is never open by default.
+//! that is not a GET or HEAD (today `POST /membership`) must come from an
+//! admin, and none may come from a browser (an `Origin` or
+//! `Sec-Fetch-Site` header: a page the operator visits could otherwise
+//! reach a loopback listener by DNS rebinding or a cross-site form, as
+//! etcd and Consul guard against). An admin is who sends, as
+//! `Authorization: Bearer <token>`, the token of `node.admin_token_file`
+//! or of a principal with an `admin` grant on the request's group
+//! (`node::credentials`), or, over HTTPS, shows a client certificate
+//! naming such a principal. With neither an admin token file nor an admin
+//! principal configured such requests are refused: the endpoint is never
+//! open by default.
 //!
 //! The token file is read again on every such request, so replacing it
 //! rotates the token without a restart; those requests are rare and this
@@ -16,13 +20,11 @@
 //! This module reads the token file and writes log lines to stderr; it
 //! never touches the node.
 
+use crate::node::credentials::{Credentials, ADMIN_TOKEN_BYTES_MIN};
+use crate::transport::GroupId;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// Bytes an admin token must hold at least (after trailing whitespace):
-/// the same bar as the cluster key, so it cannot be guessed.
-pub(crate) const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 
 /// At most one refusal line per this interval; the rest are counted.
 pub(crate) const REFUSAL_LOG_INTERVAL_MS: u64 = 1_000;
@@ -35,11 +37,16 @@ pub(crate) enum Refusal {
     MissingToken,
     /// An `Authorization` header that is not one `Bearer <token>` (401).
     MalformedToken,
-    /// A bearer token that is not the admin token (403).
+    /// A bearer token that is not the admin token nor any principal's
+    /// (403).
     WrongToken,
+    /// A known principal (by token or client certificate) without an
+    /// `admin` grant on the request's group (403).
+    NotAdmin,
     /// An `Origin` or `Sec-Fetch-Site` header: sent by a browser (403).
     Browser,
-    /// No `node.admin_token_file` in the config: changes are off (403).
+    /// Neither `node.admin_token_file` nor an admin principal in the
+    /// config: changes are off (403).
     NotConfigured,
     /// The token file cannot be read now or holds too little (503; the
     /// operator's fault, not the caller's).
@@ -48,10 +55,11 @@ pub(crate) enum Refusal {
 
 impl Refusal {
     /// Every reason, in the order of [`RefusalCounts`].
-    pub(crate) const ALL: [Refusal; 6] = [
+    pub(crate) const ALL: [Refusal; 7] = [
         Refusal::MissingToken,
         Refusal::MalformedToken,
         Refusal::WrongToken,
+        Refusal::NotAdmin,
         Refusal::Browser,
         Refusal::NotConfigured,
         Refusal::TokenFileUnusable,
@@ -63,6 +71,7 @@ impl Refusal {
             Refusal::MissingToken => "missing_token",
             Refusal::MalformedToken => "malformed_token",
             Refusal::WrongToken => "wrong_token",
+            Refusal::NotAdmin => "not_admin",
             Refusal::Browser => "browser",
             Refusal::NotConfigured => "not_configured",
             Refusal::TokenFileUnusable => "token_file_unusable",
@@ -73,7 +82,9 @@ impl Refusal {
     pub(crate) fn status(self) -> u16 {
         match self {
             Refusal::MissingToken | Refusal::MalformedToken => 401,
-            Refusal::WrongToken | Refusal::Browser | Refusal::NotConfigured => 403,
+            Refusal::WrongToken | Refusal::NotAdmin | Refusal::Browser | Refusal::NotConfigured => {
+                403
+            }
             Refusal::TokenFileUnusable => 503,
         }
     }
@@ -88,7 +99,7 @@ impl Refusal {
 
 /// Refusals so far, per reason (indexed as [`Refusal::ALL`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct RefusalCounts(pub(crate) [u64; 6]);
+pub(crate) struct RefusalCounts(pub(crate) [u64; 7]);
 
 impl RefusalCounts {
     /// Each reason's label and count.
@@ -162,16 +173,19 @@ impl LogLimit {
 #[derive(Debug)]
 pub(crate) struct Gate {
     token_file: Option<PathBuf>,
+    credentials: Credentials,
     counts: RefusalCounts,
     log: LogLimit,
 }
 
 impl Gate {
-    /// A gate taking the token in `token_file`; with `None`, it refuses
+    /// A gate taking the token in `token_file` and the principals of
+    /// `credentials` that hold an `admin` grant; with neither, it refuses
     /// every mutating request.
-    pub(crate) fn new(token_file: Option<PathBuf>) -> Gate {
+    pub(crate) fn new(token_file: Option<PathBuf>, credentials: Credentials) -> Gate {
         Gate {
             token_file,
+            credentials,
             counts: RefusalCounts::default(),
             log: LogLimit::default(),
         }
@@ -182,16 +196,21 @@ impl Gate {
         self.counts
     }
 
-    /// Checks a mutating request by its `headers` (name, value); `what`
-    /// (method and URL) and `peer` are for the log line of a refusal.
+    /// Checks a mutating request on `group` (`None`: it names none) by
+    /// its `headers` (name, value) and the verified client certificate's
+    /// common name `client_cn`; says who passed (for the log of the
+    /// change). `what` (method and URL) and `peer` are for the log line
+    /// of a refusal.
     pub(crate) fn check<'a>(
         &mut self,
         headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+        client_cn: Option<&str>,
+        group: Option<GroupId>,
         what: &str,
         peer: Option<SocketAddr>,
         now: Instant,
-    ) -> Result<(), Refused> {
-        let result = self.judge(headers);
+    ) -> Result<String, Refused> {
+        let result = self.judge(headers, client_cn, group);
         if let Err(r) = &result {
             self.counts.0[r.refusal.index()] += 1;
             if let Some(unlogged) = self.log.admit(now) {
@@ -214,7 +233,9 @@ impl Gate {
     fn judge<'a>(
         &self,
         headers: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<(), Refused> {
+        client_cn: Option<&str>,
+        group: Option<GroupId>,
+    ) -> Result<String, Refused> {
         let refuse = |refusal, body: String| Err(Refused { refusal, body });
         let mut browser = false;
         let mut auth = Vec::new();
@@ -231,18 +252,37 @@ impl Gate {
                 "refused: a browser sent this (Origin header); the admin endpoint takes changes from tools only\n".into(),
             );
         }
-        let Some(file) = &self.token_file else {
+        if self.token_file.is_none() && !self.credentials.any_admin() {
             return refuse(
                 Refusal::NotConfigured,
-                "refused: changes through the admin endpoint are off on this node; set node.admin_token_file in its config (a file of its own, not the client token) and restart it\n".into(),
+                "refused: changes through the admin endpoint are off on this node; set node.admin_token_file in its config (a file of its own, not the client token), or give a principal of node.credentials_file an \"admin\" grant, and restart it\n".into(),
             );
+        }
+        let on = match group {
+            Some(g) => format!("group {g}"),
+            None => "every group".into(),
+        };
+        let not_admin = |name: &str| {
+            refuse(
+                Refusal::NotAdmin,
+                format!("refused: principal {name:?} holds no \"admin\" grant on {on} (node.credentials_file); membership changes take the admin token (node.admin_token_file) or an admin principal\n"),
+            )
         };
         let presented = match auth.as_slice() {
             [] => {
-                return refuse(
-                    Refusal::MissingToken,
-                    "refused: send the admin token (node.admin_token_file) as Authorization: Bearer <token>\n".into(),
-                )
+                // No token: a verified client certificate may name an admin.
+                let principal = client_cn.and_then(|cn| {
+                    let id = self.credentials.by_certificate(cn)?;
+                    self.credentials.principal(id)
+                });
+                return match principal {
+                    Some(p) if p.administers(group) => Ok(format!("principal {:?} (certificate)", p.name)),
+                    Some(p) => not_admin(&p.name),
+                    None => refuse(
+                        Refusal::MissingToken,
+                        "refused: send the admin token (node.admin_token_file) or an admin principal's token as Authorization: Bearer <token>, or, over HTTPS, an admin principal's client certificate\n".into(),
+                    ),
+                };
             }
             [one] => bearer(one),
             _ => None,
@@ -253,24 +293,37 @@ impl Gate {
                 "refused: want one header Authorization: Bearer <token>\n".into(),
             );
         };
-        let expected = match read_admin_token(file) {
-            Ok(t) => t,
-            Err(e) => {
-                return refuse(
-                    Refusal::TokenFileUnusable,
-                    format!(
-                    "refused: this node cannot read its admin token (node.admin_token_file): {e}\n"
-                ),
-                )
+        let admin_token = self.token_file.as_deref().map(read_admin_token);
+        if let Some(Ok(expected)) = &admin_token {
+            if same_token(presented.as_bytes(), expected) {
+                return Ok("the admin token".into());
             }
-        };
-        if !same_token(presented.as_bytes(), &expected) {
-            return refuse(
-                Refusal::WrongToken,
-                "refused: not the admin token (node.admin_token_file)\n".into(),
-            );
         }
-        Ok(())
+        if let Some(p) = self
+            .credentials
+            .by_token(presented.as_bytes())
+            .and_then(|id| self.credentials.principal(id))
+        {
+            return if p.administers(group) {
+                Ok(format!("principal {:?}", p.name))
+            } else {
+                not_admin(&p.name)
+            };
+        }
+        match admin_token {
+            None => refuse(
+                Refusal::WrongToken,
+                "refused: not an admin principal's token (node.credentials_file), and this node has no node.admin_token_file\n".into(),
+            ),
+            Some(Err(e)) => refuse(
+                Refusal::TokenFileUnusable,
+                format!("refused: this node cannot read its admin token (node.admin_token_file): {e}\n"),
+            ),
+            Some(Ok(_)) => refuse(
+                Refusal::WrongToken,
+                "refused: not the admin token (node.admin_token_file) nor an admin principal's\n".into(),
+            ),
+        }
     }
 }
 
@@ -286,17 +339,71 @@ fn bearer(value: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::credentials::{Grant, Permission, Principal};
 
     const TOKEN: &str = "0123456789abcdef0123";
+    const CLUSTER_TOKEN: &[u8] = b"cluster-token-0123456789";
 
     fn gate(dir: &Path) -> Gate {
         let f = dir.join("admin.token");
         std::fs::write(&f, format!("{TOKEN}\n")).unwrap();
-        Gate::new(Some(f))
+        Gate::new(Some(f), Credentials::cluster_only(CLUSTER_TOKEN))
     }
 
-    fn check(g: &mut Gate, headers: &[(&str, &str)]) -> Result<(), Refusal> {
-        g.check(headers.iter().copied(), "POST /x", None, Instant::now())
+    fn check(g: &mut Gate, headers: &[(&str, &str)]) -> Result<String, Refusal> {
+        g.check(
+            headers.iter().copied(),
+            None,
+            Some(0),
+            "POST /x",
+            None,
+            Instant::now(),
+        )
+        .map_err(|r| r.refusal)
+    }
+
+    /// The cluster token, an admin of group 0 by token (`ops`) and one by
+    /// certificate (`oncall`), and a reader of everything (`reader`).
+    fn principals() -> Credentials {
+        let mut c = Credentials::cluster_only(CLUSTER_TOKEN);
+        let principal =
+            |name: &str, groups: Option<Vec<GroupId>>, allow: &[Permission]| Principal {
+                name: name.into(),
+                all: false,
+                grants: vec![Grant {
+                    groups,
+                    queues: None,
+                    allow: allow.to_vec(),
+                }],
+                quota: Default::default(),
+            };
+        use Permission::{Admin, Read};
+        c.add(
+            principal("ops", Some(vec![0]), &[Admin]),
+            Some(b"ops-token-0123456789"),
+            None,
+        )
+        .unwrap();
+        c.add(principal("oncall", None, &[Admin]), None, Some("oncall"))
+            .unwrap();
+        c.add(
+            principal("reader", None, &[Read]),
+            Some(b"reader-token-0123456789"),
+            Some("reader"),
+        )
+        .unwrap();
+        c
+    }
+
+    fn check_as(
+        g: &mut Gate,
+        token: Option<&str>,
+        cn: Option<&str>,
+        group: Option<GroupId>,
+    ) -> Result<String, Refusal> {
+        let auth = token.map(|t| ("Authorization", format!("Bearer {t}")));
+        let headers = auth.iter().map(|(n, v)| (*n, v.as_str()));
+        g.check(headers, cn, group, "POST /x", None, Instant::now())
             .map_err(|r| r.refusal)
     }
 
@@ -305,10 +412,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut g = gate(d.path());
         let right = format!("Bearer {TOKEN}");
-        assert_eq!(check(&mut g, &[("Authorization", &right)]), Ok(()));
+        let admin = Ok("the admin token".to_string());
+        assert_eq!(check(&mut g, &[("Authorization", &right)]), admin);
         assert_eq!(
             check(&mut g, &[("authorization", &format!("bearer  {TOKEN} "))]),
-            Ok(())
+            admin
         );
         assert_eq!(check(&mut g, &[]), Err(Refusal::MissingToken));
         assert_eq!(
@@ -351,6 +459,7 @@ mod tests {
                 ("missing_token", 1),
                 ("malformed_token", 3),
                 ("wrong_token", 1),
+                ("not_admin", 0),
                 ("browser", 2),
                 ("not_configured", 0),
                 ("token_file_unusable", 0),
@@ -360,10 +469,12 @@ mod tests {
 
     #[test]
     fn no_token_file_refuses_everything_and_says_which_key() {
-        let mut g = Gate::new(None);
+        let mut g = Gate::new(None, Credentials::cluster_only(CLUSTER_TOKEN));
         let r = g
             .check(
                 [("Authorization", "Bearer anything-at-all")],
+                None,
+                Some(0),
                 "POST /x",
                 None,
                 Instant::now(),
@@ -372,6 +483,61 @@ mod tests {
         assert_eq!(r.refusal, Refusal::NotConfigured);
         assert_eq!(r.refusal.status(), 403);
         assert!(r.body.contains("node.admin_token_file"), "{}", r.body);
+        assert!(r.body.contains("\"admin\" grant"), "{}", r.body);
+    }
+
+    #[test]
+    fn admin_principals_pass_by_token_or_certificate_on_their_groups_only() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("admin.token");
+        std::fs::write(&f, TOKEN).unwrap();
+        for token_file in [None, Some(f)] {
+            let with_file = token_file.is_some();
+            let mut g = Gate::new(token_file, principals());
+            let ops = Some("ops-token-0123456789");
+            assert_eq!(
+                check_as(&mut g, ops, None, Some(0)),
+                Ok("principal \"ops\"".into())
+            );
+            assert_eq!(check_as(&mut g, ops, None, Some(1)), Err(Refusal::NotAdmin));
+            assert_eq!(check_as(&mut g, ops, None, None), Err(Refusal::NotAdmin));
+            assert_eq!(
+                check_as(&mut g, None, Some("oncall"), Some(5)),
+                Ok("principal \"oncall\" (certificate)".into())
+            );
+            // A token, when sent, is what is judged, not the certificate.
+            assert_eq!(
+                check_as(
+                    &mut g,
+                    Some("reader-token-0123456789"),
+                    Some("oncall"),
+                    Some(0)
+                ),
+                Err(Refusal::NotAdmin)
+            );
+            assert_eq!(
+                check_as(&mut g, None, Some("reader"), Some(0)),
+                Err(Refusal::NotAdmin)
+            );
+            assert_eq!(
+                check_as(&mut g, None, Some("stranger"), Some(0)),
+                Err(Refusal::MissingToken)
+            );
+            let cluster = std::str::from_utf8(CLUSTER_TOKEN).unwrap();
+            assert_eq!(
+                check_as(&mut g, Some(cluster), None, Some(0)),
+                Err(Refusal::NotAdmin),
+                "the cluster token is every client permission but not admin"
+            );
+            assert_eq!(
+                check_as(&mut g, Some("guess-0123456789abcdef"), None, Some(0)),
+                Err(Refusal::WrongToken)
+            );
+            assert_eq!(
+                check_as(&mut g, Some(TOKEN), None, Some(0)).is_ok(),
+                with_file
+            );
+        }
     }
 
     #[test]
@@ -379,7 +545,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut g = gate(d.path());
         let old = format!("Bearer {TOKEN}");
-        assert_eq!(check(&mut g, &[("Authorization", &old)]), Ok(()));
+        assert_eq!(
+            check(&mut g, &[("Authorization", &old)]),
+            Ok("the admin token".into())
+        );
         let new = "fedcba9876543210fedcba";
         let tmp = d.path().join("admin.token.new");
         std::fs::write(&tmp, new).unwrap();
@@ -390,7 +559,7 @@ mod tests {
         );
         assert_eq!(
             check(&mut g, &[("Authorization", &format!("Bearer {new}"))]),
-            Ok(())
+            Ok("the admin token".into())
         );
         // A file cut short (or gone) refuses rather than matching less.
         std::fs::write(d.path().join("admin.token"), "short").unwrap();

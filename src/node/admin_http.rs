@@ -9,7 +9,15 @@
 //! Parsing is `httparse`'s (hyper's parser) behind [`parse_head`], which
 //! the `admin_http` fuzz target drives; what is done with a request is the
 //! handler's.
+//!
+//! Given a [`ServerTls`], it serves HTTPS only: the handshake is done
+//! within the request's deadline on the worker (rustls' blocking
+//! `StreamOwned` over the socket, whose timeouts bound every read and
+//! write), the verified client certificate's common name, if any, goes to
+//! the handler with the request, and a peer that speaks plain HTTP to it
+//! is answered, in plain HTTP, that the endpoint wants HTTPS.
 
+use crate::tls::ServerTls;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +55,9 @@ pub(crate) struct HttpRequest {
     pub(crate) head: Head,
     /// Who sent it.
     pub(crate) peer: Option<SocketAddr>,
+    /// Over HTTPS, the common name of the client certificate the peer
+    /// showed (verified against the client CA); `None` without one.
+    pub(crate) client_cn: Option<String>,
 }
 
 /// The handler's answer.
@@ -80,11 +91,13 @@ pub(crate) struct HttpRefusals {
     malformed: AtomicU64,
     timed_out: AtomicU64,
     panicked: AtomicU64,
+    tls_failed: AtomicU64,
+    not_https: AtomicU64,
 }
 
 impl HttpRefusals {
     /// Each reason's label and count.
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 6] {
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 8] {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             ("busy", n(&self.busy)),
@@ -93,6 +106,8 @@ impl HttpRefusals {
             ("malformed", n(&self.malformed)),
             ("timed_out", n(&self.timed_out)),
             ("handler_panicked", n(&self.panicked)),
+            ("tls_failed", n(&self.tls_failed)),
+            ("not_https", n(&self.not_https)),
         ]
     }
 }
@@ -108,12 +123,14 @@ pub(crate) struct HttpServer {
 }
 
 impl HttpServer {
-    /// Serves `handler` on `listener` with threads named `name`.
+    /// Serves `handler` on `listener` with threads named `name`, over
+    /// HTTPS with `tls` if given.
     pub(crate) fn start(
         listener: TcpListener,
         name: &str,
         handler: Arc<Handler>,
         refusals: Arc<HttpRefusals>,
+        tls: Option<Arc<ServerTls>>,
     ) -> io::Result<HttpServer> {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -124,6 +141,7 @@ impl HttpServer {
             let handler = Arc::clone(&handler);
             let refusals = Arc::clone(&refusals);
             let stop = Arc::clone(&stop);
+            let tls = tls.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
@@ -137,7 +155,7 @@ impl HttpServer {
                             // the worker.
                             let served =
                                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    serve(stream, &*handler, &refusals)
+                                    serve(stream, tls.as_deref(), &*handler, &refusals)
                                 }));
                             if served.is_err() {
                                 refusals.panicked.fetch_add(1, Ordering::Relaxed);
@@ -172,7 +190,10 @@ impl HttpServer {
                         };
                         if let Err(e) = tx.try_send(stream) {
                             refusals.busy.fetch_add(1, Ordering::Relaxed);
-                            let mut s = e.into_inner();
+                            // Over HTTPS too: a busy server does no
+                            // handshakes, and a TLS client reads this
+                            // as a failed one.
+                            let mut s = Conn::Plain(e.into_inner());
                             let busy = HttpResponse::text(503, "busy: try again\n");
                             let by = Instant::now() + Duration::from_millis(100);
                             let _ = write_response(&mut s, &busy, false, by);
@@ -215,11 +236,171 @@ enum Refused {
     Gone,
 }
 
+/// An accepted connection: plain, or HTTPS past its handshake.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
+}
+
+impl Conn {
+    /// The socket under it, whose timeouts bound its reads and writes.
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => &s.sock,
+        }
+    }
+
+    /// Ends the connection: TLS's close_notify, then the TCP write side.
+    fn finish(&mut self) {
+        if let Conn::Tls(s) = self {
+            s.conn.send_close_notify();
+            let _ = s.flush();
+        }
+        let _ = self.tcp().shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// How a TLS handshake ended, if not with a connection.
+enum HandshakeFailed {
+    /// The peer spoke plain HTTP: answer it so, in plain HTTP.
+    NotHttps(TcpStream),
+    /// A TLS error (an alert was sent if rustls had one), a timeout, or
+    /// the peer gone (counted where one is a refusal): nothing more to say.
+    Failed,
+}
+
+/// Completes the server side of a TLS handshake on `stream` before
+/// `deadline`.
+fn handshake(
+    stream: TcpStream,
+    tls: &ServerTls,
+    deadline: Instant,
+    refusals: &HttpRefusals,
+) -> Result<Conn, HandshakeFailed> {
+    let timed_out = || {
+        refusals.timed_out.fetch_add(1, Ordering::Relaxed);
+        HandshakeFailed::Failed
+    };
+    // What an I/O error ends the handshake as; `None`: try again.
+    let ended = |e: &io::Error| match e.kind() {
+        io::ErrorKind::Interrupted => None,
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Some(timed_out()),
+        io::ErrorKind::InvalidData => {
+            refusals.tls_failed.fetch_add(1, Ordering::Relaxed);
+            Some(HandshakeFailed::Failed)
+        }
+        _ => Some(HandshakeFailed::Failed),
+    };
+    let timeout = |s: &TcpStream| {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        s.set_read_timeout(Some(left))
+            .and_then(|()| s.set_write_timeout(Some(left)))
+            .map_err(|_| HandshakeFailed::Failed)
+    };
+    // A plain request starts with a method's letters, TLS with a record
+    // type (22, a handshake): one byte tells them apart.
+    let mut first = [0u8; 1];
+    loop {
+        timeout(&stream)?;
+        match stream.peek(&mut first) {
+            Ok(0) => return Err(HandshakeFailed::Failed),
+            Ok(_) => break,
+            Err(e) => {
+                if let Some(end) = ended(&e) {
+                    return Err(end);
+                }
+            }
+        }
+    }
+    if !matches!(first[0], 0x15 | 0x16) {
+        refusals.not_https.fetch_add(1, Ordering::Relaxed);
+        return Err(HandshakeFailed::NotHttps(stream));
+    }
+    let Ok(conn) = tls.accept() else {
+        refusals.tls_failed.fetch_add(1, Ordering::Relaxed);
+        return Err(HandshakeFailed::Failed);
+    };
+    let mut s = rustls::StreamOwned::new(conn, stream);
+    while s.conn.is_handshaking() {
+        timeout(&s.sock)?;
+        match s.conn.complete_io(&mut s.sock) {
+            Ok((0, 0)) if s.conn.wants_read() => return Err(HandshakeFailed::Failed),
+            Ok(_) => {}
+            Err(e) => {
+                if let Some(end) = ended(&e) {
+                    return Err(end);
+                }
+            }
+        }
+    }
+    Ok(Conn::Tls(Box::new(s)))
+}
+
+/// The common name of the verified client certificate `conn` was shown.
+fn client_cn(conn: &Conn) -> Option<String> {
+    let Conn::Tls(s) = conn else { return None };
+    let leaf = s.conn.peer_certificates()?.first()?;
+    crate::tls::subject::common_name(leaf)
+}
+
 /// Reads one request from `stream`, answers it and closes.
-fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
+fn serve(stream: TcpStream, tls: Option<&ServerTls>, handler: &Handler, refusals: &HttpRefusals) {
     let peer = stream.peer_addr().ok();
     let deadline = Instant::now() + Duration::from_millis(ADMIN_REQUEST_TIMEOUT_MS);
-    let (answer, head_only, refused) = match read_request(&mut stream, deadline, peer) {
+    let mut stream = match tls {
+        None => Conn::Plain(stream),
+        Some(tls) => match handshake(stream, tls, deadline, refusals) {
+            Ok(conn) => conn,
+            Err(HandshakeFailed::NotHttps(s)) => {
+                let mut plain = Conn::Plain(s);
+                let addr = plain
+                    .tcp()
+                    .local_addr()
+                    .map_or("ADDR".into(), |a| a.to_string());
+                let answer = HttpResponse::text(
+                    400,
+                    format!("this admin endpoint serves HTTPS only (node.admin_tls = true): use https://{addr}/ with the cluster's CA (curl --cacert, quire member --ca)\n"),
+                );
+                let write_by = Instant::now() + Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS);
+                let _ = write_response(&mut plain, &answer, false, write_by);
+                plain.finish();
+                drain(&mut plain);
+                return;
+            }
+            Err(HandshakeFailed::Failed) => return,
+        },
+    };
+    let client_cn = client_cn(&stream);
+    let (answer, head_only, refused) = match read_request(&mut stream, deadline, peer, client_cn) {
         Ok(req) => (handler(&req), req.head.method == "HEAD", false),
         Err(refused) => {
             let (counter, answer) = match refused {
@@ -256,7 +437,7 @@ fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
     };
     let write_by = Instant::now() + Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS);
     let _ = write_response(&mut stream, &answer, head_only, write_by);
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    stream.finish();
     if refused {
         // Closing with unread bytes would reset the connection, and a
         // reset can destroy the answer before the peer reads it.
@@ -265,7 +446,7 @@ fn serve(mut stream: TcpStream, handler: &Handler, refusals: &HttpRefusals) {
 }
 
 /// Reads and drops what the peer still sends, briefly and boundedly.
-fn drain(stream: &mut TcpStream) {
+fn drain(stream: &mut Conn) {
     let deadline = Instant::now() + Duration::from_millis(DRAIN_MS);
     let mut scratch = [0u8; 4096];
     let mut left = DRAIN_BYTES_MAX;
@@ -374,9 +555,10 @@ pub fn parse_head(bytes: &[u8]) -> Result<Option<Head>, HeadError> {
 /// One request whose head and body arrived within their bounds and
 /// `deadline`; the body is read and dropped.
 fn read_request(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     deadline: Instant,
     peer: Option<SocketAddr>,
+    client_cn: Option<String>,
 ) -> Result<HttpRequest, Refused> {
     let mut buf = vec![0u8; ADMIN_HEAD_BYTES_MAX];
     let mut got = 0;
@@ -407,21 +589,22 @@ fn read_request(
         let n = read_before(stream, &mut buf[..want], deadline)?;
         left -= n as u64;
     }
-    Ok(HttpRequest { head, peer })
+    Ok(HttpRequest {
+        head,
+        peer,
+        client_cn,
+    })
 }
 
 /// One read of at least a byte before `deadline`.
-fn read_before(
-    stream: &mut TcpStream,
-    buf: &mut [u8],
-    deadline: Instant,
-) -> Result<usize, Refused> {
+fn read_before(stream: &mut Conn, buf: &mut [u8], deadline: Instant) -> Result<usize, Refused> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Refused::TimedOut);
         }
         stream
+            .tcp()
             .set_read_timeout(Some(left))
             .map_err(|_| Refused::Gone)?;
         match stream.read(buf) {
@@ -463,7 +646,7 @@ fn reason(status: u16) -> &'static str {
 /// Writes `r` whole before `deadline` (a peer that reads slowly holds a
 /// worker no longer than that), or gives up.
 fn write_response(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     r: &HttpResponse,
     head_only: bool,
     deadline: Instant,
@@ -485,7 +668,7 @@ fn write_response(
         if time.is_zero() {
             return Err(io::ErrorKind::TimedOut.into());
         }
-        stream.set_write_timeout(Some(time))?;
+        stream.tcp().set_write_timeout(Some(time))?;
         match stream.write(left) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => left = &left[n..],
@@ -493,7 +676,8 @@ fn write_response(
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    // TLS holds what it has not sent yet; plain TCP holds nothing.
+    stream.flush()
 }
 
 #[cfg(test)]
@@ -506,7 +690,8 @@ mod tests {
         let handler: Arc<Handler> = Arc::new(|r: &HttpRequest| {
             HttpResponse::text(200, format!("{} {}\n", r.head.method, r.head.url))
         });
-        let s = HttpServer::start(listener, "test-http", handler, Arc::clone(&refusals)).unwrap();
+        let s =
+            HttpServer::start(listener, "test-http", handler, Arc::clone(&refusals), None).unwrap();
         (s, refusals)
     }
 

@@ -54,8 +54,13 @@ pub struct DaemonConfig {
     pub cores: Vec<usize>,
     /// Where clients connect (TCP).
     pub client_listen: SocketAddr,
-    /// The admin endpoint: `/metrics` and `/status` (HTTP).
+    /// The admin endpoint: `/metrics`, `/status` and `/membership` (HTTP,
+    /// or HTTPS with `admin_tls`).
     pub admin_listen: SocketAddr,
+    /// The files the admin endpoint serves HTTPS with (`node.admin_tls`:
+    /// the client listener's, client certificates optional); `None`:
+    /// plain HTTP.
+    pub admin_tls: Option<crate::tls::ServerTlsFiles>,
     /// The client server's connection bounds (`[client]`).
     pub client: super::client_admission::ClientLimits,
     /// The files clients are served TLS with (`client.tls_*`, checked
@@ -238,6 +243,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     let client_token = check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
     let admin_token_file = check::admin_token(&raw.node, dir, &client_token, &mut warnings)?;
     let client_tls = check::client_tls(&raw.client, dir)?;
+    let admin_tls = check::admin_tls(&raw.node, client_tls.as_ref())?;
     let mtls = client_tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     let credentials = check::credentials(&raw.node, dir, &client_token, mtls, &mut warnings)?;
 
@@ -265,6 +271,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         cores,
         client_listen,
         admin_listen,
+        admin_tls,
         client,
         client_tls,
         credentials,

@@ -6,10 +6,13 @@
 //! name of its client certificate (mTLS). Its grants say, per group and
 //! optionally per queue-name prefix, which operations it may do: `read`,
 //! `append` (log appends, ledger entries, produces), `consume` (consume
-//! and ack), `create` and `delete` (ledgers and queues). The cluster's
-//! one token of old (`node.auth_token_file`) is the principal `cluster`
-//! with every permission, so a config without a credentials file works as
-//! before. `Leaders` and `Status` are open to every principal.
+//! and ack), `create` and `delete` (ledgers and queues), and `admin`
+//! (membership changes through the admin endpoint, `node::admin_auth`).
+//! The cluster's one token of old (`node.auth_token_file`) is the
+//! principal `cluster` with every client permission, so a config without
+//! a credentials file works as before; it is not an admin (changing the
+//! membership takes a credential of its own, as it did before principals).
+//! `Leaders` and `Status` are open to every principal.
 
 use crate::api::Request;
 use crate::state::{Command, Query};
@@ -21,6 +24,10 @@ use std::collections::HashMap;
 pub const PRINCIPALS_MAX: usize = 1024;
 /// Grants one principal may hold at most.
 pub const GRANTS_PER_PRINCIPAL_MAX: usize = 64;
+/// Bytes an admin token (`node.admin_token_file`) must hold at least,
+/// after trailing whitespace: the same bar as the cluster key, so it
+/// cannot be guessed.
+pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 /// The name of the principal the cluster token (`node.auth_token_file`)
 /// authenticates.
 pub const CLUSTER_PRINCIPAL: &str = "cluster";
@@ -41,6 +48,9 @@ pub enum Permission {
     Create,
     /// Deleting a ledger or queue.
     Delete,
+    /// Membership changes of the group through the admin endpoint
+    /// (`POST /membership`); never asked by the client protocol.
+    Admin,
 }
 
 impl Permission {
@@ -52,6 +62,7 @@ impl Permission {
             Permission::Consume => "consume",
             Permission::Create => "create",
             Permission::Delete => "delete",
+            Permission::Admin => "admin",
         }
     }
 }
@@ -157,6 +168,20 @@ impl Principal {
     /// Whether it may do `a`.
     pub fn allows(&self, a: &Access) -> bool {
         self.all || self.grants.iter().any(|g| g.covers(a))
+    }
+
+    /// Whether it may change the membership of `group` through the admin
+    /// endpoint; with `None` (a request naming no group), of every group.
+    /// Only an `admin` grant says so: `all` (the cluster token) does not.
+    pub fn administers(&self, group: Option<GroupId>) -> bool {
+        self.grants.iter().any(|g| {
+            let groups = match (&g.groups, group) {
+                (None, _) => true,
+                (Some(gs), Some(group)) => gs.contains(&group),
+                (Some(_), None) => false,
+            };
+            groups && g.queues.is_none() && g.allow.contains(&Permission::Admin)
+        })
     }
 
     /// Why `a` is denied, for the client (`Forbidden`) and the log.
@@ -296,6 +321,23 @@ impl Credentials {
         self.principals.get(id as usize)
     }
 
+    /// The names of the principals that hold an `admin` grant.
+    pub fn admins(&self) -> impl Iterator<Item = &str> + '_ {
+        self.principals
+            .iter()
+            .filter(|p| {
+                p.grants
+                    .iter()
+                    .any(|g| g.allow.contains(&Permission::Admin))
+            })
+            .map(|p| p.name.as_str())
+    }
+
+    /// Whether some principal holds an `admin` grant.
+    pub fn any_admin(&self) -> bool {
+        self.admins().next().is_some()
+    }
+
     /// Whether some principal is limited (else no request is checked).
     pub fn any_limited(&self) -> bool {
         self.principals.iter().any(|p| !p.all)
@@ -348,6 +390,35 @@ mod tests {
             p.denial(&access(Create, 3, Some("orders-eu"))),
             "principal \"app\" may not create on queue \"orders-eu\" of group 3"
         );
+    }
+
+    #[test]
+    fn only_an_admin_grant_administers_and_only_its_groups() {
+        use Permission::*;
+        let p = |grants| Principal {
+            name: "p".into(),
+            all: false,
+            grants,
+            quota: Default::default(),
+        };
+        let ops = p(vec![grant(Some(vec![0, 2]), None, &[Admin, Read])]);
+        assert!(ops.administers(Some(0)) && ops.administers(Some(2)));
+        assert!(!ops.administers(Some(1)));
+        assert!(!ops.administers(None), "not every group");
+        let everywhere = p(vec![grant(None, None, &[Admin])]);
+        assert!(everywhere.administers(Some(7)) && everywhere.administers(None));
+        let writer = p(vec![grant(
+            None,
+            None,
+            &[Read, Append, Consume, Create, Delete],
+        )]);
+        assert!(!writer.administers(Some(0)));
+        let cluster = Credentials::cluster_only(b"t");
+        assert!(
+            !cluster.principal(0).unwrap().administers(Some(0)),
+            "the cluster token is no admin"
+        );
+        assert!(!cluster.any_admin());
     }
 
     #[test]

@@ -51,22 +51,35 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     }
 }
 
-/// Waits for SIGTERM or SIGINT; a SIGHUP in between reloads the client
-/// TLS files (if clients are served TLS), says so, and the node goes on.
-fn wait_for_stop(id: u64, set: &libc::sigset_t, tls: Option<&ServerTls>) -> &'static str {
+/// Waits for SIGTERM or SIGINT and says which; a SIGHUP meanwhile reloads
+/// the certificates and keys of the client listener (`client`) and of the
+/// admin endpoint (`admin`, with `node.admin_tls`) from their files.
+fn wait_for_stop(
+    id: u64,
+    set: &libc::sigset_t,
+    client: Option<&ServerTls>,
+    admin: Option<&ServerTls>,
+) -> &'static str {
     loop {
         match wait_for_signal(set) {
-            "SIGHUP" => match tls.map(ServerTls::reload) {
-                None => log_info!(
-                    "quired: node {id}: SIGHUP: nothing to reload (clients are served plain TCP; the config is read once, at start: restart the node to apply a change); still running"
-                ),
-                Some(Ok(what)) => log_info!(
-                    "quired: node {id}: SIGHUP: client TLS reloaded: new connections get {what}; open ones keep theirs"
-                ),
-                Some(Err(e)) => log_warn!(
-                    "quired: node {id}: SIGHUP: client TLS not reloaded, the certificate in use stays: {e}"
-                ),
-            },
+            "SIGHUP" => {
+                if client.is_none() && admin.is_none() {
+                    log_info!(
+                        "quired: node {id}: SIGHUP: nothing to reload (clients are served plain TCP; the config is read once, at start: restart the node to apply a change); still running"
+                    );
+                }
+                for (what, tls) in [("client TLS", client), ("admin HTTPS", admin)] {
+                    match tls.map(ServerTls::reload) {
+                        None => {}
+                        Some(Ok(got)) => log_info!(
+                            "quired: node {id}: SIGHUP: {what} reloaded: new connections get {got}; open ones keep theirs"
+                        ),
+                        Some(Err(e)) => log_warn!(
+                            "quired: node {id}: SIGHUP: {what} not reloaded, the certificate in use stays: {e}"
+                        ),
+                    }
+                }
+            }
             sig => return sig,
         }
     }
@@ -253,6 +266,13 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             return ExitCode::from(config_file::EXIT_CODE_BAD_CONFIG as u8);
         }
     };
+    let admin_tls = match cfg.admin_tls.clone().map(ServerTls::load).transpose() {
+        Ok(t) => t.map(Arc::new),
+        Err(e) => {
+            eprintln!("quired: node {id}: admin HTTPS: {e}");
+            return ExitCode::from(config_file::EXIT_CODE_BAD_CONFIG as u8);
+        }
+    };
     // Before any log is opened: a second daemon on this config must not
     // touch the disks of the first.
     let claims = port_claims(&cfg);
@@ -277,8 +297,13 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         Ok(n) => Arc::new(n),
         Err(e) => return start_failed(id, &udp_claims, e.is_config(), &e),
     };
-    let admin_token_file = cfg.admin_token_file.clone();
-    let admin = match AdminServer::start(cfg.admin_listen, Arc::clone(&node), admin_token_file) {
+    let admin = match AdminServer::start(
+        cfg.admin_listen,
+        Arc::clone(&node),
+        cfg.admin_token_file.clone(),
+        cfg.credentials.clone(),
+        admin_tls.clone(),
+    ) {
         Ok(a) => a,
         Err(e) => return start_failed(id, &listener("node.admin_listen"), e.is_config(), &e),
     };
@@ -293,8 +318,9 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
         Ok(c) => c,
         Err(e) => return start_failed(id, &listener("node.client_listen"), e.is_config(), &e),
     };
+    let scheme = if admin_tls.is_some() { "https" } else { "http" };
     log_info!(
-        "quired: node {id} up: {groups} groups on cores {:?}; clients on {}; admin on http://{}/status",
+        "quired: node {id} up: {groups} groups on cores {:?}; clients on {}; admin on {scheme}://{}/status",
         cfg.cores,
         clients.addr(),
         admin.addr()
@@ -305,16 +331,33 @@ pub fn run_with(config: &Path, opts: DaemonOptions) -> ExitCode {
             "quired: node {id}: clients are served plain TCP (client.plain = true): tokens and records cross the network in clear"
         ),
     }
-    match &cfg.admin_token_file {
-        Some(f) => log_info!(
-            "quired: node {id}: membership changes on the admin endpoint need the token in {} (re-read on each request)",
-            f.display()
-        ),
-        None => log_warn!(
-            "quired: node {id}: membership changes on the admin endpoint are off (no node.admin_token_file)"
-        ),
+    if let Some(t) = &admin_tls {
+        log_info!("quired: node {id}: admin: HTTPS only: {}", t.describe());
     }
-    let sig = wait_for_stop(id, &signals, tls.as_deref());
+    let admins = cfg
+        .credentials
+        .admins()
+        .map(|name| format!("{name:?}"))
+        .collect::<Vec<_>>();
+    match (&cfg.admin_token_file, admins.is_empty()) {
+        (None, true) => log_warn!(
+            "quired: node {id}: membership changes on the admin endpoint are off (no node.admin_token_file, no principal with an \"admin\" grant)"
+        ),
+        (file, _) => {
+            let mut who = Vec::new();
+            if let Some(f) = file {
+                who.push(format!("the token in {} (re-read on each request)", f.display()));
+            }
+            if !admins.is_empty() {
+                who.push(format!("admin principals {}", admins.join(", ")));
+            }
+            log_info!(
+                "quired: node {id}: membership changes on the admin endpoint need {}",
+                who.join(" or ")
+            );
+        }
+    }
+    let sig = wait_for_stop(id, &signals, tls.as_deref(), admin_tls.as_deref());
     log_info!("quired: node {id}: {sig}: stopping; in-flight flushes finish first");
     drop(clients);
     drop(admin);

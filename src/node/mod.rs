@@ -41,8 +41,8 @@
 //! the code, and refuses a file missing from it):
 //!
 //! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`, `free_ports`, `admin_http`, `quota`: leaves
-//! 2. `status`, `errors`, `admin_auth`, `client_gate`, `processes`, `credentials`: status views, start errors, the client server's admission, who a client is and what it may do
-//! 3. `command`, `config_file`: commands and replies, the daemon's config file
+//! 2. `status`, `errors`, `client_gate`, `processes`, `credentials`: status views, start errors, the client server's admission, who a client is and what it may do
+//! 3. `command`, `config_file`, `admin_auth`: commands and replies, the daemon's config file, who may change the cluster through the admin endpoint
 //! 4. `mesh`: the inter-core mesh (control plane, and client requests between loops)
 //! 5. `replica`, `control`, `client_dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
 //! 6. `client_conns`: the client connections one loop serves

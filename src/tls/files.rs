@@ -144,6 +144,10 @@ pub struct ServerTlsFiles {
     pub client_crl: Option<PathBuf>,
     /// The oldest version accepted (`client.tls_min_version`).
     pub min_version: TlsVersion,
+    /// With `client_ca`: a peer may also come without a certificate (one
+    /// it shows must still verify). The admin endpoint's, whose readers
+    /// (scrapers, `curl`) need none and whose admins may show one.
+    pub client_cert_optional: bool,
 }
 
 /// Which of a node's TLS files an error is about.
@@ -160,6 +164,15 @@ pub enum TlsFileRole {
 }
 
 impl ServerTlsFiles {
+    /// The same files, for the admin endpoint: client certificates asked
+    /// for (if a client CA is set) but not required.
+    pub fn for_admin(&self) -> ServerTlsFiles {
+        ServerTlsFiles {
+            client_cert_optional: true,
+            ..self.clone()
+        }
+    }
+
     /// Reads the files and builds the config, with a line saying what it
     /// serves; an error says which file is at fault, and why.
     pub fn load(&self) -> Result<(Arc<rustls::ServerConfig>, String), (TlsFileRole, String)> {
@@ -184,6 +197,9 @@ impl ServerTlsFiles {
                         .only_check_end_entity_revocation()
                         .allow_unknown_revocation_status();
                 }
+                if self.client_cert_optional {
+                    verifier = verifier.allow_unauthenticated();
+                }
                 let verifier = verifier
                     .build()
                     .map_err(|e| ca_err(format!("{}: {e}", ca.display())))?;
@@ -200,6 +216,10 @@ impl ServerTlsFiles {
             (TlsFileRole::Key, why)
         })?;
         let mtls = match (&self.client_ca, &self.client_crl) {
+            (Some(ca), _) if self.client_cert_optional => format!(
+                "client certificates optional, checked against {} if shown",
+                ca.display()
+            ),
             (Some(ca), None) => format!("client certificates checked against {}", ca.display()),
             (Some(ca), Some(crl)) => format!(
                 "client certificates checked against {} and the revocations in {}",

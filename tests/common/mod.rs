@@ -230,3 +230,61 @@ pub fn assert_refused_with<T: std::fmt::Debug>(
         other => panic!("expected {code} saying {words:?}, got {other:?}"),
     }
 }
+
+/// The value of `metric{reason="REASON"}` in a `/metrics` text (panics,
+/// showing the text, if it is not there).
+pub fn reason_count(text: &str, metric: &str, reason: &str) -> u64 {
+    let prefix = format!("{metric}{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A client certificate for `cn` from `ca`, written as `dir/CN.pem` and
+/// `dir/CN.key`; their paths.
+pub fn issue_client_cert(
+    dir: &Path,
+    ca: &quire::tls::issue::LocalCa,
+    cn: &str,
+) -> (PathBuf, PathBuf) {
+    let issued = ca
+        .issue(&quire::tls::issue::CertRequest::client(cn))
+        .unwrap();
+    let (c, k) = (dir.join(format!("{cn}.pem")), dir.join(format!("{cn}.key")));
+    std::fs::write(&c, issued.cert_pem).unwrap();
+    std::fs::write(&k, issued.key_pem).unwrap();
+    (c, k)
+}
+
+/// A one-node TLS cluster (`prepare_tls`) under `dir` asking clients for
+/// certificates of `client_ca`, with `credentials` as its credentials
+/// file, each `(file, token)` of `tokens` written next to it, and its
+/// config passed through `edit` first; started.
+pub fn mtls_node(
+    dir: &Path,
+    client_ca: &quire::tls::issue::LocalCa,
+    credentials: &str,
+    tokens: &[(&str, &str)],
+    edit: impl FnOnce(&LocalProcesses, String) -> String,
+) -> LocalProcesses {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
+    let mut procs = LocalProcesses::prepare_tls(dir, 1, 1, &exe).expect("cluster prepared");
+    let ca_file = dir.join("client-ca.pem");
+    std::fs::write(&ca_file, client_ca.cert_pem()).unwrap();
+    std::fs::write(dir.join("credentials.toml"), credentials).unwrap();
+    for (file, token) in tokens {
+        std::fs::write(dir.join(file), format!("{token}\n")).unwrap();
+    }
+    // `prepare_tls` names credentials.toml in the config already, and
+    // writes `[client]` last: the client CA goes there.
+    let cfg = procs.nodes[&1].config.clone();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("credentials_file = \"../credentials.toml\""));
+    let text = edit(&procs, text);
+    std::fs::write(&cfg, format!("{text}tls_client_ca_file = {ca_file:?}\n")).unwrap();
+    procs.start_all().unwrap();
+    procs
+}

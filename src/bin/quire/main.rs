@@ -12,10 +12,11 @@
 //! - `quire ledger create|append|close|open|read|tail|delete|list` and
 //!   `quire queue create|produce|consume|ack|list|dead|delete`: ledgers
 //!   and queues (state.rs), with `--json`;
-//! - `quire member --admin A --admin-token-file F --group G
-//!   remove|learner|voter --node N [--force] [--json]`: one membership
-//!   change on the group's leader, with the admin token (`voter` promotes only a learner
-//!   that has caught up, unless `--force`);
+//! - `quire member --admin A (--admin-token-file F | --cert C --key K)
+//!   [--ca CA] --group G remove|learner|voter --node N [--force] [--json]`:
+//!   one membership change on the group's leader, as an admin (`voter`
+//!   promotes only a learner that has caught up, unless `--force`), over
+//!   HTTPS with `--ca`;
 //! - `quire completions bash|zsh|fish`: a completion script on stdout;
 //!   `quire man DIR`: man pages (`quire.1`, `quire-SUB.1`), both
 //!   generated from the clap definitions below, so they never drift;
@@ -239,9 +240,14 @@ enum Cmd {
         #[arg(long)]
         force: bool,
         /// File holding the admin token (node.admin_token_file; `quire up`
-        /// writes DIR/admin.token), sent as Authorization: Bearer.
-        #[arg(long)]
-        admin_token_file: PathBuf,
+        /// writes DIR/admin.token) or the token of a principal with an
+        /// "admin" grant, sent as Authorization: Bearer; not needed with a
+        /// --cert that names an admin principal.
+        #[arg(long, required_unless_present = "cert")]
+        admin_token_file: Option<PathBuf>,
+        /// With --ca: HTTPS to an endpoint with node.admin_tls = true.
+        #[command(flatten)]
+        tls: TlsArgs,
         /// Print the applied change as one JSON object: `{"group",
         /// "change", "node", "answer"}` (the leader's answer); a refusal is
         /// an error as without it.
@@ -480,8 +486,20 @@ fn main() -> ExitCode {
             node,
             force,
             admin_token_file,
+            tls,
             json,
-        } => member(admin, group, &change, node, force, &admin_token_file).map(|answer| {
+        } => member(
+            admin,
+            &MemberChange {
+                group,
+                change: &change,
+                node,
+                force,
+            },
+            admin_token_file.as_deref(),
+            &tls,
+        )
+        .map(|answer| {
             if json {
                 let v = serde_json::json!({
                     "group": group,
@@ -613,34 +631,73 @@ fn print_entry(e: &quire::client::Entry, json: bool) {
     }
 }
 
-/// `quire member`: one POST to the admin endpoint, with the admin token;
-/// the leader's answer once the change applied, or why not.
-fn member(
-    admin: SocketAddr,
+/// What `quire member` asks for.
+struct MemberChange<'a> {
     group: u32,
-    change: &str,
+    change: &'a str,
     node: u64,
     force: bool,
-    token_file: &std::path::Path,
+}
+
+/// A byte stream both ways: TCP, or TLS over it.
+trait Duplex: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> Duplex for T {}
+
+/// `quire member`: one POST to the admin endpoint (over HTTPS with
+/// `tls`), with the admin token in `token_file` or as the principal of
+/// `tls`'s certificate; the leader's answer once the change applied, or
+/// why not.
+fn member(
+    admin: SocketAddr,
+    m: &MemberChange,
+    token_file: Option<&std::path::Path>,
+    tls: &TlsArgs,
 ) -> Result<String, String> {
     use std::io::{Read, Write};
-    let token =
-        quire::io::private::read_capped(token_file, quire::io::private::SECRET_FILE_BYTES_MAX)
-            .map_err(|e| format!("{}: {e}", token_file.display()))?;
-    let token = String::from_utf8(token.trim_ascii_end().to_vec())
-        .map_err(|_| format!("{}: the admin token is not text", token_file.display()))?;
-    let force = if force { "&force=1" } else { "" };
-    let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
+    let auth = match token_file {
+        None => String::new(),
+        Some(f) => {
+            let token =
+                quire::io::private::read_capped(f, quire::io::private::SECRET_FILE_BYTES_MAX)
+                    .map_err(|e| format!("{}: {e}", f.display()))?;
+            let token = String::from_utf8(token.trim_ascii_end().to_vec())
+                .map_err(|_| format!("{}: the admin token is not text", f.display()))?;
+            format!("Authorization: Bearer {token}\r\n")
+        }
+    };
+    let client_tls = tls.load()?;
+    let tcp = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
         .map_err(|e| format!("{admin}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))
+    tcp.set_read_timeout(Some(Duration::from_secs(30)))
+        .and_then(|()| tcp.set_write_timeout(Some(Duration::from_secs(30))))
         .map_err(|e| e.to_string())?;
+    let mut s: Box<dyn Duplex> = match &client_tls {
+        None => Box::new(tcp),
+        Some(t) => {
+            let conn = t.connect(admin).map_err(|e| format!("{admin}: TLS: {e}"))?;
+            Box::new(rustls::StreamOwned::new(conn, tcp))
+        }
+    };
+    let io_failed = |e: std::io::Error| {
+        let rustls_error = e.get_ref().and_then(|r| r.downcast_ref::<rustls::Error>());
+        if matches!(rustls_error, Some(rustls::Error::InvalidMessage(_))) {
+            // What a plain HTTP endpoint answers a ClientHello with.
+            return format!("{admin}: TLS: the endpoint does not speak it (node.admin_tls is off there?): leave out --ca");
+        }
+        let why = quire::tls::tls_failure(&e).unwrap_or_else(|| e.to_string());
+        format!("{admin}: {why}")
+    };
+    let force = if m.force { "&force=1" } else { "" };
+    let (group, change, node) = (m.group, m.change, m.node);
     write!(
         s,
-        "POST /membership?group={group}&change={change}&node={node}{force} HTTP/1.1\r\nHost: quire\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "POST /membership?group={group}&change={change}&node={node}{force} HTTP/1.1\r\nHost: quire\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
-    .map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    .and_then(|()| s.flush())
+    .map_err(io_failed)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(io_failed)?;
+    let text = String::from_utf8_lossy(&raw);
     let code = text.split_whitespace().nth(1).unwrap_or("?");
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
     if code == "200" {

@@ -15,9 +15,9 @@ use crate::heartbeat::message::{GROUPS_MAX, PEERS_MAX};
 use crate::heartbeat::DetectorConfig;
 use crate::io::BackendChoice;
 use crate::net::UdpConfig;
-use crate::node::admin_auth::ADMIN_TOKEN_BYTES_MIN;
 use crate::node::client_admission::ClientLimits;
 use crate::node::config::{GroupSpec, PeerSpec};
+use crate::node::credentials::ADMIN_TOKEN_BYTES_MIN;
 use crate::node::credentials::{Credentials, Principal, RawCredentials, GRANTS_PER_PRINCIPAL_MAX};
 use crate::serial::SerialConfig;
 use crate::storage::format::BLOCK_BYTES;
@@ -416,6 +416,7 @@ pub(super) fn client_tls(raw: &RawClient, dir: &Path) -> Result<Option<ServerTls
         client_ca: raw.tls_client_ca_file.as_ref().map(|p| resolve(dir, p)),
         client_crl: raw.tls_client_crl_file.as_ref().map(|p| resolve(dir, p)),
         min_version,
+        client_cert_optional: false,
     };
     files.load().map_err(|(role, why)| {
         let key = match role {
@@ -427,6 +428,23 @@ pub(super) fn client_tls(raw: &RawClient, dir: &Path) -> Result<Option<ServerTls
         bad(key, why)
     })?;
     Ok(Some(files))
+}
+
+/// `node.admin_tls`: the files the admin endpoint serves HTTPS with (the
+/// client listener's, client certificates optional), or `None` for plain
+/// HTTP (the default).
+pub(super) fn admin_tls(
+    raw: &RawNode,
+    client_tls: Option<&ServerTlsFiles>,
+) -> Result<Option<ServerTlsFiles>, Bad> {
+    match (raw.admin_tls.unwrap_or(false), client_tls) {
+        (false, _) => Ok(None),
+        (true, Some(files)) => Ok(Some(files.for_admin())),
+        (true, None) => Err(bad(
+            "node.admin_tls",
+            "serves the admin endpoint with the client listener's certificate, and this config serves clients plain (client.plain = true): set client.tls_cert_file and client.tls_key_file instead of client.plain, or drop node.admin_tls",
+        )),
+    }
 }
 
 /// `[snapshot]`: when to take one (`entries` or `bytes` of log growth,
@@ -690,6 +708,16 @@ pub(super) fn credentials(
         }
         if let Some(g) = p.grants.iter().position(|g| g.allow.is_empty()) {
             return Err(at(format!("grants[{g}] allows nothing")));
+        }
+        let queue_admin = p.grants.iter().position(|g| {
+            g.queues.is_some()
+                && g.allow
+                    .contains(&crate::node::credentials::Permission::Admin)
+        });
+        if let Some(g) = queue_admin {
+            return Err(at(format!(
+                "grants[{g}] allows \"admin\" on queues: admin is membership of whole groups; give it in a grant without `queues`"
+            )));
         }
         let token = match &p.token_file {
             Some(t) => Some(read_secret(KEY, &resolve(cred_dir, t), warnings)?),

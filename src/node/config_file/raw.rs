@@ -66,6 +66,7 @@ pub(super) struct RawNode {
     pub(super) cores: Option<Vec<usize>>,
     pub(super) client_listen: Option<String>,
     pub(super) admin_listen: Option<String>,
+    pub(super) admin_tls: Option<bool>,
 }
 
 #[derive(Deserialize)]
