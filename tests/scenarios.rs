@@ -122,6 +122,7 @@ scenarios!(
     snapshot,
     snapshot_chunks,
     read_index,
+    may_lead,
 );
 
 /// A file nobody runs is a test nobody notices failing.
@@ -323,6 +324,8 @@ fn msg_type(b: &Body) -> &'static str {
         Body::InstallSnapshot { .. } => "InstallSnapshot",
         Body::SnapshotAck { .. } => "SnapshotAck",
         Body::TimeoutNow => "TimeoutNow",
+        Body::RepairRequest { .. } => "RepairRequest",
+        Body::RepairEntries { .. } => "RepairEntries",
     }
 }
 
@@ -489,6 +492,10 @@ fn describe(m: &Message) -> String {
         }
         Body::SnapshotAck { index, received } => format!("snapshot={index} received={received}"),
         Body::TimeoutNow => String::new(),
+        Body::RepairRequest { indexes } => format!("indexes={indexes:?}"),
+        Body::RepairEntries { entries, not_held } => {
+            format!("entries=[{}] not_held={not_held:?}", ents(entries))
+        }
     };
     format!(
         "{}->{} t{} {} {body}",
@@ -1089,6 +1096,19 @@ impl World {
                     }
                 }
             }
+            "may-lead" => {
+                // `may-lead NODES yes|no`: Raft::set_may_lead.
+                let ids = self.ids(&a.pos("nodes")?)?;
+                let may = match a.pos("yes|no")?.as_str() {
+                    "yes" => true,
+                    "no" => false,
+                    other => return Err(format!("may-lead: {other:?} is not yes or no")),
+                };
+                for id in ids {
+                    self.raft_mut(id)?.set_may_lead(may);
+                    self.process_ready(id)?;
+                }
+            }
             "transfer" => {
                 let id = self.one_id(a)?;
                 let to = num(&a.req("to")?)?;
@@ -1420,6 +1440,7 @@ impl World {
                     "out_of_band_leader_contacts" => s.out_of_band_leader_contacts,
                     "out_of_band_step_downs" => s.out_of_band_step_downs,
                     "disk_stall_step_downs" => s.disk_stall_step_downs,
+                    "repair_step_downs" => s.repair_step_downs,
                     "preferred_leader_transfers" => s.preferred_leader_transfers,
                     "preferred_leader_transfers_failed" => s.preferred_leader_transfers_failed,
                     other => return Err(format!("unknown stat `{other}`")),

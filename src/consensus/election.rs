@@ -280,6 +280,11 @@ impl Raft {
             .is_some_and(|t| self.now_ms >= t.deadline_ms)
         {
             self.transfer_timed_out(); // the target did not take over in time
+            if !self.may_lead {
+                // It was handing over because it may not lead.
+                self.become_follower(self.term, None);
+                return;
+            }
         }
         self.tick_preferred_leader();
     }

@@ -371,6 +371,9 @@ pub struct RaftStats {
     pub out_of_band_step_downs: u64,
     /// Times a leader stepped down because its own disk stalled.
     pub disk_stall_step_downs: u64,
+    /// Times a leader gave up leading because entries its state refers
+    /// to went missing here ([`Raft::set_may_lead`]).
+    pub repair_step_downs: u64,
     /// Handovers a leader started to the group's preferred voter.
     pub preferred_leader_transfers: u64,
     /// Of those, handovers that timed out before the preferred voter led.
@@ -402,6 +405,9 @@ pub struct Raft {
     snapshot_entries_wanted: Option<Index>,
     /// See [`RestoredState::repair_until`]; 0 when the log is whole.
     repair_until: Index,
+    /// False while the caller says this node must not lead
+    /// ([`Raft::set_may_lead`]); it still votes.
+    may_lead: bool,
 
     // follower and candidate
     election_deadline_ms: u64,
@@ -512,6 +518,7 @@ impl Raft {
             snapshot_image: None,
             snapshot_entries_wanted: None,
             repair_until,
+            may_lead: true,
             election_deadline_ms: 0,
             leader_contact_ms: None,
             votes: BTreeMap::new(),
@@ -675,6 +682,9 @@ impl Raft {
         if msg.to != self.id || msg.from == self.id || msg.from == 0 {
             return; // misrouted: the transport should have dropped it
         }
+        if msg.body.is_for_the_replica() {
+            return; // its term says nothing of elections: not even looked at
+        }
         if !self.step_term(&msg) {
             return;
         }
@@ -705,6 +715,8 @@ impl Raft {
                 self.handle_snapshot_ack(msg.from, index, received)
             }
             Body::TimeoutNow => self.handle_timeout_now(msg.from),
+            // Returned above: the replica's, not Raft's.
+            Body::RepairRequest { .. } | Body::RepairEntries { .. } => {}
         }
     }
 
@@ -749,6 +761,46 @@ impl Raft {
             self.stats.disk_stall_step_downs += 1;
             self.become_follower(self.term, None);
         }
+    }
+
+    /// Whether this node may lead (the default). The caller says `false`
+    /// while it cannot serve what a leader must: entries its state refers
+    /// to are missing from its log, being repaired from a peer. Such a
+    /// node neither campaigns nor takes a handover, but still votes: its
+    /// log above the snapshot (what a vote vouches for) is intact, or
+    /// [`is_repairing`](Self::is_repairing) says otherwise. A leader told
+    /// `false` hands over to the voter that has most of its log, or, with
+    /// none, steps down.
+    pub fn set_may_lead(&mut self, may_lead: bool) {
+        if self.may_lead == may_lead {
+            return;
+        }
+        self.may_lead = may_lead;
+        if may_lead || self.role != Role::Leader {
+            return;
+        }
+        self.stats.repair_step_downs += 1;
+        let me = self.id;
+        let best = self
+            .membership()
+            .voters
+            .iter()
+            .filter(|&&v| v != me)
+            // The lowest id of the most caught up: the same choice on
+            // every run.
+            .max_by_key(|&&v| {
+                let matched = self.progress(v).map_or(0, |p| p.match_index);
+                (matched, std::cmp::Reverse(v))
+            })
+            .copied();
+        if best.is_none_or(|t| self.transfer_leadership(t).is_err()) {
+            self.become_follower(self.term, None);
+        }
+    }
+
+    /// Whether this node may lead ([`set_may_lead`](Self::set_may_lead)).
+    pub fn may_lead(&self) -> bool {
+        self.may_lead
     }
 
     /// Collects everything the caller must do now. See [`Ready`].
@@ -807,7 +859,7 @@ impl Raft {
 
     /// True if this node may campaign: a voter of the membership in force.
     fn promotable(&self) -> bool {
-        self.membership().voters.contains(&self.id) && !self.is_repairing()
+        self.membership().voters.contains(&self.id) && !self.is_repairing() && self.may_lead
     }
 
     /// True while the log is being repaired after recovery found damaged
@@ -922,6 +974,36 @@ mod tests {
         // 30 KiB (and the overhead) per entry: every fourth entry passes
         // 100 KiB since the last ask, and the count never would.
         assert_eq!(asked, vec![3, 7]);
+    }
+
+    #[test]
+    fn repair_messages_are_the_replicas_and_never_move_raft() {
+        let mut r = Raft::new(RaftConfig::new(1, vec![1, 2, 3]), 1, 0).unwrap();
+        let (term, role) = (r.term(), r.role());
+        for body in [
+            Body::RepairRequest { indexes: vec![3] },
+            Body::RepairEntries {
+                entries: Vec::new(),
+                not_held: vec![3],
+            },
+        ] {
+            assert!(body.is_for_the_replica());
+            r.step(
+                5,
+                Message {
+                    from: 2,
+                    to: 1,
+                    term: term + 40,
+                    body,
+                },
+            );
+            assert_eq!(
+                (r.term(), r.role()),
+                (term, role),
+                "a higher term moved nothing"
+            );
+            assert!(r.ready().is_empty(), "nothing to send or write");
+        }
     }
 
     #[test]

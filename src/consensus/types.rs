@@ -266,7 +266,40 @@ pub enum Body {
     },
     /// "Start an election now": leadership transfer (§3.10).
     TimeoutNow,
+    /// Carried for the replica, never read by Raft (which drops it before
+    /// looking at its term): "send me your committed copies of these
+    /// entries", from a replica whose copies of entries its state refers
+    /// to are damaged or lost (`node::replica::repair`). At most
+    /// [`REPAIR_INDEXES_MAX`] indexes, ascending.
+    RepairRequest {
+        /// The entries wanted.
+        indexes: Vec<Index>,
+    },
+    /// Carried for the replica, never read by Raft: the answer to a
+    /// [`Body::RepairRequest`], the sender's committed copies of some of
+    /// the entries asked for and the indexes it holds no copy of (those
+    /// it could not read at once it leaves out; the asker asks again).
+    RepairEntries {
+        /// Committed entries, ascending by index.
+        entries: Vec<Entry>,
+        /// Indexes asked for that the sender does not hold.
+        not_held: Vec<Index>,
+    },
 }
+
+impl Body {
+    /// Whether Raft leaves it to the replica (the repair messages).
+    pub fn is_for_the_replica(&self) -> bool {
+        matches!(
+            self,
+            Body::RepairRequest { .. } | Body::RepairEntries { .. }
+        )
+    }
+}
+
+/// Indexes one [`Body::RepairRequest`] asks for at most (and one
+/// [`Body::RepairEntries`] lists as not held).
+pub const REPAIR_INDEXES_MAX: usize = 256;
 
 /// Outcome of an append or snapshot install at a follower.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

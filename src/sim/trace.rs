@@ -175,6 +175,8 @@ pub(crate) fn describe(msg: &Message) -> (&'static str, u64) {
         Body::InstallSnapshot { snapshot, .. } => ("Snapshot", snapshot.index),
         Body::SnapshotAck { index, .. } => ("SnapshotAck", *index),
         Body::TimeoutNow => ("TimeoutNow", 0),
+        Body::RepairRequest { indexes } => ("RepairRequest", indexes.len() as u64),
+        Body::RepairEntries { entries, .. } => ("RepairEntries", entries.len() as u64),
     }
 }
 

@@ -10,6 +10,13 @@
 //! an index at or below the last applied one is refused unchanged, so a
 //! node may replay its log after a restored snapshot. `snapshot` may be
 //! called between applies; `restore` rebuilds a machine from its bytes.
+//!
+//! The state keeps, for every log entry whose bytes it refers to (a
+//! ledger entry's, a produce's messages), that entry's term and the
+//! CRC32C of its payload ([`EntryCheck`]): what a replica whose copy of
+//! such an entry is damaged checks a copy fetched from a peer against
+//! before it takes it. Checks of entries no longer referred to are
+//! dropped as the references go, so every replica holds the same ones.
 
 use super::ledger::{Ledgers, ENTRY_BYTES_MAX};
 use super::queue::{
@@ -19,9 +26,13 @@ use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 use crate::consensus::Index;
 use std::ops::Range;
 
-/// First bytes of a snapshot (format version 5: metadata only, the bytes
-/// of entries and messages stay in the log; messages' sizes counted).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM5";
+/// First bytes of a snapshot (format version 6: metadata only, the bytes
+/// of entries and messages stay in the log; messages' sizes counted; the
+/// entry checks of the entries referred to).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM6";
+/// The encoding before entry checks, still read (a state restored from
+/// it has none: its referenced entries cannot be verified).
+const SNAPSHOT_MAGIC_QSM5: [u8; 4] = *b"QSM5";
 /// The encoding before message sizes, still read (each message counts as
 /// `MESSAGE_BYTES_MAX` in a consume's budget).
 const SNAPSHOT_MAGIC_QSM4: [u8; 4] = *b"QSM4";
@@ -410,6 +421,21 @@ impl Command {
     }
 }
 
+/// What a copy of a log entry must match: the entry's term and the
+/// CRC32C of its whole payload (`Payload::Normal` bytes). Committed
+/// entries are the same on every replica, so any replica's copy that
+/// matches is the entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryCheck {
+    /// The term of the entry.
+    pub term: u64,
+    /// CRC32C of its payload.
+    pub crc: u32,
+}
+
+/// Bytes of one entry check in a snapshot: index, term, crc.
+const ENTRY_CHECK_BYTES: usize = 8 + 8 + 4;
+
 /// The replicated ledgers and queues of one group.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateMachine {
@@ -420,6 +446,9 @@ pub struct StateMachine {
     clock_ms: u64,
     ledgers: Ledgers,
     queues: Queues,
+    /// The check of each entry at or above `oldest_stored` that the state
+    /// referred to when it was applied (`record_check`).
+    checks: imbl::OrdMap<Index, EntryCheck>,
 }
 
 impl StateMachine {
@@ -467,6 +496,25 @@ impl StateMachine {
     }
 
     fn apply_checked(
+        &mut self,
+        index: Index,
+        cmd: &Command,
+        fingerprints: bool,
+    ) -> Result<Outcome, Error> {
+        let outcome = self.apply_unchecked(index, cmd, fingerprints);
+        // Only these release references (consumes move messages between
+        // live and dead, both stored); oldest_stored walks every ledger
+        // and queue, so it is not asked after every command.
+        if matches!(
+            cmd,
+            Command::Ack { .. } | Command::DeleteLedger { .. } | Command::DeleteQueue { .. }
+        ) {
+            self.forget_checks();
+        }
+        outcome
+    }
+
+    fn apply_unchecked(
         &mut self,
         index: Index,
         cmd: &Command,
@@ -550,6 +598,45 @@ impl StateMachine {
         })
     }
 
+    /// Records the check of the entry at `index`, just applied, whose
+    /// bytes the state now refers to (its outcome added a ledger entry or
+    /// produced messages). Every replica records the same: call it for
+    /// exactly those outcomes.
+    pub fn record_check(&mut self, index: Index, check: EntryCheck) {
+        self.checks.insert(index, check);
+    }
+
+    /// This state without its entry checks (what an older snapshot
+    /// restores to).
+    #[cfg(test)]
+    fn clone_without_checks(&self) -> StateMachine {
+        StateMachine {
+            checks: imbl::OrdMap::new(),
+            ..self.clone()
+        }
+    }
+
+    /// The check of the referenced entry at `index`, if recorded.
+    pub fn check_of(&self, index: Index) -> Option<EntryCheck> {
+        self.checks.get(&index).copied()
+    }
+
+    /// Drops the checks of entries below `oldest_stored`, which nothing
+    /// refers to any more: after every apply, so that a state restored
+    /// from a snapshot and one that applied every entry hold the same.
+    fn forget_checks(&mut self) {
+        let Some(oldest) = self.oldest_stored() else {
+            self.checks.clear();
+            return;
+        };
+        while let Some(&(i, _)) = self.checks.get_min() {
+            if i >= oldest {
+                break;
+            }
+            self.checks.remove(&i);
+        }
+    }
+
     /// The lowest log index whose bytes the state still needs (a ledger
     /// entry's or an unacked message's), if any: the log must keep every
     /// entry from there on, and may free whole segments below it.
@@ -568,8 +655,9 @@ impl StateMachine {
     }
 
     /// The state's encoding: `SNAPSHOT_MAGIC | applied u64 | clock_ms u64 |
-    /// oldest_stored u64 (plus one, 0 for none) | ledgers | queues`. Equal
-    /// states give equal bytes.
+    /// oldest_stored u64 (plus one, 0 for none) | ledgers | queues |
+    /// checks (u32 count, then index u64, term u64, crc u32 each, in
+    /// index order)`. Equal states give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = SNAPSHOT_MAGIC.to_vec();
         put_u64(&mut out, self.applied);
@@ -577,6 +665,13 @@ impl StateMachine {
         put_u64(&mut out, self.oldest_stored().map_or(0, |i| i + 1));
         self.ledgers.encode(&mut out);
         self.queues.encode(&mut out);
+        let count = u32::try_from(self.checks.len()).expect("fewer checks than entries");
+        put_u32(&mut out, count);
+        for (&i, c) in &self.checks {
+            put_u64(&mut out, i);
+            put_u64(&mut out, c.term);
+            put_u32(&mut out, c.crc);
+        }
         out
     }
 
@@ -587,7 +682,8 @@ impl StateMachine {
     pub fn restore(bytes: &[u8]) -> Result<StateMachine, BadSnapshot> {
         let mut r = Reader::new(bytes);
         let version = match r.take(4) {
-            Some(m) if m == SNAPSHOT_MAGIC => 5,
+            Some(m) if m == SNAPSHOT_MAGIC => 6,
+            Some(m) if m == SNAPSHOT_MAGIC_QSM5 => 5,
             Some(m) if m == SNAPSHOT_MAGIC_QSM4 => 4,
             Some(m) if m == SNAPSHOT_MAGIC_QSM3 => 3,
             _ => return Err(BadSnapshot),
@@ -597,6 +693,24 @@ impl StateMachine {
         let oldest = r.u64().ok_or(BadSnapshot)?.checked_sub(1);
         let ledgers = Ledgers::decode(&mut r).ok_or(BadSnapshot)?;
         let queues = Queues::decode(&mut r, version).ok_or(BadSnapshot)?;
+        let mut checks = imbl::OrdMap::new();
+        if version >= 6 {
+            let n = r.count(usize::MAX, ENTRY_CHECK_BYTES).ok_or(BadSnapshot)?;
+            let mut last = None;
+            for _ in 0..n {
+                let i = r.u64().ok_or(BadSnapshot)?;
+                let term = r.u64().ok_or(BadSnapshot)?;
+                let crc = r.u32().ok_or(BadSnapshot)?;
+                // In index order, each once, of entries referred to and
+                // applied.
+                let in_range = oldest.is_some_and(|o| i >= o) && i <= applied;
+                if last.is_some_and(|l| i <= l) || !in_range {
+                    return Err(BadSnapshot);
+                }
+                last = Some(i);
+                checks.insert(i, EntryCheck { term, crc });
+            }
+        }
         if !r.is_done() {
             return Err(BadSnapshot);
         }
@@ -605,6 +719,7 @@ impl StateMachine {
             clock_ms,
             ledgers,
             queues,
+            checks,
         };
         // Bytes are stored only by entries already applied.
         if sm.oldest_stored() != oldest || oldest.is_some_and(|i| i > applied) {
@@ -619,8 +734,13 @@ impl StateMachine {
     pub fn snapshot_oldest_stored(bytes: &[u8]) -> Option<Option<Index>> {
         let mut r = Reader::new(bytes);
         let magic = r.take(4)?;
-        if ![SNAPSHOT_MAGIC, SNAPSHOT_MAGIC_QSM4, SNAPSHOT_MAGIC_QSM3]
-            .contains(&magic.try_into().ok()?)
+        if ![
+            SNAPSHOT_MAGIC,
+            SNAPSHOT_MAGIC_QSM5,
+            SNAPSHOT_MAGIC_QSM4,
+            SNAPSHOT_MAGIC_QSM3,
+        ]
+        .contains(&magic.try_into().ok()?)
         {
             return None;
         }
@@ -816,5 +936,101 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert_eq!(StateMachine::restore(&longer), Err(BadSnapshot));
+    }
+
+    #[test]
+    fn entry_checks_follow_the_references_and_survive_a_snapshot() {
+        let check = |term| EntryCheck {
+            term,
+            crc: 0xdead_0000 | term as u32,
+        };
+        let produce = |seq| Command::Produce {
+            queue: "q".into(),
+            producer_id: 1,
+            seq,
+            messages: vec![vec![1]],
+        };
+        let cmds = [
+            Command::CreateQueue {
+                name: "q".into(),
+                max_deliveries: 3,
+            },
+            produce(1),
+            produce(2),
+            Command::Consume {
+                queue: "q".into(),
+                consumer: 1,
+                max: 1,
+                visibility_ms: 10,
+                now_ms: 1,
+            },
+        ];
+        let mut sm = StateMachine::new();
+        for (i, cmd) in (1..).zip(&cmds) {
+            sm.apply(i, cmd).unwrap();
+            if matches!(cmd, Command::Produce { .. }) {
+                sm.record_check(i, check(i));
+            }
+        }
+        assert_eq!(sm.check_of(2), Some(check(2)));
+        assert_eq!(sm.check_of(3), Some(check(3)));
+        // A snapshot holds them; a restored state is the same state.
+        let bytes = sm.snapshot();
+        assert_eq!(&bytes[..4], b"QSM6");
+        let restored = StateMachine::restore(&bytes).unwrap();
+        assert_eq!(restored, sm);
+        assert_eq!(restored.check_of(3), Some(check(3)));
+        // Acking the oldest message releases its entry, and its check.
+        let ack = Command::Ack {
+            queue: "q".into(),
+            ids: vec![0],
+        };
+        let mut replayed = restored.clone();
+        sm.apply(5, &ack).unwrap();
+        replayed.apply(5, &ack).unwrap();
+        assert_eq!(sm.check_of(2), None);
+        assert_eq!(sm.check_of(3), Some(check(3)));
+        assert_eq!(sm.snapshot(), replayed.snapshot());
+        assert_eq!(StateMachine::restore(&sm.snapshot()).unwrap(), sm);
+
+        // The format before checks still reads, with none.
+        let mut old = sm.snapshot();
+        old.truncate(old.len() - 4 - ENTRY_CHECK_BYTES);
+        old.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            StateMachine::restore(&old).unwrap(),
+            sm.clone_without_checks()
+        );
+        old.truncate(old.len() - 4);
+        old[..4].copy_from_slice(b"QSM5");
+        let from_qsm5 = StateMachine::restore(&old).unwrap();
+        assert_eq!(from_qsm5.check_of(3), None);
+        assert_eq!(from_qsm5, sm.clone_without_checks());
+
+        // Checks out of order, repeated, or of entries not referred to or
+        // not applied are refused.
+        let with_checks = |checks: &[(u64, u64)]| {
+            let mut b = sm.snapshot();
+            b.truncate(b.len() - 4 - ENTRY_CHECK_BYTES);
+            put_u32(&mut b, checks.len() as u32);
+            for &(i, term) in checks {
+                put_u64(&mut b, i);
+                put_u64(&mut b, term);
+                put_u32(&mut b, 7);
+            }
+            b
+        };
+        assert!(StateMachine::restore(&with_checks(&[(3, 1), (4, 1)])).is_ok());
+        for bad in [
+            &[(4, 1), (3, 1)][..],
+            &[(3, 1), (3, 1)],
+            &[(2, 1)],
+            &[(6, 1)],
+        ] {
+            assert!(
+                StateMachine::restore(&with_checks(bad)).is_err(),
+                "{bad:?} accepted"
+            );
+        }
     }
 }

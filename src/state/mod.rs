@@ -9,6 +9,6 @@ pub mod queue;
 pub mod stored;
 mod wire;
 
-pub use machine::{BadSnapshot, Command, Error, Outcome, StateMachine};
+pub use machine::{BadSnapshot, Command, EntryCheck, Error, Outcome, StateMachine};
 pub use query::{Answer, Query};
 pub use stored::{Lookup, Stored, Unfilled};

@@ -30,7 +30,9 @@ pub const ENVELOPE_HEARTBEAT: u8 = 1;
 
 use super::message::{OutMessage, SHARED_PIECE_BYTES_MIN};
 use super::{Endpoint, GroupId, SendError};
-use crate::consensus::{AppendResult, Body, Entry, Membership, Message, Payload, Snapshot};
+use crate::consensus::{
+    AppendResult, Body, Entry, Index, Membership, Message, Payload, Snapshot, REPAIR_INDEXES_MAX,
+};
 use bytes::Bytes;
 use std::collections::BTreeSet;
 
@@ -65,6 +67,8 @@ pub enum CodecError {
     TooLong(&'static str),
     /// Member ids not strictly ascending (duplicates, or not canonical).
     UnsortedMembers,
+    /// A repair message's indexes not strictly ascending.
+    UnsortedIndexes,
 }
 
 impl std::fmt::Display for CodecError {
@@ -80,6 +84,7 @@ impl std::fmt::Display for CodecError {
             CodecError::BadBool => write!(f, "boolean byte not 0 or 1"),
             CodecError::TooLong(what) => write!(f, "{what} longer than allowed"),
             CodecError::UnsortedMembers => write!(f, "member ids not strictly ascending"),
+            CodecError::UnsortedIndexes => write!(f, "repair indexes not strictly ascending"),
         }
     }
 }
@@ -93,10 +98,22 @@ pub fn encoded_bytes_max(msg: &Message) -> usize {
     const FIXED_BYTES: usize = 64;
     FIXED_BYTES
         + match &msg.body {
-            Body::Append { entries, .. } => entries.iter().map(|e| e.size_bytes() + 32).sum(),
+            Body::Append { entries, .. } => entries_bytes_max(entries),
+            Body::RepairEntries { entries, not_held } => {
+                entries_bytes_max(entries) + not_held.len() * VARINT_BYTES_MAX
+            }
+            Body::RepairRequest { indexes } => indexes.len() * VARINT_BYTES_MAX,
             Body::InstallSnapshot { snapshot, .. } => snapshot.size_bytes() + 32,
             _ => 0,
         }
+}
+
+/// Bytes of a u64 as a varint at most.
+const VARINT_BYTES_MAX: usize = 10;
+
+/// At least the bytes `entries` encode to.
+fn entries_bytes_max(entries: &[Entry]) -> usize {
+    entries.iter().map(|e| e.size_bytes() + 32).sum()
 }
 
 /// Where an encoding goes: a flat buffer, or a message of pieces that
@@ -263,6 +280,26 @@ fn encode_into<S: Sink>(msg: &Message, out: &mut S) {
             put_varint(out, *index);
             put_varint(out, *received);
         }
+        Body::RepairRequest { indexes } => {
+            out.push(12);
+            put_indexes(out, indexes);
+        }
+        Body::RepairEntries { entries, not_held } => {
+            out.push(13);
+            put_varint(out, entries.len() as u64);
+            for e in entries {
+                put_entry(out, e);
+            }
+            put_indexes(out, not_held);
+        }
+    }
+}
+
+/// A list of log indexes: a count, then each as a varint.
+fn put_indexes<S: Sink>(out: &mut S, indexes: &[Index]) {
+    put_varint(out, indexes.len() as u64);
+    for &i in indexes {
+        put_varint(out, i);
     }
 }
 
@@ -388,6 +425,20 @@ fn decode_with(mut r: Reader<'_>) -> Result<Message, CodecError> {
             index: r.varint()?,
             received: r.varint()?,
         },
+        12 => Body::RepairRequest {
+            indexes: r.indexes()?,
+        },
+        13 => {
+            let count = r.count(ENTRY_BYTES_MIN, "entries")?;
+            let mut entries = Vec::with_capacity(count);
+            for _ in 0..count {
+                entries.push(r.entry()?);
+            }
+            Body::RepairEntries {
+                entries,
+                not_held: r.indexes()?,
+            }
+        }
         _ => return Err(CodecError::BadTag("body")),
     };
     if !r.bytes.is_empty() {
@@ -531,6 +582,24 @@ impl Reader<'_> {
         Ok(set)
     }
 
+    /// A list of log indexes, strictly ascending, at most
+    /// `REPAIR_INDEXES_MAX`.
+    fn indexes(&mut self) -> Result<Vec<Index>, CodecError> {
+        let n = self.count(1, "index list")?;
+        if n > REPAIR_INDEXES_MAX {
+            return Err(CodecError::TooLong("index list"));
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let i = self.varint()?;
+            if out.last().is_some_and(|&last| i <= last) {
+                return Err(CodecError::UnsortedIndexes);
+            }
+            out.push(i);
+        }
+        Ok(out)
+    }
+
     fn membership(&mut self) -> Result<Membership, CodecError> {
         Ok(Membership {
             voters: self.set()?,
@@ -595,7 +664,24 @@ mod tests {
 
     /// A random message; every body variant and payload kind occurs.
     pub(crate) fn random_message(rng: &mut ChaCha8Rng) -> Message {
-        let body = match rng.gen_range(0..12) {
+        let entries = |rng: &mut ChaCha8Rng| -> Vec<Entry> {
+            (0..rng.gen_range(0..8))
+                .map(|_| Entry {
+                    term: big(rng),
+                    index: big(rng),
+                    payload: match rng.gen_range(0..3) {
+                        0 => Payload::Noop,
+                        1 => Payload::Normal(payload(rng).into()),
+                        _ => Payload::Membership(membership(rng)),
+                    },
+                })
+                .collect()
+        };
+        let indexes = |rng: &mut ChaCha8Rng| -> Vec<Index> {
+            let set: BTreeSet<Index> = (0..rng.gen_range(0..20)).map(|_| big(rng)).collect();
+            set.into_iter().collect()
+        };
+        let body = match rng.gen_range(0..14) {
             0 => Body::PreVote {
                 last_index: big(rng),
                 last_term: big(rng),
@@ -611,17 +697,7 @@ mod tests {
                 prev_index: big(rng),
                 prev_term: big(rng),
                 commit: big(rng),
-                entries: (0..rng.gen_range(0..8))
-                    .map(|_| Entry {
-                        term: big(rng),
-                        index: big(rng),
-                        payload: match rng.gen_range(0..3) {
-                            0 => Payload::Noop,
-                            1 => Payload::Normal(payload(rng).into()),
-                            _ => Payload::Membership(membership(rng)),
-                        },
-                    })
-                    .collect(),
+                entries: entries(rng),
             },
             5 => Body::AppendResponse(AppendResult::Accepted {
                 match_index: big(rng),
@@ -651,6 +727,13 @@ mod tests {
             10 => Body::SnapshotAck {
                 index: big(rng),
                 received: big(rng),
+            },
+            11 => Body::RepairRequest {
+                indexes: indexes(rng),
+            },
+            12 => Body::RepairEntries {
+                entries: entries(rng),
+                not_held: indexes(rng),
             },
             _ => Body::TimeoutNow,
         };
@@ -696,6 +779,26 @@ mod tests {
     }
 
     #[test]
+    fn repair_index_lists_are_bounded_and_ascending() {
+        let request = |indexes: Vec<Index>| Message {
+            from: 1,
+            to: 2,
+            term: 3,
+            body: Body::RepairRequest { indexes },
+        };
+        let most: Vec<Index> = (1..=REPAIR_INDEXES_MAX as u64).collect();
+        let enc = encode_message_to_vec(&request(most.clone()));
+        assert_eq!(decode_message(&enc), Ok(request(most)));
+        let too_many: Vec<Index> = (1..=REPAIR_INDEXES_MAX as u64 + 1).collect();
+        let enc = encode_message_to_vec(&request(too_many));
+        assert_eq!(decode_message(&enc), Err(CodecError::TooLong("index list")));
+        for unsorted in [vec![5, 5], vec![6, 5]] {
+            let enc = encode_message_to_vec(&request(unsorted));
+            assert_eq!(decode_message(&enc), Err(CodecError::UnsortedIndexes));
+        }
+    }
+
+    #[test]
     fn roundtrip_every_variant() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let mut tags = BTreeSet::new();
@@ -713,7 +816,7 @@ mod tests {
             assert_eq!(decode_message_shared(&shared), Ok(m.clone()), "{m:?}");
             assert_eq!(is_append(&enc), matches!(m.body, Body::Append { .. }));
         }
-        assert_eq!(tags.len(), 12, "every body tag exercised");
+        assert_eq!(tags.len(), 14, "every body tag exercised");
     }
 
     #[test]
@@ -758,6 +861,8 @@ mod tests {
             Body::InstallSnapshot { .. } => 9,
             Body::TimeoutNow => 10,
             Body::SnapshotAck { .. } => 11,
+            Body::RepairRequest { .. } => 12,
+            Body::RepairEntries { .. } => 13,
         }
     }
 
@@ -875,7 +980,7 @@ mod tests {
             if i % 2 == 0 && !b.is_empty() {
                 b[0] = CODEC_VERSION;
                 if b.len() > 4 {
-                    b[4] = rng.gen_range(0..12);
+                    b[4] = rng.gen_range(0..14);
                 }
             }
             if let Ok(m) = decode_message(&b) {

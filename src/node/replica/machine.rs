@@ -21,7 +21,7 @@ use crate::state::dedup::{
     CLIENT_BATCH_HEADER_BYTES, CLIENT_RECORD_HEADER_BYTES, RECORDS_PER_ENTRY_MAX,
 };
 use crate::state::query::{decode_command_entry, encode_command_entry};
-use crate::state::{Command, Error as StateError, Lookup, Outcome, StateMachine};
+use crate::state::{Command, EntryCheck, Error as StateError, Lookup, Outcome, StateMachine};
 use crate::storage::{LogDir, Wal, WalError};
 use crate::transport::GroupId;
 use std::collections::BTreeSet;
@@ -381,7 +381,15 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let mut outcome = WaiterAnswer::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
             if let Some((client, seq, bytes)) = decode_command_entry(payload) {
-                outcome = WaiterAnswer::State(self.apply_command(e.index, client, seq, bytes));
+                let applied = self.apply_command(e.index, client, seq, bytes);
+                if refers_to_its_entry(&applied) {
+                    let check = EntryCheck {
+                        term: e.term,
+                        crc: crc32c::crc32c(payload),
+                    };
+                    self.machine.record_check(e.index, check);
+                }
+                outcome = WaiterAnswer::State(applied);
             } else if let Some(records) = client_records(payload) {
                 outcome = WaiterAnswer::Records(self.apply_records(e.index, records));
             } else {
@@ -641,4 +649,15 @@ fn chain_hash(h: u64, crc: u32, len: usize) -> u64 {
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
         .rotate_left(29)
         ^ 0xcbf2_9ce4_8422_2325
+}
+
+/// Whether a command's outcome left the state referring to its entry's
+/// bytes (a ledger entry added, messages produced, not a retry's): the
+/// outcomes whose entry check the state records, alike on every replica.
+fn refers_to_its_entry(outcome: &Result<Outcome, ProposeError>) -> bool {
+    match outcome {
+        Ok(Outcome::EntryAdded(_)) => true,
+        Ok(Outcome::Produced { ids, retry }) => !retry && !ids.is_empty(),
+        _ => false,
+    }
 }

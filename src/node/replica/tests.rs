@@ -198,3 +198,65 @@ fn a_written_snapshot_waits_for_the_log_to_be_durable_up_to_it() {
     assert_eq!(r.raft.snapshot().map(|s| s.index), Some(index));
     assert_eq!(r.snapshot_stats.taken, 1);
 }
+
+#[test]
+fn a_produce_records_the_check_of_its_entry_and_an_ack_drops_it() {
+    use crate::state::{Command, EntryCheck};
+    let host = ManualHost::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut r = leader_with(dir.path(), &host, 0);
+    let mut out = Vec::new();
+    let mut command = |r: &mut Replica<OsDir, ManualHost>, seq, c: Command| {
+        r.propose_command(9, seq, c, 5, Box::new(|o| assert!(o.is_ok(), "{o:?}")));
+        settle(r, 0, &mut out);
+        r.applied
+    };
+    let create = Command::CreateQueue {
+        name: "q".into(),
+        max_deliveries: 3,
+    };
+    let created = command(&mut r, 1, create);
+    let produce = |seq| Command::Produce {
+        queue: "q".into(),
+        producer_id: 4,
+        seq,
+        messages: vec![b"m".to_vec()],
+    };
+    let first = command(&mut r, 2, produce(1));
+    let second = command(&mut r, 3, produce(2));
+    let entry = |i: Index| r.raft.entry(i).expect("in memory").clone();
+    let check_of_entry = |e: Entry| match e.payload {
+        Payload::Normal(p) => EntryCheck {
+            term: e.term,
+            crc: crc32c::crc32c(&p),
+        },
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        r.machine.check_of(created),
+        None,
+        "a create refers to nothing"
+    );
+    assert_eq!(
+        r.machine.check_of(first),
+        Some(check_of_entry(entry(first)))
+    );
+    assert_eq!(
+        r.machine.check_of(second),
+        Some(check_of_entry(entry(second)))
+    );
+    // A retry of the first produce refers to nothing new.
+    let retry = command(&mut r, 2, produce(1));
+    assert_eq!(r.machine.check_of(retry), None);
+    let ack = Command::Ack {
+        queue: "q".into(),
+        ids: vec![0],
+    };
+    command(&mut r, 4, ack);
+    assert_eq!(
+        r.machine.check_of(first),
+        None,
+        "acked: nothing refers to it"
+    );
+    assert!(r.machine.check_of(second).is_some());
+}
