@@ -231,6 +231,14 @@ fn metrics_text_with(
             ),
             |w| w.cold_read_errors,
         ),
+        (
+            gauge(
+                &mut reg,
+                "wal_entries_repaired",
+                "Entries below the snapshot stored as copies repaired from a peer",
+            ),
+            |w| w.entries_repaired,
+        ),
     ];
     let snapshot_gauges: [SnapshotGauge; 7] = [
         (

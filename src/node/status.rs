@@ -78,6 +78,8 @@ pub struct WalView {
     pub cold_reads: u64,
     /// Cold reads that failed (the answer that wanted it got an error).
     pub cold_read_errors: u64,
+    /// Entries below the snapshot stored as repaired copies since open.
+    pub entries_repaired: u64,
 }
 
 /// One link (peer × channel) as this node's detector sees it.

@@ -518,6 +518,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     disk_full_refusals: m.disk_full_refusals,
                     cold_reads: m.cold_reads,
                     cold_read_errors: m.cold_read_errors,
+                    entries_repaired: m.entries_repaired,
                 }
             },
             follower_lag: if self.raft.role() == Role::Leader {

@@ -221,6 +221,9 @@ pub struct WalMetrics {
     /// holds what was located): the request that wanted it gets an error;
     /// the log goes on.
     pub cold_read_errors: u64,
+    /// Entries stored as repaired copies since open
+    /// ([`Wal::store_repaired`](super::Wal::store_repaired)).
+    pub entries_repaired: u64,
 }
 
 impl WalMetrics {
@@ -240,6 +243,7 @@ impl WalMetrics {
             segments_recycled: 0,
             cold_reads: 0,
             cold_read_errors: 0,
+            entries_repaired: 0,
         }
     }
 }

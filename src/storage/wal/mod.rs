@@ -19,12 +19,14 @@
 //! The parts: [`config`] (configuration, errors, metrics), [`open`]
 //! (recovery at open), [`commit`] (group commit), [`segments`] (roll,
 //! spares, recycling, trim), [`snapshots`] (slot files, compaction,
-//! install, adoption) and [`reads`] (batch index, read cache).
+//! install, adoption), [`reads`] (batch index, read cache) and
+//! [`repaired`] (entries below the snapshot repaired from a peer).
 
 mod commit;
 mod config;
 mod open;
 mod reads;
+mod repaired;
 mod segments;
 mod snapshots;
 mod worker;
@@ -36,6 +38,7 @@ pub use config::{
     entry_bytes_max, segments_recycled_for, DiskState, OpenReport, WalConfig, WalError, WalMetrics,
 };
 pub use reads::{read_located, CachedRead, COLD_READS_IN_FLIGHT_MAX};
+pub use repaired::REPAIRED_BYTES_MAX;
 pub(crate) use snapshots::write_snapshot_synced_or_not;
 pub use snapshots::{write_snapshot_file, write_snapshot_in};
 
@@ -121,6 +124,9 @@ pub struct Wal<D: LogDir = OsDir> {
     /// a read names its file by descriptor, so the file stays open until
     /// no read is in flight.
     retired_files: Vec<D::File>,
+    /// Entries at or below the snapshot repaired from a peer
+    /// ([`Wal::store_repaired`]), which serve in place of the log's copies.
+    repaired: repaired::Repaired,
     /// Batch buffers back from the kernel, reused for the next batches.
     buf_pool: Vec<AlignedBuf>,
     state: DiskState,

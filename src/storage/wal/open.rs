@@ -210,6 +210,7 @@ impl<D: LogDir> Wal<D> {
             bytes_scanned,
             elapsed: Duration::ZERO,
         };
+        let repaired = repaired::Repaired::load(&dir, sb.snapshot_index)?;
         let worker =
             Worker::start(dir.clone()).map_err(io_err("starting the log's background thread"))?;
         let mut wal = Wal {
@@ -265,6 +266,7 @@ impl<D: LogDir> Wal<D> {
             next_read_token: reads::READ_TOKEN_FIRST,
             cold_read_failures: VecDeque::new(),
             retired_files: Vec::new(),
+            repaired,
             buf_pool: Vec::new(),
             state: DiskState::Healthy,
             last_space_retry: None,

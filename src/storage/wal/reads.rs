@@ -40,9 +40,10 @@ impl<D: LogDir> Wal<D> {
             .ok_or_else(|| WalError::Invalid(format!("index {index} is not in the log")))
     }
 
-    /// True if the log holds entry `index` in a batch it can read.
+    /// True if the log holds entry `index` in a batch it can read, or a
+    /// repaired copy of it.
     pub fn holds(&self, index: Index) -> bool {
-        self.batch_at(index).is_some()
+        self.batch_at(index).is_some() || self.repaired.get(index).is_some()
     }
 
     /// Where the durable entries `lo..=hi` are: each batch's segment file
@@ -76,10 +77,25 @@ impl<D: LogDir> Wal<D> {
         let mut out = Vec::new();
         let mut i = lo;
         while i <= hi {
-            let loc = self.batch_at_or_err(i)?;
-            let entries = self.read_batch(loc)?;
-            for e in entries.iter().filter(|e| e.index >= i && e.index <= hi) {
+            // A repaired copy serves in place of the log's (which may be
+            // the damaged one).
+            if let Some(e) = self.repaired.get(i) {
                 out.push(e.clone());
+                i += 1;
+                continue;
+            }
+            let loc = self.batch_at_or_err(i)?;
+            let end = (loc.first_index + loc.count).min(hi + 1);
+            // The batch is read only for what is not repaired.
+            let from_batch = match (i..end).all(|j| self.repaired.get(j).is_some()) {
+                true => Vec::new(),
+                false => self.read_batch(loc)?,
+            };
+            for j in i..end {
+                match self.repaired.get(j) {
+                    Some(e) => out.push(e.clone()),
+                    None => out.push(from_batch[(j - loc.first_index) as usize].clone()),
+                }
             }
             i = loc.first_index + loc.count;
         }
@@ -99,6 +115,9 @@ impl<D: LogDir> Wal<D> {
     pub fn cached(&mut self, index: Index) -> Result<CachedRead, WalError> {
         if index > self.durable.0 {
             return Err(WalError::Invalid(format!("index {index} is not durable")));
+        }
+        if let Some(e) = self.repaired.get(index) {
+            return Ok(CachedRead::Entry(e.clone()));
         }
         let loc = self.batch_at_or_err(index)?;
         if let Some(e) = self.cached_entry(loc, index) {

@@ -229,7 +229,7 @@ impl<D: LogDir> Wal<D> {
             self.start_dir_sync()?;
         }
         self.index.retain(|b| !doomed.contains(&b.segment));
-        Ok(())
+        self.forget_repaired_upto(upto)
     }
 }
 

@@ -231,6 +231,7 @@ impl<D: LogDir> Wal<D> {
         self.append_offset = 0;
         self.index.clear();
         self.uncache_from(0);
+        self.forget_repaired_upto(Index::MAX)?;
         if let Some(first) = below.first() {
             // Written as appends are, after everything in the old log
             // (higher segment and sequence numbers): recovery reads them
