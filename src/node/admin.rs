@@ -37,6 +37,7 @@ type GroupGauge = Family<GroupLabel, Gauge<u64, AtomicU64>>;
 /// A per-group log gauge and the counter it shows.
 type WalGauge = (GroupGauge, fn(&super::WalView) -> u64);
 type SnapshotGauge = (GroupGauge, fn(&super::SnapshotStats) -> u64);
+type RepairGauge = (GroupGauge, fn(&super::RepairStats) -> u64);
 
 /// Labels of a per-follower metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -290,6 +291,65 @@ fn metrics_text_with(
             |s| s.unreadable_entries,
         ),
     ];
+    let repair_gauges: [RepairGauge; 7] = [
+        (
+            gauge(
+                &mut reg,
+                "log_repair_missing_entries",
+                "Log entries below the snapshot the state refers to that this node cannot serve now (being repaired from peers); 0 when healthy",
+            ),
+            |r| r.missing,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_repair_lost_entries",
+                "Of those, entries no other member holds either (reads of them fail)",
+            ),
+            |r| r.lost,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_repair_unverifiable_entries",
+                "Of those, entries the state holds no check for (restored from an older snapshot): never repaired",
+            ),
+            |r| r.unverifiable,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_repaired_entries",
+                "Entries repaired from a peer and stored since start",
+            ),
+            |r| r.repaired,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_repair_rejected_copies",
+                "Copies from peers refused: not the term and CRC32C the state recorded",
+            ),
+            |r| r.rejected,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_repair_served_entries",
+                "Entries sent to peers repairing theirs, since start",
+            ),
+            |r| r.served,
+        ),
+        (
+            gauge(&mut reg, "log_repair_requests", "Repair requests sent to peers"),
+            |r| r.requests,
+        ),
+    ];
+    let repair_downs = gauge(
+        &mut reg,
+        "raft_repair_step_downs",
+        "Leaderships given up for entries to repair (handed over, or stepped down)",
+    );
     let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
         "raft_follower_lag_entries",
@@ -325,6 +385,12 @@ fn metrics_text_with(
         for (family, value) in &snapshot_gauges {
             family.get_or_create(&l).set(value(&g.snapshot));
         }
+        for (family, value) in &repair_gauges {
+            family.get_or_create(&l).set(value(&g.repair));
+        }
+        repair_downs
+            .get_or_create(&l)
+            .set(g.stats.repair_step_downs);
         for &(peer, n) in &g.follower_lag {
             let label = LagLabel {
                 group: g.group,
@@ -578,6 +644,15 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
                 "failed": g.snapshot.failed,
                 "retained_from": g.snapshot.retained_from,
                 "unreadable_entries": g.snapshot.unreadable_entries,
+            },
+            "repair": {
+                "missing": g.repair.missing,
+                "lost": g.repair.lost,
+                "unverifiable": g.repair.unverifiable,
+                "repaired": g.repair.repaired,
+                "rejected": g.repair.rejected,
+                "served": g.repair.served,
+                "requests": g.repair.requests,
             },
             "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
                 "peer": p,

@@ -523,7 +523,7 @@ impl EventLoop {
                 match decoded {
                     Ok(msg) if msg.from == peer && msg.to == self.spec.id => {
                         if let Some(&i) = self.by_group.get(&group) {
-                            self.replicas[i].raft.step(now, msg);
+                            self.replicas[i].step(now, msg);
                         }
                     }
                     Ok(_) | Err(_) => self.note(format!("dropped a bad message from node {peer}")),

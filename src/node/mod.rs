@@ -93,5 +93,6 @@ pub use handle::NodeHandle;
 pub use local::LocalCluster;
 pub use replica::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 pub use status::{
-    GroupView, LinkView, NodeStatus, PeerView, SnapshotStats, StallView, TransportView, WalView,
+    GroupView, LinkView, NodeStatus, PeerView, RepairStats, SnapshotStats, StallView,
+    TransportView, WalView,
 };

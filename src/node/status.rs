@@ -44,11 +44,32 @@ pub struct GroupView {
     pub wal: WalView,
     /// What its snapshots cost.
     pub snapshot: SnapshotStats,
+    /// Entries below the snapshot to repair, repaired and served.
+    pub repair: RepairStats,
     /// Ledger reads waiting on this leader for an entry to be confirmed
     /// (long polls).
     pub waiting_reads: usize,
     /// The Raft counters.
     pub stats: crate::consensus::RaftStats,
+}
+
+/// Repair counts of one group on this node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RepairStats {
+    /// Referenced entries this log cannot serve now.
+    pub missing: u64,
+    /// Of those, entries no other member holds either.
+    pub lost: u64,
+    /// Of those, entries the state holds no check for.
+    pub unverifiable: u64,
+    /// Entries repaired from a peer and stored, since start.
+    pub repaired: u64,
+    /// Copies from peers refused: not what the state recorded.
+    pub rejected: u64,
+    /// Entries sent to peers that asked, since start.
+    pub served: u64,
+    /// Requests sent.
+    pub requests: u64,
 }
 
 /// A group log's counters (from `storage::WalMetrics`).
@@ -177,6 +198,21 @@ impl NodeStatus {
             }
             if g.disk.starts_with("failed") || g.disk == "full" {
                 alarms.push(format!("group {} disk {}", g.group, g.disk));
+            }
+            let r = &g.repair;
+            if r.lost > 0 || r.unverifiable > 0 {
+                alarms.push(format!(
+                    "group {}: {} log entries the state refers to are lost ({} held by no member, {} unverifiable)",
+                    g.group,
+                    r.lost + r.unverifiable,
+                    r.lost,
+                    r.unverifiable
+                ));
+            } else if r.missing > 0 {
+                alarms.push(format!(
+                    "group {}: repairing {} log entries from peers (not leading until done)",
+                    g.group, r.missing
+                ));
             }
         }
         alarms

@@ -112,6 +112,8 @@ pub struct GlueCounts {
     /// Batches read back on the ring for answers (cold reads: ledger
     /// entries and queue messages below the snapshot).
     pub cold_reads: u64,
+    /// Entries below the snapshot repaired from a peer.
+    pub entries_repaired: u64,
 }
 
 impl GlueCounts {
@@ -124,6 +126,7 @@ impl GlueCounts {
         self.disk_full_refusals += o.disk_full_refusals;
         self.snapshots_installed += o.snapshots_installed;
         self.snapshots_adopted += o.snapshots_adopted;
+        self.entries_repaired += o.entries_repaired;
         self.cold_reads += o.cold_reads;
     }
 
@@ -497,6 +500,20 @@ impl World {
         let mut appends = Vec::new();
         for note in notes {
             match note {
+                Note::Missing { index } => {
+                    // No fault here damages a log below its snapshot: an
+                    // entry the state refers to can only be missing by a
+                    // bug (a snapshot sent without the entries it needs).
+                    return Err(Violation {
+                        invariant: "stored-bytes-readable",
+                        detail: format!(
+                            "group {g}: n{id}'s state refers to log entry {index}, which its log does not hold"
+                        ),
+                    });
+                }
+                Note::Repaired { entries } => {
+                    self.glue.entries_repaired += entries.len() as u64;
+                }
                 Note::Wrote {
                     ticket,
                     truncate_from,

@@ -70,7 +70,8 @@ impl WorkloadBug {
             WorkloadBug::AckNotReplicated
             | WorkloadBug::ProduceNoDedup
             | WorkloadBug::DedupIgnoresProducer
-            | WorkloadBug::SnapshotWithoutEntries => Workload::Queue,
+            | WorkloadBug::SnapshotWithoutEntries
+            | WorkloadBug::RepairUnverified => Workload::Queue,
         }
     }
 }

@@ -591,8 +591,8 @@ impl World {
             },
         );
         let now = self.now;
-        let raft = self.nodes[n].raft_mut(group).expect("checked live");
-        raft.step(now, msg);
+        let replica = self.nodes[n].replica_mut(group).expect("checked live");
+        replica.step(now, msg);
         self.drive(n, group)
     }
 
@@ -800,6 +800,15 @@ impl Node {
     /// Group `g`'s Raft core here, to step or tick it.
     pub(crate) fn raft_mut(&mut self, g: usize) -> Option<&mut Raft> {
         self.hosted[g].as_mut().map(|h| &mut h.replica.raft)
+    }
+
+    /// Group `g`'s replica here, to step it.
+    pub(crate) fn replica_mut(
+        &mut self,
+        g: usize,
+    ) -> Option<&mut crate::node::replica::Replica<super::device::SimDir, super::host::ManualHost>>
+    {
+        self.hosted[g].as_mut().map(|h| &mut h.replica)
     }
 
     /// True if group `g` runs here (its log has not stopped).

@@ -75,6 +75,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             Ok(()) => None,
             Err(Unfilled::Missing(i)) => {
                 self.snapshot_stats.unreadable_entries += 1;
+                if i < self.raft.first_index() {
+                    self.note_missing([i]);
+                }
                 Some(stored_missing(self.group, i))
             }
             Err(Unfilled::Reading) => {
@@ -106,6 +109,13 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             return;
         }
         self.cold_reads_seen = done;
+        for p in std::mem::take(&mut self.cold_waits) {
+            self.answer_filled(p.wait, p.held);
+        }
+    }
+
+    /// Fills every parked answer again now (entries were repaired).
+    pub(super) fn refill_cold_waits(&mut self) {
         for p in std::mem::take(&mut self.cold_waits) {
             self.answer_filled(p.wait, p.held);
         }

@@ -11,7 +11,7 @@
 
 use super::super::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
 use super::super::host::Host;
-use super::super::log::{log_error, log_warn};
+use super::super::log::log_error;
 use super::tap::WorkloadBug;
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
@@ -581,10 +581,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         true
     }
 
-    /// At start: counts the log entries below Raft's log that the state
-    /// refers to and the log cannot read (a damaged segment below the
-    /// snapshot). This replica cannot serve their bytes while it leads;
-    /// nothing repairs them from a peer yet, so it says so, loudly.
+    /// At start and after a snapshot install: finds the log entries below
+    /// Raft's log that the state refers to and the log cannot read (a
+    /// damaged or lost segment below the snapshot), and has them repaired
+    /// from a peer (`repair`).
     pub(crate) fn check_stored_entries(&mut self) {
         let in_memory_from = self.raft.first_index();
         let mut missing = BTreeSet::new();
@@ -595,14 +595,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
         });
         self.snapshot_stats.unreadable_entries = missing.len() as u64;
-        if let Some(first) = missing.first() {
-            log_warn!(
-                "group {}: {} log entries the ledgers and queues refer to are unreadable here (the first: {first}); \
-                 this replica cannot serve their bytes while it leads: replace its log (HARDWARE.md, \"Replacing a disk\")",
-                self.group,
-                missing.len()
-            );
-        }
+        self.note_missing(missing);
     }
 }
 

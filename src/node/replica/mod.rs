@@ -21,12 +21,15 @@
 //! - `reads`: linearizable reads (read-index rounds) and what waits for
 //!   an entry: tails of the raw log and ledger long polls;
 //! - `cold`: answers waiting for the bytes they carry to be read back
-//!   from the segments (cold reads on the ring, never a wait on the loop).
+//!   from the segments (cold reads on the ring, never a wait on the loop);
+//! - `repair`: entries below the snapshot that the state refers to and
+//!   this log lost, fetched from peers, checked, stored, then served.
 
 mod cold;
 mod machine;
 mod planted;
 mod reads;
+mod repair;
 mod snapshot;
 pub(crate) mod tap;
 #[cfg(test)]
@@ -154,6 +157,8 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// A bug a simulator planted in the state-machine policy (`None` in
     /// the daemon).
     pub(crate) planted_workload: Option<WorkloadBug>,
+    /// Entries below the snapshot to repair from peers (`repair`).
+    repair: repair::Repair,
 }
 
 impl<D: LogDir, H: Host> Replica<D, H> {
@@ -241,6 +246,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             tap: None,
             planted: None,
             planted_workload: None,
+            repair: repair::Repair::default(),
         }
     }
 
@@ -273,6 +279,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // are applied and answered in another round now, not at the loop's
         // next turn, which nothing else would wake (up to `TURN_MAX`).
         while self.drive_once(now_ms, out) {}
+        if self.stopped.is_some() {
+            return;
+        }
+        self.drive_repair(now_ms, out);
         if self.stopped.is_some() {
             return;
         }
@@ -334,6 +344,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     return false;
                 }
                 self.note(|| Note::Restored { index: s.index });
+                // The install brought the entries the leader's state
+                // refers to: what is still missing is counted afresh.
+                self.check_stored_entries();
             }
             for e in rd.committed {
                 self.apply(&e);
@@ -502,6 +515,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             disk: self.disk_state(),
             backend: self.wal.backend_name(),
             snapshot: self.snapshot_stats,
+            repair: self.repair_stats(),
             waiting_reads: self.waiting_reads(),
             wal: {
                 let m = self.wal.metrics();

@@ -30,6 +30,11 @@ pub(crate) enum Note {
     Adopted { index: Index, ticket: Ticket },
     /// The log stopped; the group is out of service here.
     Stopped,
+    /// A log entry the state refers to was found missing or damaged here
+    /// and is to be repaired from a peer.
+    Missing { index: Index },
+    /// Copies of entries from a peer passed their checks and are stored.
+    Repaired { entries: Vec<Entry> },
 }
 
 /// The bugs a simulator plants in a replica to show its checkers catch
@@ -83,4 +88,8 @@ pub enum WorkloadBug {
     /// machine refers to: the follower cannot read back the messages it
     /// should hand out.
     SnapshotWithoutEntries,
+    /// A repaired copy of an entry below the snapshot is taken without
+    /// checking it against the term and CRC32C the state recorded: a
+    /// wrong copy is then served as the entry.
+    RepairUnverified,
 }
