@@ -121,6 +121,7 @@ scenarios!(
     membership,
     snapshot,
     snapshot_chunks,
+    snapshot_replaced,
     read_index,
     may_lead,
 );

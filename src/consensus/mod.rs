@@ -401,6 +401,14 @@ pub struct Raft {
     /// With `snapshot_with_entries`: what InstallSnapshot carries for the
     /// snapshot at this index (its data and the entries it refers to).
     snapshot_image: Option<(Index, Vec<u8>)>,
+    /// A transfer (the snapshot, and what InstallSnapshot carries for it)
+    /// that a newer snapshot replaced while followers were receiving it:
+    /// they get it whole rather than start over with each new snapshot,
+    /// which would never end where a transfer takes longer than the
+    /// snapshot interval. At most one; dropped once nobody receives it.
+    previous_transfer: Option<(Snapshot, Vec<u8>)>,
+    /// The snapshot index each follower last got a chunk of.
+    snapshot_receivers: BTreeMap<NodeId, Index>,
     /// The snapshot whose entries were asked of the caller.
     snapshot_entries_wanted: Option<Index>,
     /// See [`RestoredState::repair_until`]; 0 when the log is whole.
@@ -516,6 +524,8 @@ impl Raft {
             memberships,
             snapshot: state.snapshot,
             snapshot_image: None,
+            previous_transfer: None,
+            snapshot_receivers: BTreeMap::new(),
             snapshot_entries_wanted: None,
             repair_until,
             may_lead: true,
@@ -770,13 +780,19 @@ impl Raft {
     /// log above the snapshot (what a vote vouches for) is intact, or
     /// [`is_repairing`](Self::is_repairing) says otherwise. A leader told
     /// `false` hands over to the voter that has most of its log, or, with
-    /// none, steps down.
+    /// none, steps down; a candidate gives its campaign up.
     pub fn set_may_lead(&mut self, may_lead: bool) {
         if self.may_lead == may_lead {
             return;
         }
         self.may_lead = may_lead;
-        if may_lead || self.role != Role::Leader {
+        if may_lead || self.role == Role::Follower {
+            return;
+        }
+        if self.role != Role::Leader {
+            // A campaign under way would otherwise end in leading: give
+            // it up (its vote for itself stands, as any candidate's does).
+            self.become_follower(self.term, None);
             return;
         }
         self.stats.repair_step_downs += 1;

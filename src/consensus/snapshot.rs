@@ -164,7 +164,7 @@ impl Raft {
         let index = snapshot.index;
         let membership = snapshot.membership.clone();
         self.log.compact(index);
-        self.snapshot_image = None;
+        self.keep_transfer_in_progress();
         // Keep the membership in force at the snapshot and every later one.
         let later = self.memberships.split_off(&(index + 1));
         self.memberships.clear();
@@ -173,19 +173,60 @@ impl Raft {
         Ok(self.snapshot.replace(snapshot))
     }
 
-    /// Leader: send our latest snapshot to a follower that needs entries we
-    /// no longer hold, from its first chunk.
+    /// Before the snapshot is replaced: keeps its transfer if a follower
+    /// is receiving it (and has not caught up past it), else drops it.
+    fn keep_transfer_in_progress(&mut self) {
+        let image = self.snapshot_image.take();
+        let progress = &self.progress;
+        self.snapshot_receivers
+            .retain(|peer, index| progress.get(peer).is_some_and(|pr| pr.match_index < *index));
+        let Some(current) = self.snapshot.as_ref() else {
+            return;
+        };
+        let received = self
+            .snapshot_receivers
+            .values()
+            .any(|&i| i == current.index);
+        let bytes = if self.cfg.snapshot_with_entries {
+            image.filter(|(i, _)| *i == current.index).map(|(_, b)| b)
+        } else {
+            Some(current.data.clone())
+        };
+        match bytes {
+            Some(bytes) if received => self.previous_transfer = Some((current.clone(), bytes)),
+            _ => {
+                let receivers = &self.snapshot_receivers;
+                let prev_received = self
+                    .previous_transfer
+                    .as_ref()
+                    .is_some_and(|(s, _)| receivers.values().any(|&i| i == s.index));
+                if !prev_received {
+                    self.previous_transfer = None;
+                }
+            }
+        }
+    }
+
+    /// Leader: send a snapshot to a follower that needs entries we no
+    /// longer hold, from its first chunk: the one it was receiving if we
+    /// still hold its transfer (it answers with what it holds, and goes
+    /// on from there), else our latest.
     pub(super) fn send_snapshot(&mut self, peer: NodeId) {
-        let Some(index) = self.snapshot.as_ref().map(|s| s.index) else {
+        let Some(latest) = self.snapshot.as_ref().map(|s| s.index) else {
             unreachable!("entries are compacted only into a snapshot");
+        };
+        let matched = self.progress.get(&peer).map_or(0, |pr| pr.match_index);
+        let index = match (&self.previous_transfer, self.snapshot_receivers.get(&peer)) {
+            (Some((s, _)), Some(&i)) if s.index == i && matched < i => i,
+            _ => latest,
         };
         let now = self.now_ms;
         if let Some(pr) = self.progress.get_mut(&peer) {
             pr.become_snapshot(index, now);
         }
         self.stats.snapshots_sent += 1;
-        if self.transfer().is_some() {
-            self.send_snapshot_chunk(peer, 0);
+        if self.transfer_of(index).is_some() {
+            self.send_snapshot_chunk(peer, index, 0);
         } else {
             // Sent once the caller supplies the entries; if it never does,
             // the resend timer asks again.
@@ -218,14 +259,20 @@ impl Raft {
             })
             .collect();
         for peer in waiting {
-            self.send_snapshot_chunk(peer, 0);
+            self.send_snapshot_chunk(peer, index, 0);
         }
     }
 
-    /// What InstallSnapshot carries for the current snapshot: its data,
-    /// or its image; `None` while the image is not built.
-    fn transfer(&self) -> Option<(&Snapshot, &[u8])> {
-        let s = self.snapshot.as_ref()?;
+    /// What InstallSnapshot carries for the snapshot at `index`, the
+    /// current one or one still being sent: its data, or its image;
+    /// `None` while the image is not built, or if we hold neither.
+    fn transfer_of(&self, index: Index) -> Option<(&Snapshot, &[u8])> {
+        if let Some((s, bytes)) = &self.previous_transfer {
+            if s.index == index {
+                return Some((s, bytes));
+            }
+        }
+        let s = self.snapshot.as_ref().filter(|s| s.index == index)?;
         if !self.cfg.snapshot_with_entries {
             return Some((s, &s.data));
         }
@@ -235,10 +282,11 @@ impl Raft {
         }
     }
 
-    /// Leader: the chunk of what the snapshot transfer carries that starts
-    /// at `offset`.
-    fn send_snapshot_chunk(&mut self, peer: NodeId, offset: u64) {
-        let Some((s, bytes)) = self.transfer() else {
+    /// Leader: the chunk of what the transfer of the snapshot at `index`
+    /// carries that starts at `offset`.
+    fn send_snapshot_chunk(&mut self, peer: NodeId, index: Index, offset: u64) {
+        self.snapshot_receivers.insert(peer, index);
+        let Some((s, bytes)) = self.transfer_of(index) else {
             return;
         };
         let total = bytes.len() as u64;
@@ -264,7 +312,10 @@ impl Raft {
     /// `index`: send the next chunk, or start over if ours changed.
     pub(super) fn handle_snapshot_ack(&mut self, from: NodeId, index: Index, received: u64) {
         let now = self.now_ms;
-        let ours = self.transfer().map(|(s, b)| (s.index, b.len() as u64));
+        let ours = self
+            .transfer_of(index)
+            .map(|(s, b)| (s.index, b.len() as u64));
+        let latest = self.snapshot.as_ref().map(|s| s.index);
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
         };
@@ -280,7 +331,8 @@ impl Raft {
         match ours {
             // Stop and wait: only progress sends the next chunk; a duplicate
             // or stale ack is dropped (a lost chunk waits for the resend
-            // timer).
+            // timer). A snapshot replaced by a newer one while being sent
+            // is sent on to the end.
             Some((ours, total))
                 if ours == index && sending == index && received > acked && received < total =>
             {
@@ -289,10 +341,12 @@ impl Raft {
                     sent_ms: now,
                     acked: received,
                 };
-                self.send_snapshot_chunk(from, received);
+                self.send_snapshot_chunk(from, index, received);
             }
-            // Our snapshot is newer than the one being sent: start over.
-            Some((ours, _)) if ours != index && sending != ours => self.send_snapshot(from),
+            // We no longer hold the one being sent: start over with ours.
+            _ if sending == index && Some(sending) != latest && ours.is_none() => {
+                self.send_snapshot(from)
+            }
             _ => {}
         }
     }
