@@ -37,7 +37,7 @@ struct Args {
     /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing;
     /// with --workload ledger: ledger-no-fence, stale-lac, snapshot-without-machine; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
-    /// snapshot-without-entries; in the production glue: release-before-durable,
+    /// snapshot-without-entries, repair-unverified; in the production glue: release-before-durable,
     /// truncate-on-corruption, adopt-unsynced-snapshot, retry-applied-twice,
     /// retry-wrong-index (the last two with --workload log).
     #[arg(long)]
@@ -327,8 +327,8 @@ impl Totals {
             self.commits, self.confirmed, self.failed, self.unknown
         );
         println!(
-            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} leader transfers, {} serial cables cut, {} made noisy, {} disk stalls, {} disks full; {} messages dropped",
-            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.transfers, f.serial_cuts, f.serial_noise, f.disk_stalls, f.disks_full, self.dropped
+            "faults:      {} total: {} crashes ({} crash loops, {} cluster power losses), {} restarts, {} isolations, {} one-way cuts, {} clogged paths, {} heals, {} loss changes, {} duplication changes, {} EIO, {} corruptions, {} misdirected writes, {} batches damaged and {} segments lost below the snapshot, {} wrong repair copies, {} leader transfers, {} serial cables cut, {} made noisy, {} disk stalls, {} disks full; {} messages dropped",
+            f.total(), f.crashes, f.crash_loops, f.power_losses, f.restarts, f.isolations, f.one_way_cuts, f.clogs, f.heals, f.loss_changes, f.duplication_changes, f.eio, f.corruptions, f.misdirected_writes, f.damaged_below_snapshot, f.lost_segments, f.wrong_repair_copies, f.transfers, f.serial_cuts, f.serial_noise, f.disk_stalls, f.disks_full, self.dropped
         );
         if opts.workload == Workload::Log {
             println!(
@@ -342,8 +342,8 @@ impl Totals {
         );
         let c = self.glue;
         println!(
-            "glue:        {} log recoveries ({} torn tails discarded, {} damaged batches found for repair), {} group commits, {} appends refused for a full disk, {} snapshots installed, {} adopted, {} cold reads",
-            c.recoveries, c.torn_tails, c.corruptions_found, c.flushes, c.disk_full_refusals, c.snapshots_installed, c.snapshots_adopted, c.cold_reads
+            "glue:        {} log recoveries ({} torn tails discarded, {} damaged batches found for repair), {} group commits, {} appends refused for a full disk, {} snapshots installed, {} adopted, {} cold reads, {} entries repaired from peers ({} wrong copies refused)",
+            c.recoveries, c.torn_tails, c.corruptions_found, c.flushes, c.disk_full_refusals, c.snapshots_installed, c.snapshots_adopted, c.cold_reads, c.entries_repaired, c.repair_copies_rejected
         );
         if opts.net == Net::Endpoint {
             println!(

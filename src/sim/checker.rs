@@ -43,9 +43,10 @@ fn fail(invariant: &'static str, detail: String) -> Result<(), Violation> {
 
 /// Names of the invariants the ledger and queue workloads add, for
 /// reports (see `ledger_check` and `queue_check`).
-pub const WORKLOAD_INVARIANTS: [&str; 9] = [
+pub const WORKLOAD_INVARIANTS: [&str; 10] = [
     "state-machines-equal",
     "stored-bytes-readable",
+    "stored-bytes-agree",
     "fenced-writer-not-confirmed",
     "lac-monotonic",
     "ledger-linearizable",

@@ -7,7 +7,7 @@
 
 use super::trace::chain;
 use crate::consensus::{Entry, HardState, Index, Snapshot};
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 /// One write the core asked for.
 #[derive(Clone, Debug)]
@@ -134,6 +134,11 @@ pub(crate) struct SimDisk {
     /// As a shadow of a real log: the lowest index a write lost in a
     /// crash rewrote from, which recovery may hold instead of this model.
     pub(crate) lost_rewrite_from: Option<Index>,
+    /// Entries below the snapshot the simulator damaged or lost here
+    /// (ever): a referenced entry the replica finds missing must be one.
+    pub(crate) damaged_below: BTreeSet<Index>,
+    /// Of those, the ones no repair has stored again yet.
+    pub(crate) unrepaired_below: BTreeSet<Index>,
 }
 
 impl SimDisk {

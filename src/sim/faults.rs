@@ -36,6 +36,15 @@ pub struct FaultCounts {
     pub corruptions: u64,
     /// Writes reported durable that landed elsewhere.
     pub misdirected_writes: u64,
+    /// Batches below the snapshot, holding entries the state refers to,
+    /// left rotten or zeroed by a crash (repaired from a peer).
+    pub damaged_below_snapshot: u64,
+    /// Segment files below the snapshot lost whole in a crash.
+    pub lost_segments: u64,
+    /// Copies sent to a peer repairing its log that were wrong, though
+    /// they passed the sender's own checks (a bad block read back as a
+    /// good one, memory corruption): the receiver must refuse them.
+    pub wrong_repair_copies: u64,
     /// Leadership transfers requested.
     pub transfers: u64,
     /// Serial cables cut.
@@ -64,6 +73,9 @@ impl FaultCounts {
             + self.eio
             + self.corruptions
             + self.misdirected_writes
+            + self.damaged_below_snapshot
+            + self.lost_segments
+            + self.wrong_repair_copies
             + self.disks_full
             + self.transfers
             + self.serial_cuts
@@ -86,6 +98,9 @@ impl FaultCounts {
         self.eio += o.eio;
         self.corruptions += o.corruptions;
         self.misdirected_writes += o.misdirected_writes;
+        self.damaged_below_snapshot += o.damaged_below_snapshot;
+        self.lost_segments += o.lost_segments;
+        self.wrong_repair_copies += o.wrong_repair_copies;
         self.disks_full += o.disks_full;
         self.transfers += o.transfers;
         self.serial_cuts += o.serial_cuts;

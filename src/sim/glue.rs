@@ -24,11 +24,13 @@ use super::pipe::Caller;
 use super::trace::{chain, What};
 use super::world::{Event, World};
 use crate::api::Request;
-use crate::consensus::{Index, RestoredState, Role, Term};
-use crate::node::replica::tap::{GlueBug, Note};
+use crate::consensus::{Body, Index, Message, Payload, RestoredState, Role, Term};
+use crate::node::replica::tap::{GlueBug, MissingFound, Note};
 use crate::node::replica::Replica;
-use crate::storage::{Wal, WalConfig};
+use crate::storage::format::{decode_batch, BLOCK_BYTES};
+use crate::storage::{LogDir, Wal, WalConfig};
 use rand::Rng;
+use std::collections::BTreeSet;
 
 /// One group's production replica on one simulated node, with what the
 /// world keeps beside it.
@@ -54,6 +56,18 @@ pub(crate) struct Damage {
     offset: u64,
     bytes: u64,
     first_index: Index,
+    /// The batch lies below the snapshot (and holds entries the state
+    /// refers to): Raft never sends it again, the replica repairs it from
+    /// a peer.
+    below: bool,
+    /// Below the snapshot, the batch's whole segment may go instead: it
+    /// holds nothing above the snapshot, nor the log's last batches.
+    whole_file: bool,
+    /// The entries the batch holds, and (`whole_file`) its segment
+    /// (every batch in it, also those below what the state in memory
+    /// refers to: the state at the durable snapshot may refer to them).
+    batch_entries: BTreeSet<Index>,
+    file_entries: BTreeSet<Index>,
 }
 
 /// A production replica's answer to one request of a client, as the
@@ -73,6 +87,26 @@ pub(crate) struct Answer {
 
 /// The answers replies put here, drained by the world after each drive.
 pub(crate) type Answers = std::sync::Arc<std::sync::Mutex<Vec<Answer>>>;
+
+/// The indexes of the entries in every whole batch of segment `file`.
+fn indexes_in_file(dev: &SimDir, file: &str) -> BTreeSet<Index> {
+    let bytes = dev.contents(file).unwrap_or_default();
+    let mut out = BTreeSet::new();
+    let mut off = 0;
+    while off + BLOCK_BYTES <= bytes.len() {
+        match decode_batch(&bytes[off..]) {
+            Ok(b) => {
+                out.extend(b.entries.iter().map(|e| e.index));
+                off += b.disk_bytes;
+            }
+            Err(_) => off += BLOCK_BYTES,
+        }
+    }
+    out
+}
+
+/// Chance that a repair answer carrying entries has one of them wrong.
+const WRONG_REPAIR_COPY_PROBABILITY: f64 = 0.3;
 
 /// The log's config under the simulator: small segments and batches, so
 /// a run rolls, recycles and trims segments many times.
@@ -114,6 +148,9 @@ pub struct GlueCounts {
     pub cold_reads: u64,
     /// Entries below the snapshot repaired from a peer.
     pub entries_repaired: u64,
+    /// Copies from peers refused by their checks (the simulator's wrong
+    /// repair copies).
+    pub repair_copies_rejected: u64,
 }
 
 impl GlueCounts {
@@ -127,15 +164,19 @@ impl GlueCounts {
         self.snapshots_installed += o.snapshots_installed;
         self.snapshots_adopted += o.snapshots_adopted;
         self.entries_repaired += o.entries_repaired;
+        self.repair_copies_rejected += o.repair_copies_rejected;
         self.cold_reads += o.cold_reads;
     }
 
-    /// The WAL's own counters of one replica's life.
-    fn of_wal(m: &crate::storage::WalMetrics) -> GlueCounts {
+    /// The counters one replica's life kept itself (its WAL's, its
+    /// repair's).
+    fn of_life(r: &Replica<SimDir, ManualHost>) -> GlueCounts {
+        let m = r.wal.metrics();
         GlueCounts {
             flushes: m.flushes,
             disk_full_refusals: m.disk_full_refusals,
             cold_reads: m.cold_reads,
+            repair_copies_rejected: r.repair_stats().rejected,
             ..GlueCounts::default()
         }
     }
@@ -181,6 +222,8 @@ impl World {
         let raft = crate::consensus::Raft::restore(cfg, self.rng.gen(), self.now, restored)
             .expect("the simulator draws valid timers and limits");
         let mut replica = Replica::new(g as u32, raft, wal, self.now, 1 << 20, host.clone());
+        // On before the state's check, so what it finds missing is noted.
+        replica.tap = Some(Vec::new());
         let mut chain = 0;
         if let Some(s) = &snapshot {
             if !replica.restore_state(s.index, &s.data) {
@@ -193,10 +236,9 @@ impl World {
                     ),
                 });
             }
-            replica.check_stored_entries();
+            replica.check_stored_entries(MissingFound::Open);
             chain = self.chain_or_fail(g, s.index)?;
         }
-        replica.tap = Some(Vec::new());
         replica.planted = self.opts.glue_bug;
         replica.planted_workload = self.opts.workload_bug;
         self.nodes[n].hosted[g] = Some(Hosted {
@@ -240,6 +282,76 @@ impl World {
             offset: loc.offset,
             bytes: loc.disk_bytes,
             first_index: loc.first_index,
+            below: false,
+            whole_file: false,
+            batch_entries: BTreeSet::new(),
+            file_entries: BTreeSet::new(),
+        })
+    }
+
+    /// Where damage below the snapshot may strike group `g`'s log on node
+    /// `n`: a batch wholly at or below both the durable snapshot and
+    /// Raft's first index, holding an entry the state refers to, and more
+    /// than the in-flight window before the log's last batch (or recovery
+    /// rightly takes it for a torn tail).
+    pub(crate) fn damage_below_target(&mut self, n: usize, g: usize) -> Option<Damage> {
+        let base = self.nodes[n].disks[g].durable.base().0;
+        let h = self.nodes[n].hosted[g].as_ref()?;
+        let limit = base.min(h.replica.raft.first_index().saturating_sub(1));
+        let mut referenced = BTreeSet::new();
+        h.replica.machine.each_stored(&mut |i| {
+            if i <= limit {
+                referenced.insert(i);
+            }
+        });
+        let (&lo, &hi) = (referenced.first()?, referenced.last()?);
+        // (Fails where a repaired copy stands in a batch's place: no
+        // damage then.)
+        let below = h.replica.wal.locate(lo, hi).ok()?;
+        let durable = h.replica.wal.durable().0;
+        let above = if durable > limit {
+            h.replica.wal.locate(limit + 1, durable).ok()?
+        } else {
+            Vec::new()
+        };
+        let last_seq = above.last().or(below.last())?.1.seq;
+        let last_file = above.last().or(below.last())?.0.clone();
+        let window = h.window;
+        let holds_referenced = |l: &crate::storage::recovery::BatchLocation| {
+            referenced
+                .range(l.first_index..l.first_index + l.count)
+                .next()
+                .is_some()
+        };
+        let candidates: Vec<_> = below
+            .iter()
+            .filter(|(_, l)| {
+                l.count > 0
+                    && l.first_index + l.count - 1 <= limit
+                    && l.seq + window < last_seq
+                    && holds_referenced(l)
+            })
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let (file, loc) = candidates[self.rng.gen_range(0..candidates.len())].clone();
+        let whole_file = file != last_file
+            && above
+                .iter()
+                .chain(&below)
+                .filter(|(f, _)| *f == file)
+                .all(|(_, l)| l.first_index + l.count - 1 <= limit && l.seq + window < last_seq);
+        let file_entries = indexes_in_file(&self.nodes[n].devices[g], &file);
+        Some(Damage {
+            offset: loc.offset,
+            bytes: loc.disk_bytes,
+            first_index: loc.first_index,
+            below: true,
+            whole_file,
+            batch_entries: (loc.first_index..loc.first_index + loc.count).collect(),
+            file_entries,
+            file,
         })
     }
 
@@ -248,11 +360,36 @@ impl World {
     /// as where a write reported durable never landed. The next recovery
     /// finds it; the shadow expects repair from the batch's first index.
     pub(crate) fn damage(&mut self, n: usize, g: usize, d: Damage, misdirected: bool) {
-        let dev = &self.nodes[n].devices[g];
+        let dev = self.nodes[n].devices[g].clone();
+        if d.below {
+            // Found at the next open (the scan checks every batch, or the
+            // file is gone), repaired from a peer; the shadow, which holds
+            // the log above the snapshot, is untouched.
+            let whole = d.whole_file && self.rng.gen_bool(0.3);
+            let lost = if whole {
+                d.file_entries.clone()
+            } else {
+                d.batch_entries.clone()
+            };
+            let disk = &mut self.nodes[n].disks[g];
+            disk.damaged_below.extend(lost.clone());
+            disk.unrepaired_below.extend(lost);
+            if whole {
+                let gone = dev.remove(&d.file).and_then(|()| dev.sync());
+                assert!(gone.is_ok(), "the segment exists: {gone:?}");
+                self.faults.lost_segments += 1;
+                self.record(n, g, What::Fault("lost-segment"));
+                return;
+            }
+            self.faults.damaged_below_snapshot += 1;
+            self.record(n, g, What::Fault("damage-below-snapshot"));
+        }
         if misdirected {
             dev.rot(&d.file, d.offset, &vec![0u8; d.bytes as usize]);
-            self.faults.misdirected_writes += 1;
-            self.record(n, g, What::Fault("misdirected-write"));
+            if !d.below {
+                self.faults.misdirected_writes += 1;
+                self.record(n, g, What::Fault("misdirected-write"));
+            }
         } else {
             // Past the batch header, inside its entries.
             let at = d.offset + self.rng.gen_range(64..d.bytes.max(65));
@@ -263,10 +400,64 @@ impl World {
                 return;
             };
             dev.rot(&d.file, at, &[byte ^ 0x5a]);
-            self.faults.corruptions += 1;
-            self.record(n, g, What::Fault("bit-rot"));
+            if !d.below {
+                self.faults.corruptions += 1;
+                self.record(n, g, What::Fault("bit-rot"));
+            }
         }
+        // Recovery cannot tell how far back a rotten batch rewrote the log
+        // (one below the snapshot too): it may distrust what follows, up to
+        // what the batches before it say was committed, and fetch it again.
         self.nodes[n].disks[g].durable.damage_from(d.first_index);
+    }
+
+    /// The (node, group) replicas still repairing entries below their
+    /// snapshots (a run is not over until they are done).
+    pub(crate) fn repairing(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (n, node) in self.nodes.iter().enumerate() {
+            for (g, h) in node.hosted.iter().enumerate() {
+                if h.as_ref()
+                    .is_some_and(|h| h.replica.repair_stats().missing > 0)
+                {
+                    out.push((n + 1, g));
+                }
+            }
+        }
+        out
+    }
+
+    /// Now and then makes one copy in a repair answer arriving at node
+    /// `to` wrong, one that node still misses, as if it had gone bad past
+    /// the sender's own checks (a bad block read back as a good one, or
+    /// memory corruption; the transport's MAC cannot tell): the receiver
+    /// must refuse it by the check its state recorded.
+    pub(crate) fn maybe_wrong_repair_copy(&mut self, to: usize, g: usize, msg: &mut Message) {
+        let Body::RepairEntries { entries, .. } = &mut msg.body else {
+            return;
+        };
+        let Some(h) = self.nodes[to].hosted[g].as_ref() else {
+            return;
+        };
+        let wanted: Vec<usize> = (0..entries.len())
+            .filter(|&k| h.replica.repair_missing(entries[k].index))
+            .collect();
+        if wanted.is_empty() || !self.rng.gen_bool(WRONG_REPAIR_COPY_PROBABILITY) {
+            return;
+        }
+        let k = wanted[self.rng.gen_range(0..wanted.len())];
+        let Payload::Normal(p) = &entries[k].payload else {
+            return;
+        };
+        if p.is_empty() {
+            return;
+        }
+        let mut bytes = p.to_vec();
+        let at = self.rng.gen_range(0..bytes.len());
+        bytes[at] ^= 0x5a;
+        entries[k].payload = Payload::Normal(bytes.into());
+        self.faults.wrong_repair_copies += 1;
+        self.record(to, g, What::Fault("wrong-repair-copy"));
     }
 
     /// Fills group `g`'s device on node `n` until `until_ms`: nothing
@@ -417,7 +608,7 @@ impl World {
         self.retired_elections += stats.elections_started;
         self.retired_snapshots += stats.snapshots_sent;
         self.retired_preferred_handovers += stats.preferred_leader_transfers;
-        self.glue.add(&GlueCounts::of_wal(h.replica.wal.metrics()));
+        self.glue.add(&GlueCounts::of_life(&h.replica));
         drop(h);
         self.nodes[n].devices[g].crash();
         // A lost write that rewrote the log from an index may have reached
@@ -500,19 +691,28 @@ impl World {
         let mut appends = Vec::new();
         for note in notes {
             match note {
-                Note::Missing { index } => {
-                    // No fault here damages a log below its snapshot: an
-                    // entry the state refers to can only be missing by a
-                    // bug (a snapshot sent without the entries it needs).
-                    return Err(Violation {
-                        invariant: "stored-bytes-readable",
-                        detail: format!(
-                            "group {g}: n{id}'s state refers to log entry {index}, which its log does not hold"
-                        ),
-                    });
+                Note::Missing { index, found } => {
+                    // Only the simulator's damage below the snapshot makes
+                    // an entry the state refers to go missing; an install
+                    // brings every entry its state refers to (the leader
+                    // holds them all), so one missing after it is a bug
+                    // (a snapshot sent without the entries it needs).
+                    let damaged = self.nodes[n].disks[g].damaged_below.contains(&index);
+                    if found == MissingFound::Install || !damaged {
+                        return Err(Violation {
+                            invariant: "stored-bytes-readable",
+                            detail: format!(
+                                "group {g}: n{id}'s state refers to log entry {index}, which its log does not hold ({found:?})"
+                            ),
+                        });
+                    }
                 }
                 Note::Repaired { entries } => {
                     self.glue.entries_repaired += entries.len() as u64;
+                    let disk = &mut self.nodes[n].disks[g];
+                    for e in &entries {
+                        disk.unrepaired_below.remove(&e.index);
+                    }
                 }
                 Note::Wrote {
                     ticket,
@@ -796,7 +996,7 @@ impl World {
     pub(crate) fn glue_counts(&self) -> GlueCounts {
         let mut counts = self.glue;
         for h in self.nodes.iter().flat_map(|n| n.hosted.iter().flatten()) {
-            counts.add(&GlueCounts::of_wal(h.replica.wal.metrics()));
+            counts.add(&GlueCounts::of_life(&h.replica));
         }
         counts
     }

@@ -381,7 +381,7 @@ pub fn bug_by_name(name: &str) -> Option<PlantedBug> {
 
 /// The planted workload bugs by their command-line names (simulator only:
 /// they live in how the simulated nodes use the state machine).
-pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 7] = [
+pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 8] = [
     ("ledger-no-fence", WorkloadBug::LedgerNoFence),
     ("stale-lac", WorkloadBug::StaleLac),
     (
@@ -395,6 +395,7 @@ pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 7] = [
         "snapshot-without-entries",
         WorkloadBug::SnapshotWithoutEntries,
     ),
+    ("repair-unverified", WorkloadBug::RepairUnverified),
 ];
 
 /// Command-line name of a planted glue bug.

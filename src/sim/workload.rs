@@ -23,7 +23,7 @@ use crate::state::{Answer, Command, Outcome, Query};
 
 pub use crate::node::replica::tap::WorkloadBug;
 use rand::Rng;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// What the simulated clients do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -793,6 +793,11 @@ impl World {
     /// `final_checks` on the production replicas: each reads back every
     /// entry its state refers to, then the workload's history checkers.
     fn final_checks_hosted(&mut self) -> Result<(), Violation> {
+        // Every entry some replica's state refers to, as the first replica
+        // that read it back holds it: every other must hold the same bytes
+        // (a copy repaired from a peer included).
+        let mut first_read: Vec<BTreeMap<u64, (usize, bytes::Bytes)>> =
+            vec![BTreeMap::new(); self.opts.groups];
         for (n, node) in self.nodes.iter_mut().enumerate() {
             for (g, h) in node.hosted.iter_mut().enumerate() {
                 let Some(h) = h.as_mut() else {
@@ -801,14 +806,32 @@ impl World {
                 let r = &mut h.replica;
                 let mut read = crate::node::replica::payload_at(&r.raft, &mut r.wal);
                 let mut missing = None;
-                r.machine.each_stored(&mut |i| {
-                    if missing.is_none() && read(i) == crate::state::Lookup::Missing {
-                        missing = Some(i);
+                let mut differs = None;
+                r.machine.each_stored(&mut |i| match read(i) {
+                    crate::state::Lookup::Payload(p) => match first_read[g].get(&i) {
+                        Some((m, q)) if *q != p && differs.is_none() => differs = Some((i, *m)),
+                        Some(_) => {}
+                        None => {
+                            first_read[g].insert(i, (n, p));
+                        }
+                    },
+                    _ => {
+                        missing.get_or_insert(i);
                     }
                 });
                 drop(read);
                 if let Some(i) = missing {
                     return Err(stored_missing(n, g, i));
+                }
+                if let Some((i, m)) = differs {
+                    return Err(Violation {
+                        invariant: "stored-bytes-agree",
+                        detail: format!(
+                            "group {g}: node {} and node {} hold different bytes for log entry {i}, which their states refer to",
+                            m + 1,
+                            n + 1
+                        ),
+                    });
                 }
             }
         }

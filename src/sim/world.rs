@@ -432,17 +432,21 @@ impl World {
                     let stuck: Vec<usize> = (0..self.opts.groups)
                         .filter(|&g| !self.recovered[g])
                         .collect();
+                    let repairing = self.repairing();
                     return Err(Violation {
                         invariant: "liveness-after-heal",
                         detail: format!(
-                            "groups {stuck:?} confirmed no new append within {} ms of healing",
+                            "within {} ms of healing, groups {stuck:?} confirmed no new append and (node, group) {repairing:?} still miss log entries their states refer to",
                             self.opts.liveness_bound_ms
                         ),
                     });
                 }
             }
             self.step()?;
-            if self.healed_at.is_some() && self.recovered.iter().all(|&r| r) {
+            if self.healed_at.is_some()
+                && self.recovered.iter().all(|&r| r)
+                && self.repairing().is_empty()
+            {
                 return Ok(());
             }
         }
@@ -590,6 +594,8 @@ impl World {
                 detail,
             },
         );
+        let mut msg = msg;
+        self.maybe_wrong_repair_copy(n, group, &mut msg);
         let now = self.now;
         let replica = self.nodes[n].replica_mut(group).expect("checked live");
         replica.step(now, msg);
@@ -665,10 +671,18 @@ impl World {
         self.endpoint_crash(n);
         for g in 0..self.opts.groups {
             // Damage on the device, where recovery can tell it: bit rot,
-            // or now and then a write that never landed.
+            // or now and then a write that never landed; in the state
+            // workloads, half the time below the snapshot, where entries
+            // the state refers to are repaired from a peer.
+            let below = self.opts.workload != super::Workload::Log;
             let target = (self.rng.gen_bool(self.p.corruption_probability)
                 && self.may_damage(n, g))
-            .then(|| self.damage_target(n, g))
+            .then(|| {
+                let below = (below && self.rng.gen_bool(0.5))
+                    .then(|| self.damage_below_target(n, g))
+                    .flatten();
+                below.or_else(|| self.damage_target(n, g))
+            })
             .flatten();
             let misdirected = self.rng.gen_bool(0.2);
             self.stop_group(n, g)?;
@@ -683,10 +697,21 @@ impl World {
     /// of a group's replicas damaged or repairing at once (with more, no
     /// replication protocol keeps acknowledged data).
     fn may_damage(&self, n: usize, g: usize) -> bool {
-        let damaged = (0..self.nodes.len())
-            .filter(|&m| m != n && self.nodes[m].disks[g].durable.is_damaged())
+        // Below the snapshot: while a live replica misses entries, or a
+        // replica that is down has some not repaired (its state at the
+        // snapshot may refer to them again when it starts).
+        let damaged = |m: usize| {
+            let d = &self.nodes[m].disks[g];
+            let below = match &self.nodes[m].hosted[g] {
+                Some(h) => h.replica.repair_stats().missing > 0,
+                None => !d.unrepaired_below.is_empty(),
+            };
+            d.durable.is_damaged() || below
+        };
+        let others = (0..self.nodes.len())
+            .filter(|&m| m != n && damaged(m))
             .count();
-        damaged < (self.nodes.len() - 1) / 2 && !self.nodes[n].disks[g].durable.is_damaged()
+        others < (self.nodes.len() - 1) / 2 && !damaged(n)
     }
 
     pub(crate) fn restart_node(&mut self, n: usize) -> Result<(), Violation> {

@@ -8,6 +8,7 @@
 use super::super::command::{ProposeError, QueryReply, StateReply};
 use super::super::log::log_warn;
 use super::machine::stored_missing;
+use super::tap::MissingFound;
 use super::Replica;
 use crate::consensus::{Index, Payload, Raft};
 use crate::node::host::Host;
@@ -76,7 +77,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             Err(Unfilled::Missing(i)) => {
                 self.snapshot_stats.unreadable_entries += 1;
                 if i < self.raft.first_index() {
-                    self.note_missing([i]);
+                    self.note_missing([i], MissingFound::Read);
                 }
                 Some(stored_missing(self.group, i))
             }

@@ -12,7 +12,7 @@
 use super::super::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
 use super::super::host::Host;
 use super::super::log::log_error;
-use super::tap::WorkloadBug;
+use super::tap::{MissingFound, WorkloadBug};
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
 use crate::state::dedup::{
@@ -585,7 +585,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// Raft's log that the state refers to and the log cannot read (a
     /// damaged or lost segment below the snapshot), and has them repaired
     /// from a peer (`repair`).
-    pub(crate) fn check_stored_entries(&mut self) {
+    pub(crate) fn check_stored_entries(&mut self, found: MissingFound) {
+        self.forget_held();
         let in_memory_from = self.raft.first_index();
         let mut missing = BTreeSet::new();
         let wal = &self.wal;
@@ -595,7 +596,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
         });
         self.snapshot_stats.unreadable_entries = missing.len() as u64;
-        self.note_missing(missing);
+        self.note_missing(missing, found);
     }
 }
 

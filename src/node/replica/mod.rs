@@ -54,6 +54,7 @@ use machine::Waiter;
 use reads::LinearRead;
 use snapshot::{ImageJob, SnapshotJob, SnapshotWritten};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+pub(crate) use tap::MissingFound;
 use tap::{GlueBug, Note, WorkloadBug};
 
 /// The largest entry payload a group proposes: one its log stores (the
@@ -190,7 +191,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     index: s.index,
                 });
             }
-            r.check_stored_entries();
+            r.check_stored_entries(MissingFound::Open);
         }
         Ok(r)
     }
@@ -346,7 +347,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 self.note(|| Note::Restored { index: s.index });
                 // The install brought the entries the leader's state
                 // refers to: what is still missing is counted afresh.
-                self.check_stored_entries();
+                self.check_stored_entries(MissingFound::Install);
             }
             for e in rd.committed {
                 self.apply(&e);

@@ -32,7 +32,7 @@
 //! leader could still replace.
 
 use super::super::log::{log_info, log_warn};
-use super::tap::{Note, WorkloadBug};
+use super::tap::{MissingFound, Note, WorkloadBug};
 use super::Replica;
 use crate::consensus::{Body, Entry, Index, Message, NodeId, Payload, REPAIR_INDEXES_MAX};
 use crate::node::host::Host;
@@ -44,9 +44,16 @@ use std::collections::{BTreeMap, BTreeSet};
 /// A repair request goes out at most this often (ms): one peer at a time.
 pub(crate) const REPAIR_RETRY_MS: u64 = 200;
 
-/// Repair messages from peers handled per turn at most; the rest wait
-/// for the next turn (a peer cannot make one turn unbounded).
+/// Repair messages from peers kept for the next turn at most; more are
+/// dropped (their senders ask again): a peer cannot make a turn, or the
+/// memory it holds, unbounded.
 const REPAIR_INBOX_MAX: usize = 64;
+
+/// Bytes of repair answers (entries) kept for the next turn at most.
+const REPAIR_INBOX_BYTES_MAX: usize = 32 << 20;
+
+/// Peers whose requests wait for cold reads, at most.
+const REPAIR_DEFERRED_MAX: usize = 16;
 
 /// What a replica knows of its entries to repair, and what it did.
 #[derive(Debug, Default)]
@@ -59,8 +66,12 @@ pub(crate) struct Repair {
     lost: BTreeSet<Index>,
     /// Of those, the ones the state has no check for.
     unverifiable: BTreeSet<Index>,
-    /// Repair messages from peers, handled in `drive`.
+    /// Repair messages from peers, handled in `drive`, and the bytes of
+    /// the entries they carry.
     inbox: Vec<Message>,
+    inbox_bytes: usize,
+    /// Requests waiting for cold reads, by asker: answered on a later turn.
+    deferred: BTreeMap<NodeId, Vec<Index>>,
     /// When (node ms) the next request may go, and to which member (an
     /// index into the others, in id order).
     next_ask_ms: u64,
@@ -76,6 +87,14 @@ impl Repair {
         self.stats.unverifiable = self.unverifiable.len() as u64;
     }
 
+    /// Forgets entry `i`: held again, or no longer referenced.
+    fn forget(&mut self, i: Index) {
+        self.missing.remove(&i);
+        self.not_held_by.remove(&i);
+        self.lost.remove(&i);
+        self.unverifiable.remove(&i);
+    }
+
     /// True while an entry that could be repaired is missing.
     fn blocks_leading(&self) -> bool {
         self.missing
@@ -89,16 +108,42 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// the next `drive` (which answers it).
     pub(crate) fn step(&mut self, now_ms: u64, msg: Message) {
         if msg.body.is_for_the_replica() {
-            if self.repair.inbox.len() < REPAIR_INBOX_MAX {
-                self.repair.inbox.push(msg);
+            let bytes = match &msg.body {
+                Body::RepairEntries { entries, .. } => entries.iter().map(Entry::size_bytes).sum(),
+                _ => 0,
+            };
+            let r = &mut self.repair;
+            if r.inbox.len() < REPAIR_INBOX_MAX && r.inbox_bytes + bytes <= REPAIR_INBOX_BYTES_MAX {
+                r.inbox_bytes += bytes;
+                r.inbox.push(msg);
             }
             return;
         }
         self.raft.step(now_ms, msg);
     }
 
+    /// Forgets entries to repair that the log holds now (an installed
+    /// snapshot brought them), before a full check counts afresh.
+    pub(super) fn forget_held(&mut self) {
+        let wal = &self.wal;
+        let held: Vec<Index> = self
+            .repair
+            .missing
+            .iter()
+            .copied()
+            .filter(|&i| wal.holds(i))
+            .collect();
+        for i in held {
+            self.repair.forget(i);
+        }
+    }
+
     /// Marks referenced entries as missing here, to repair.
-    pub(super) fn note_missing(&mut self, indexes: impl IntoIterator<Item = Index>) {
+    pub(super) fn note_missing(
+        &mut self,
+        indexes: impl IntoIterator<Item = Index>,
+        found: MissingFound,
+    ) {
         let mut added = Vec::new();
         for i in indexes {
             if self.repair.missing.insert(i) {
@@ -115,7 +160,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 added.len()
             );
             for i in added {
-                self.note(|| Note::Missing { index: i });
+                self.note(|| Note::Missing { index: i, found });
             }
             self.repair.next_ask_ms = 0;
         }
@@ -130,10 +175,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             let r = &mut self.repair;
             let released: Vec<Index> = r.missing.range(..oldest).copied().collect();
             for i in released {
-                r.missing.remove(&i);
-                r.not_held_by.remove(&i);
-                r.lost.remove(&i);
-                r.unverifiable.remove(&i);
+                r.forget(i);
             }
         }
         self.repair.refresh_stats();
@@ -150,18 +192,18 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     }
 
     /// One turn of repair (from `drive`): answers and takes what peers
-    /// sent, and asks the next peer if it is time.
+    /// sent, answers again what waited for cold reads, and asks the next
+    /// peer if it is time.
     pub(super) fn drive_repair(&mut self, now_ms: u64, out: &mut Vec<Message>) {
-        for msg in std::mem::take(&mut self.repair.inbox) {
+        let deferred = std::mem::take(&mut self.repair.deferred);
+        self.repair.inbox_bytes = 0;
+        // One answer a peer a turn (the network may duplicate a request):
+        // its newest request, in place of one kept from an earlier turn.
+        let mut asked = BTreeSet::new();
+        for msg in std::mem::take(&mut self.repair.inbox).into_iter().rev() {
             match msg.body {
-                Body::RepairRequest { indexes } => {
-                    let reply = self.answer_repair(&indexes);
-                    out.push(Message {
-                        from: self.raft.id(),
-                        to: msg.from,
-                        term: self.raft.term(),
-                        body: reply,
-                    });
+                Body::RepairRequest { indexes } if asked.insert(msg.from) => {
+                    self.serve_repair(msg.from, indexes, out)
                 }
                 Body::RepairEntries { entries, not_held } => {
                     self.take_repair(msg.from, entries, &not_held)
@@ -169,63 +211,94 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 _ => {}
             }
         }
-        if self.repair.missing.is_empty() {
+        for (from, indexes) in deferred {
+            if !asked.contains(&from) {
+                self.serve_repair(from, indexes, out);
+            }
+        }
+        if self.repair.missing.is_empty() || now_ms < self.repair.next_ask_ms {
             return;
         }
+        self.repair.next_ask_ms = now_ms + REPAIR_RETRY_MS;
+        // At most once a round: what acks and deletes released, and what
+        // every other member said it lacks.
+        self.mark_lost();
         self.repair_leadership();
-        if now_ms < self.repair.next_ask_ms {
-            return;
-        }
-        let me = self.raft.id();
-        let m = self.raft.membership();
-        let others: Vec<NodeId> = m
-            .voters
-            .iter()
-            .chain(&m.learners)
-            .copied()
-            .filter(|&p| p != me)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let others = self.other_members();
         if others.is_empty() {
             return;
         }
         let to = others[self.repair.next_peer % others.len()];
         self.repair.next_peer = self.repair.next_peer.wrapping_add(1);
-        self.repair.next_ask_ms = now_ms + REPAIR_RETRY_MS;
-        // What this peer has not said it lacks; unverifiable entries are
-        // never taken, so never asked for.
+        // What this peer has not said it lacks, those not lost first (a
+        // lost one is asked for only when nothing else is: lost entries
+        // must not crowd out ones that can be repaired); unverifiable
+        // entries are never taken, so never asked for.
         let r = &self.repair;
-        let indexes: Vec<Index> = r
-            .missing
-            .iter()
-            .copied()
-            .filter(|i| !r.unverifiable.contains(i))
-            .filter(|i| {
-                r.not_held_by
-                    .get(i)
-                    .is_none_or(|s| !s.contains(&to) || r.lost.contains(i))
-            })
-            .take(REPAIR_INDEXES_MAX)
-            .collect();
+        let wanted = |lost: bool| {
+            r.missing
+                .iter()
+                .copied()
+                .filter(move |i| !r.unverifiable.contains(i) && r.lost.contains(i) == lost)
+                .filter(move |i| lost || r.not_held_by.get(i).is_none_or(|s| !s.contains(&to)))
+        };
+        let mut indexes: Vec<Index> = wanted(false).take(REPAIR_INDEXES_MAX).collect();
+        if indexes.is_empty() {
+            indexes = wanted(true).take(REPAIR_INDEXES_MAX).collect();
+        }
         if indexes.is_empty() {
             return;
         }
         self.repair.stats.requests += 1;
         out.push(Message {
-            from: me,
+            from: self.raft.id(),
             to,
             term: self.raft.term(),
             body: Body::RepairRequest { indexes },
         });
     }
 
-    /// This replica's answer to a peer asking for `indexes`.
-    fn answer_repair(&mut self, indexes: &[Index]) -> Body {
+    /// The group's other members (voters and learners, in id order).
+    fn other_members(&self) -> Vec<NodeId> {
+        let me = self.raft.id();
+        let m = self.raft.membership();
+        let all: BTreeSet<NodeId> = m.voters.iter().chain(&m.learners).copied().collect();
+        all.into_iter().filter(|&p| p != me).collect()
+    }
+
+    /// Answers `from`'s request for `indexes`, or, when it has nothing to
+    /// send yet because cold reads for it are under way, keeps it to
+    /// answer on a later turn (at most one kept per peer, and at most
+    /// [`REPAIR_DEFERRED_MAX`] peers).
+    fn serve_repair(&mut self, from: NodeId, indexes: Vec<Index>, out: &mut Vec<Message>) {
+        let (entries, not_held, reading) = self.answer_repair(&indexes);
+        let keep = reading
+            && entries.is_empty()
+            && (self.repair.deferred.len() < REPAIR_DEFERRED_MAX
+                || self.repair.deferred.contains_key(&from));
+        if keep {
+            self.repair.deferred.insert(from, indexes);
+            return;
+        }
+        self.repair.stats.served += entries.len() as u64;
+        out.push(Message {
+            from: self.raft.id(),
+            to: from,
+            term: self.raft.term(),
+            body: Body::RepairEntries { entries, not_held },
+        });
+    }
+
+    /// This replica's copies of the entries at `indexes` it can send now,
+    /// those it holds no (good) copy of, and whether it is reading some
+    /// back from disk.
+    fn answer_repair(&mut self, indexes: &[Index]) -> (Vec<Entry>, Vec<Index>, bool) {
         let commit = self.raft.commit_index();
-        let budget = self.entry_bytes_max;
+        // Room for the not-held list too (a varint each, at most 10 bytes).
+        let budget = self.entry_bytes_max.saturating_sub(REPAIR_INDEXES_MAX * 10);
         let (mut entries, mut not_held) = (Vec::new(), Vec::new());
         let mut bytes = 0;
+        let mut reading = false;
         for &i in indexes.iter().take(REPAIR_INDEXES_MAX) {
             if i == 0 || i > commit {
                 continue; // not decided here: another peer may answer
@@ -239,7 +312,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 None if !self.wal.holds(i) => None,
                 None => match self.wal.cached(i) {
                     Ok(CachedRead::Entry(e)) => Some(e),
-                    Ok(CachedRead::Reading) => continue, // asked again later
+                    Ok(CachedRead::Reading) => {
+                        reading = true;
+                        continue;
+                    }
                     Err(_) => None,
                 },
             };
@@ -256,8 +332,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             bytes += size;
             entries.push(e);
         }
-        self.repair.stats.served += entries.len() as u64;
-        Body::RepairEntries { entries, not_held }
+        (entries, not_held, reading)
     }
 
     /// Takes the copies `from` sent: each that the state's check vouches
@@ -267,7 +342,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let mut good = Vec::new();
         for e in entries {
             if !self.repair.missing.contains(&e.index)
-                || good.iter().any(|g: &Entry| g.index >= e.index)
+                || good.last().is_some_and(|g: &Entry| g.index >= e.index)
             {
                 continue;
             }
@@ -285,11 +360,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     check.term,
                     check.crc
                 );
-                self.repair
-                    .not_held_by
-                    .entry(e.index)
-                    .or_default()
-                    .insert(from);
+                // Asked of it again: a peer's copy passes its own check
+                // (the same as ours), so a wrong one went bad on its way
+                // here; counting the peer as holding none could make the
+                // entry lost while good copies exist.
             }
         }
         for &i in not_held {
@@ -303,9 +377,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 Ok(()) => {
                     let n = good.len() as u64;
                     for e in &good {
-                        self.repair.missing.remove(&e.index);
-                        self.repair.not_held_by.remove(&e.index);
-                        self.repair.lost.remove(&e.index);
+                        self.repair.forget(e.index);
                     }
                     self.repair.stats.repaired += n;
                     log_info!(
@@ -325,23 +397,21 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.repair_leadership();
     }
 
-    /// Entries every other member said it holds no copy of: lost.
+    /// Entries every other member said it holds no (good) copy of: lost.
+    /// In a group of one, every missing entry is.
     fn mark_lost(&mut self) {
-        let me = self.raft.id();
-        let m = self.raft.membership();
-        let others: BTreeSet<NodeId> = m
-            .voters
-            .iter()
-            .chain(&m.learners)
-            .copied()
-            .filter(|&p| p != me)
-            .collect();
+        let others: BTreeSet<NodeId> = self.other_members().into_iter().collect();
         let r = &mut self.repair;
         let newly: Vec<Index> = r
-            .not_held_by
+            .missing
             .iter()
-            .filter(|(i, by)| !r.lost.contains(i) && others.is_subset(by))
-            .map(|(&i, _)| i)
+            .copied()
+            .filter(|i| !r.lost.contains(i) && !r.unverifiable.contains(i))
+            .filter(|i| {
+                r.not_held_by
+                    .get(i)
+                    .map_or(others.is_empty(), |by| others.is_subset(by))
+            })
             .collect();
         for &i in &newly {
             r.lost.insert(i);
@@ -353,6 +423,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 newly.len()
             );
         }
+    }
+
+    /// Whether entry `i` is missing here, being repaired.
+    pub(crate) fn repair_missing(&self, i: Index) -> bool {
+        self.repair.missing.contains(&i)
     }
 
     /// Repair counts, for the status.

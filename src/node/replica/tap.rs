@@ -32,9 +32,21 @@ pub(crate) enum Note {
     Stopped,
     /// A log entry the state refers to was found missing or damaged here
     /// and is to be repaired from a peer.
-    Missing { index: Index },
+    Missing { index: Index, found: MissingFound },
     /// Copies of entries from a peer passed their checks and are stored.
     Repaired { entries: Vec<Entry> },
+}
+
+/// When a replica found a referenced entry missing (a simulator tells
+/// damage it did from a bug by it: an install must bring every entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MissingFound {
+    /// At open (`check_stored_entries` after the state is restored).
+    Open,
+    /// Right after installing a leader's snapshot.
+    Install,
+    /// When an answer could not read it back.
+    Read,
 }
 
 /// The bugs a simulator plants in a replica to show its checkers catch
