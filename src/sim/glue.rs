@@ -428,7 +428,7 @@ impl World {
     }
 
     /// Now and then makes one copy in a repair answer arriving at node
-    /// `to` wrong, one that node still misses, as if it had gone bad past
+    /// `to` wrong, one that node still misses and will check, as if it had gone bad past
     /// the sender's own checks (a bad block read back as a good one, or
     /// memory corruption; the transport's MAC cannot tell): the receiver
     /// must refuse it by the check its state recorded.
@@ -440,7 +440,7 @@ impl World {
             return;
         };
         let wanted: Vec<usize> = (0..entries.len())
-            .filter(|&k| h.replica.repair_missing(entries[k].index))
+            .filter(|&k| h.replica.repair_checks(entries[k].index))
             .collect();
         if wanted.is_empty() || !self.rng.gen_bool(WRONG_REPAIR_COPY_PROBABILITY) {
             return;

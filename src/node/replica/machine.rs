@@ -596,7 +596,17 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
         });
         self.snapshot_stats.unreadable_entries = missing.len() as u64;
+        // The rest of the range a snapshot image carries (from the lowest
+        // entry the state at the snapshot refers to): a lost batch took
+        // entries nothing refers to as well, which an image still needs.
+        let gaps = match self.keep_from() {
+            Some(from) => self
+                .wal
+                .gaps(from, in_memory_from, super::repair::REPAIR_GAPS_MAX),
+            None => Vec::new(),
+        };
         self.note_missing(missing, found);
+        self.note_gaps(gaps, found);
     }
 }
 

@@ -52,6 +52,10 @@ const REPAIR_INBOX_MAX: usize = 64;
 /// Bytes of repair answers (entries) kept for the next turn at most.
 const REPAIR_INBOX_BYTES_MAX: usize = 32 << 20;
 
+/// Entries nothing refers to that a full check looks for at most (in the
+/// range a snapshot image carries): more than this is a log to replace.
+pub(crate) const REPAIR_GAPS_MAX: usize = 65_536;
+
 /// Peers whose requests wait for cold reads, at most.
 const REPAIR_DEFERRED_MAX: usize = 16;
 
@@ -66,6 +70,9 @@ pub(crate) struct Repair {
     lost: BTreeSet<Index>,
     /// Of those, the ones the state has no check for.
     unverifiable: BTreeSet<Index>,
+    /// Of those, the ones the state does not refer to, wanted only so
+    /// that a snapshot image (which carries a whole range) can be built.
+    unreferenced: BTreeSet<Index>,
     /// Repair messages from peers, handled in `drive`, and the bytes of
     /// the entries they carry.
     inbox: Vec<Message>,
@@ -93,6 +100,7 @@ impl Repair {
         self.not_held_by.remove(&i);
         self.lost.remove(&i);
         self.unverifiable.remove(&i);
+        self.unreferenced.remove(&i);
     }
 
     /// True while an entry that could be repaired is missing.
@@ -167,11 +175,43 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.repair_leadership();
     }
 
-    /// Drops what the state no longer refers to, and says whether this
-    /// node may lead.
+    /// Marks entries nothing refers to in the range a snapshot image
+    /// carries as missing here, to repair (without a check: their bytes
+    /// are never served, only carried in images).
+    pub(super) fn note_gaps(&mut self, indexes: Vec<Index>, found: MissingFound) {
+        if indexes.len() >= REPAIR_GAPS_MAX {
+            log_warn!(
+                "group {}: at least {REPAIR_GAPS_MAX} log entries below the snapshot are missing here: repairing the first {REPAIR_GAPS_MAX}; snapshot images need them all: replace this log (HARDWARE.md, \"Replacing a disk\")",
+                self.group
+            );
+        }
+        let added: Vec<Index> = indexes
+            .into_iter()
+            .filter(|&i| self.repair.missing.insert(i))
+            .collect();
+        if let Some(&first) = added.first() {
+            log_warn!(
+                "group {}: {} log entries below the snapshot that snapshot images carry are missing here (the first: {first}); repairing them from a peer",
+                self.group,
+                added.len()
+            );
+            for &i in &added {
+                self.note(|| Note::Missing { index: i, found });
+            }
+            self.repair.unreferenced.extend(added);
+            self.repair.next_ask_ms = 0;
+        }
+        self.repair_leadership();
+    }
+
+    /// Drops what neither the state nor its snapshot's image needs any
+    /// more, and says whether this node may lead.
     fn repair_leadership(&mut self) {
         if !self.repair.missing.is_empty() {
-            let oldest = self.machine.oldest_stored().unwrap_or(Index::MAX);
+            // The image of Raft's snapshot carries the entries from the
+            // lowest its state refers to, which is at or below the lowest
+            // the state in memory refers to.
+            let oldest = self.keep_from().unwrap_or(Index::MAX);
             let r = &mut self.repair;
             let released: Vec<Index> = r.missing.range(..oldest).copied().collect();
             for i in released {
@@ -346,6 +386,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             {
                 continue;
             }
+            if self.repair.unreferenced.contains(&e.index) {
+                good.push(e); // nothing checks it: never served, only carried
+                continue;
+            }
             let Some(check) = self.machine.check_of(e.index) else {
                 continue;
             };
@@ -425,9 +469,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         }
     }
 
-    /// Whether entry `i` is missing here, being repaired.
-    pub(crate) fn repair_missing(&self, i: Index) -> bool {
-        self.repair.missing.contains(&i)
+    /// Whether entry `i` is missing here, being repaired, and a copy of it
+    /// will be checked (the state refers to it).
+    pub(crate) fn repair_checks(&self, i: Index) -> bool {
+        self.repair.missing.contains(&i) && !self.repair.unreferenced.contains(&i)
     }
 
     /// Repair counts, for the status.

@@ -171,13 +171,14 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     }
 
     /// The lowest log index the state at Raft's snapshot refers to.
-    fn keep_from(&self) -> Option<Index> {
+    pub(super) fn keep_from(&self) -> Option<Index> {
         Some(self.snapshot_stats.retained_from).filter(|&i| i > 0)
     }
 
     /// Answers Raft's request for the image of the snapshot at `index`
     /// (a follower is behind the trimmed log): the entries from
-    /// `keep_from()` to `index` are read from the segments and
+    /// `keep_from()` to `index` are read from the segments (or taken from
+    /// the copies repaired from peers, `repair`) and
     /// encoded with the snapshot on a helper thread, so a large backlog
     /// does not stall the loop; `poll_image` hands the image to Raft.
     pub(super) fn build_snapshot_image(&mut self, index: Index) {
@@ -191,7 +192,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutEntries);
         let located = match self.keep_from().filter(|_| !leave_out) {
             None => Ok(None),
-            Some(from) => self.wal.locate(from, index).map(|l| Some((from, l))),
+            Some(from) => self
+                .wal
+                .locate_with_repaired(from, index)
+                .map(|l| Some((from, l))),
         };
         let located = match located {
             Ok(l) => l,
@@ -208,18 +212,16 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let offloaded = self.host.offload(name, true, move || {
             let entries = match &located {
                 None => Ok(Vec::new()),
-                Some((from, l)) => {
-                    crate::storage::read_located(&dir, l, *from, index).and_then(|es| {
-                        if es.len() as u64 == index + 1 - from {
-                            Ok(es)
-                        } else {
-                            Err(WalError::Invalid(format!(
-                                "{} of the entries {from}..={index} read",
-                                es.len()
-                            )))
-                        }
-                    })
-                }
+                Some((from, l)) => l.read(&dir, *from, index).and_then(|es| {
+                    if es.len() as u64 == index + 1 - from {
+                        Ok(es)
+                    } else {
+                        Err(WalError::Invalid(format!(
+                            "{} of the entries {from}..={index} read",
+                            es.len()
+                        )))
+                    }
+                }),
             };
             entries.map(|es| crate::consensus::encode_image(&meta, &es))
         });

@@ -37,7 +37,7 @@ mod test_support;
 pub use config::{
     entry_bytes_max, segments_recycled_for, DiskState, OpenReport, WalConfig, WalError, WalMetrics,
 };
-pub use reads::{read_located, CachedRead, COLD_READS_IN_FLIGHT_MAX};
+pub use reads::{read_located, CachedRead, LocatedRange, COLD_READS_IN_FLIGHT_MAX};
 pub use repaired::REPAIRED_BYTES_MAX;
 pub(crate) use snapshots::write_snapshot_synced_or_not;
 pub use snapshots::{write_snapshot_file, write_snapshot_in};

@@ -62,6 +62,50 @@ impl<D: LogDir> Wal<D> {
         Ok(out)
     }
 
+    /// Like [`Wal::locate`], for a range below the snapshot where some
+    /// entries are repaired copies (`Wal::store_repaired`) rather than in
+    /// a segment's batch: the batches to read, and the repaired copies
+    /// (shared, not copied) to merge with what they hold.
+    pub fn locate_with_repaired(&self, lo: Index, hi: Index) -> Result<LocatedRange, WalError> {
+        if hi > self.durable.0 {
+            return Err(WalError::Invalid(format!("index {hi} is not durable")));
+        }
+        let mut out = LocatedRange::default();
+        let mut i = lo;
+        while i <= hi {
+            if let Some(loc) = self.batch_at(i) {
+                out.batches.push((segment_name(loc.segment), loc));
+                i = loc.first_index + loc.count;
+            } else if let Some(e) = self.repaired.get(i) {
+                out.repaired.push(e.clone());
+                i += 1;
+            } else {
+                return Err(WalError::Invalid(format!("index {i} is not in the log")));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The indexes in `lo..hi` the log holds in no batch and no repaired
+    /// copy (at most `max` of them, ascending): what damage below the
+    /// snapshot took besides the entries the state refers to.
+    pub fn gaps(&self, lo: Index, hi: Index, max: usize) -> Vec<Index> {
+        let mut out = Vec::new();
+        let mut i = lo;
+        while i < hi && out.len() < max {
+            match self.batch_at(i) {
+                Some(loc) => i = loc.first_index + loc.count,
+                None => {
+                    if self.repaired.get(i).is_none() {
+                        out.push(i);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
     /// The directory the log is in (a reader on another thread opens the
     /// files [`Wal::locate`] names in a clone of it).
     pub fn dir(&self) -> &D {
@@ -364,6 +408,40 @@ fn batch_entries(loc: BatchLocation, bytes: &[u8]) -> Result<Vec<Entry>, WalErro
     let mut entries = batch.entries;
     entries.truncate(loc.count as usize);
     Ok(entries)
+}
+
+/// Entries below the snapshot located for reading on another thread:
+/// batches in segments, and repaired copies held in memory.
+#[derive(Debug, Default)]
+pub struct LocatedRange {
+    /// Batches to read (`read_located`).
+    pub batches: Vec<(String, BatchLocation)>,
+    /// Repaired copies, ascending.
+    pub repaired: Vec<Entry>,
+}
+
+impl LocatedRange {
+    /// Reads the batches from `dir` and merges in the repaired copies:
+    /// the entries `lo..=hi`, ascending.
+    pub fn read<D: LogDir>(&self, dir: &D, lo: Index, hi: Index) -> Result<Vec<Entry>, WalError> {
+        let read = read_located(dir, &self.batches, lo, hi)?;
+        let mut out = Vec::with_capacity(read.len() + self.repaired.len());
+        let (mut a, mut b) = (read.into_iter().peekable(), self.repaired.iter().peekable());
+        loop {
+            let take_read = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => x.index < y.index,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if take_read {
+                out.extend(a.next());
+            } else {
+                out.extend(b.next().filter(|e| e.index >= lo && e.index <= hi).cloned());
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Reads the entries `lo..=hi` from the batches [`Wal::locate`] named in

@@ -371,4 +371,40 @@ mod tests {
         let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
         assert_eq!(wal.read(7, 7).unwrap(), vec![entry(7)]);
     }
+
+    /// A snapshot image needs the whole range below the snapshot: the
+    /// gaps a lost batch left are listed, and once repaired the image's
+    /// range reads back whole, from the segments and the repaired copies.
+    #[test]
+    fn an_image_range_lists_its_gaps_and_reads_repaired_copies_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 40);
+        adopt_snapshot_keeping(&mut wal, 30, 5);
+        let (name, loc) = wal.locate(9, 9).unwrap().remove(0);
+        drop(wal);
+        let path = dir.path().join(&name);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[loc.offset as usize + 100] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        let lost: Vec<Index> = (loc.first_index..loc.first_index + loc.count).collect();
+        assert_eq!(wal.gaps(5, 31, 1000), lost);
+        assert_eq!(wal.gaps(5, 31, 1), lost[..1].to_vec(), "bounded");
+        assert!(wal.locate_with_repaired(5, 30).is_err());
+        // Half repaired: the rest are still gaps.
+        let (first, rest) = lost.split_at(lost.len() / 2);
+        let copies: Vec<Entry> = first.iter().map(|&i| entry(i)).collect();
+        wal.store_repaired(&copies).unwrap();
+        assert_eq!(wal.gaps(5, 31, 1000), rest);
+        let copies: Vec<Entry> = rest.iter().map(|&i| entry(i)).collect();
+        wal.store_repaired(&copies).unwrap();
+        assert!(wal.gaps(5, 31, 1000).is_empty());
+        let located = wal.locate_with_repaired(5, 30).unwrap();
+        assert_eq!(located.repaired.len(), lost.len());
+        assert_eq!(
+            located.read(wal.dir(), 5, 30).unwrap(),
+            (5..=30).map(entry).collect::<Vec<_>>()
+        );
+    }
 }
