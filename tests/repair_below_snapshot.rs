@@ -4,7 +4,8 @@
 //! repairs them from its peers at its next start with no operator action
 //! (each copy checked against what its state recorded), leads only once
 //! done, and then every message is consumable with each node as leader
-//! in turn.
+//! in turn. And the background scrub finds rot under a running follower,
+//! which repairs it the same way without a restart.
 //!
 //! Nothing here sleeps to synchronise: it polls with a generous deadline.
 
@@ -24,7 +25,7 @@ const BATCHES: u64 = 200;
 const PER_BATCH: u64 = 40;
 const MESSAGE_BYTES: usize = 1024;
 
-fn cluster(dir: &Path) -> LocalProcesses {
+fn cluster(dir: &Path, scrub_bytes_per_s: u64) -> LocalProcesses {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_quired"));
     let mut procs = LocalProcesses::prepare(dir, 3, 1, &exe).expect("cluster prepared");
     for node in procs.nodes.values() {
@@ -32,6 +33,11 @@ fn cluster(dir: &Path) -> LocalProcesses {
         let text = text.replacen("segment_bytes = 8388608", "segment_bytes = 2097152", 1);
         assert!(text.contains("segment_bytes = 2097152"), "{text}");
         // Leadership is moved by the test alone.
+        let text = text.replacen(
+            "segment_bytes = 2097152",
+            &format!("segment_bytes = 2097152\nscrub_bytes_per_s = {scrub_bytes_per_s}"),
+            1,
+        );
         let text =
             format!("{text}\n[snapshot]\nentries = 64\n\n[timers]\npreferred_leaders = false\n");
         std::fs::write(&node.config, text).unwrap();
@@ -107,11 +113,10 @@ fn consume_all(c: &mut Client, procs: &LocalProcesses, id: u64, expected: &BTree
     assert_eq!(leader(procs), id, "node {id} led throughout");
 }
 
-#[test]
-fn a_follower_repairs_lost_and_rotten_segments_below_the_snapshot_from_its_peers() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut procs = cluster(dir.path());
-    let mut c = client(&procs);
+/// A cluster holding `BATCHES * PER_BATCH` unacked messages below every
+/// node's snapshot: the client, the messages by id, and a follower.
+fn holding_messages(procs: &LocalProcesses) -> (Client, BTreeMap<u64, Vec<u8>>, u64) {
+    let mut c = client(procs);
     c.queue_create(0, "work", 1000).expect("queue created");
     let mut expected = BTreeMap::new();
     for b in 0..BATCHES {
@@ -125,17 +130,47 @@ fn a_follower_repairs_lost_and_rotten_segments_below_the_snapshot_from_its_peers
     for i in 0..300u32 {
         c.append(0, &i.to_le_bytes()).expect("append");
     }
-    let l = leader(&procs);
+    let l = leader(procs);
     let follower = *procs.nodes.keys().find(|&&id| id != l).unwrap();
-    let commit = status(&procs, l).unwrap()["groups"][0]["commit"]
+    let commit = status(procs, l).unwrap()["groups"][0]["commit"]
         .as_u64()
         .unwrap();
     common::wait_for("the follower's snapshot past the messages", LIMIT, || {
-        let v = status(&procs, follower)?;
+        let v = status(procs, follower)?;
         let g = &v["groups"][0];
         (g["snapshot"]["index"].as_u64()? > BATCHES + 1 && g["applied"].as_u64()? >= commit)
             .then_some(())
     });
+    (c, expected, follower)
+}
+
+/// Every node in turn leads and serves every message: stop the leader
+/// (SIGSTOP: it comes back as it was) until the node wanted leads.
+fn every_node_serves_every_message(
+    c: &mut Client,
+    procs: &mut LocalProcesses,
+    expected: &BTreeMap<u64, Vec<u8>>,
+) {
+    for want in procs.nodes.keys().copied().collect::<Vec<_>>() {
+        common::wait_for("the wanted leader", LIMIT, || {
+            let l = leader(procs);
+            if l == want {
+                return Some(());
+            }
+            procs.signal(l, libc::SIGSTOP);
+            leader_among(procs, |id| id != l);
+            procs.signal(l, libc::SIGCONT);
+            None
+        });
+        consume_all(c, procs, want, expected);
+    }
+}
+
+#[test]
+fn a_follower_repairs_lost_and_rotten_segments_below_the_snapshot_from_its_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = cluster(dir.path(), 0);
+    let (mut c, expected, follower) = holding_messages(&procs);
 
     // The follower stops; its oldest segment is lost, and the next one
     // rots in the middle.
@@ -192,19 +227,52 @@ fn a_follower_repairs_lost_and_rotten_segments_below_the_snapshot_from_its_peers
         .count();
     assert!(files > 0, "the repaired copies are on disk");
 
-    // Every node in turn leads and serves every message: stop the leader
-    // (SIGSTOP: it comes back as it was) until the node wanted leads.
-    for want in procs.nodes.keys().copied().collect::<Vec<_>>() {
-        common::wait_for("the wanted leader", LIMIT, || {
-            let l = leader(&procs);
-            if l == want {
-                return Some(());
-            }
-            procs.signal(l, libc::SIGSTOP);
-            leader_among(&procs, |id| id != l);
-            procs.signal(l, libc::SIGCONT);
-            None
-        });
-        consume_all(&mut c, &procs, want, &expected);
+    every_node_serves_every_message(&mut c, &mut procs, &expected);
+}
+
+/// The background scrub finds batches below the snapshot that rotted
+/// under a running follower (no restart), which repairs them from its
+/// peers; `quire status` shows the scrub's last full pass.
+#[test]
+fn the_scrub_finds_rot_under_a_running_follower_which_repairs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = cluster(dir.path(), 64 << 20);
+    let (mut c, expected, follower) = holding_messages(&procs);
+    let uptime = |procs: &LocalProcesses| status(procs, follower).unwrap()["uptime_ms"].as_u64();
+    let up_before = uptime(&procs).unwrap();
+    // The oldest segment, below the snapshot, rots in many places.
+    let seg = segments(&procs, follower).remove(0);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    for at in (8192..bytes.len() - 200).step_by(64 << 10) {
+        for b in &mut bytes[at..at + 100] {
+            *b ^= 0x5a;
+        }
     }
+    std::fs::write(&seg, bytes).unwrap();
+    let (g, _) = common::wait_for("the scrub's finding repaired", LIMIT, || {
+        let v = status(&procs, follower)?;
+        let g = v["groups"][0].clone();
+        (g["scrub"]["damaged_batches"].as_u64()? > 0
+            && g["repair"]["repaired"].as_u64()? > 0
+            && g["repair"]["missing"].as_u64()? == 0
+            && g["scrub"]["passes"].as_u64()? > 0)
+            .then_some(g)
+    });
+    assert!(uptime(&procs).unwrap() > up_before, "no restart");
+    assert_eq!(g["repair"]["rejected"], 0, "{g}");
+    let log = std::fs::read_to_string(procs.nodes[&follower].config.with_file_name("quired.log"))
+        .unwrap();
+    assert!(log.contains("the scrub found the batch"), "{log}");
+    let addrs: Vec<String> = procs.client_addrs().iter().map(|a| a.to_string()).collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args(["status", "--addr", &addrs.join(","), "--token-file"])
+        .arg(procs.dir.join("client.token"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("group 0 log: scrub's last full pass"),
+        "{text}"
+    );
+    every_node_serves_every_message(&mut c, &mut procs, &expected);
 }

@@ -38,6 +38,7 @@ type GroupGauge = Family<GroupLabel, Gauge<u64, AtomicU64>>;
 type WalGauge = (GroupGauge, fn(&super::WalView) -> u64);
 type SnapshotGauge = (GroupGauge, fn(&super::SnapshotStats) -> u64);
 type RepairGauge = (GroupGauge, fn(&super::RepairStats) -> u64);
+type ScrubGauge = (GroupGauge, fn(&super::ScrubStats) -> u64);
 
 /// Labels of a per-follower metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -345,6 +346,44 @@ fn metrics_text_with(
             |r| r.requests,
         ),
     ];
+    let scrub_gauges: [ScrubGauge; 5] = [
+        (
+            gauge(
+                &mut reg,
+                "log_scrub_bytes_verified",
+                "Bytes of the log the background scrub read and checked since start",
+            ),
+            |s| s.bytes_verified,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_scrub_damaged_batches",
+                "Damaged batches the scrub found since start (below the snapshot: repaired from peers)",
+            ),
+            |s| s.damaged_batches,
+        ),
+        (
+            gauge(&mut reg, "log_scrub_passes", "Whole scrub passes over the log since start"),
+            |s| s.passes,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_scrub_last_pass_age_seconds",
+                "Seconds since the last whole scrub pass ended (absent before the first)",
+            ),
+            |s| s.last_pass_age_ms.map_or(0, |ms| ms / 1000),
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_scrub_bytes_per_second",
+                "The scrub's read rate (storage.scrub_bytes_per_s; 0: off)",
+            ),
+            |s| s.bytes_per_s,
+        ),
+    ];
     let repair_downs = gauge(
         &mut reg,
         "raft_repair_step_downs",
@@ -387,6 +426,9 @@ fn metrics_text_with(
         }
         for (family, value) in &repair_gauges {
             family.get_or_create(&l).set(value(&g.repair));
+        }
+        for (family, value) in &scrub_gauges {
+            family.get_or_create(&l).set(value(&g.scrub));
         }
         repair_downs
             .get_or_create(&l)
@@ -644,6 +686,15 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
                 "failed": g.snapshot.failed,
                 "retained_from": g.snapshot.retained_from,
                 "unreadable_entries": g.snapshot.unreadable_entries,
+            },
+            "scrub": {
+                "bytes_per_s": g.scrub.bytes_per_s,
+                "bytes_verified": g.scrub.bytes_verified,
+                "batches_verified": g.scrub.batches_verified,
+                "damaged_batches": g.scrub.damaged_batches,
+                "passes": g.scrub.passes,
+                "last_pass_age_ms": g.scrub.last_pass_age_ms,
+                "last_pass_ms": g.scrub.last_pass_ms,
             },
             "repair": {
                 "missing": g.repair.missing,

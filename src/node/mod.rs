@@ -93,6 +93,6 @@ pub use handle::NodeHandle;
 pub use local::LocalCluster;
 pub use replica::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 pub use status::{
-    GroupView, LinkView, NodeStatus, PeerView, RepairStats, SnapshotStats, StallView,
+    GroupView, LinkView, NodeStatus, PeerView, RepairStats, ScrubStats, SnapshotStats, StallView,
     TransportView, WalView,
 };

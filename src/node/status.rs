@@ -46,6 +46,8 @@ pub struct GroupView {
     pub snapshot: SnapshotStats,
     /// Entries below the snapshot to repair, repaired and served.
     pub repair: RepairStats,
+    /// The background scrub.
+    pub scrub: ScrubStats,
     /// Ledger reads waiting on this leader for an entry to be confirmed
     /// (long polls).
     pub waiting_reads: usize,
@@ -70,6 +72,27 @@ pub struct RepairStats {
     pub served: u64,
     /// Requests sent.
     pub requests: u64,
+}
+
+/// The background scrub of one group's log on this node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubStats {
+    /// Its read rate, bytes/s (0: off).
+    pub bytes_per_s: u64,
+    /// Bytes read and checked since start.
+    pub bytes_verified: u64,
+    /// Batches that checked out since start.
+    pub batches_verified: u64,
+    /// Damaged batches found since start.
+    pub damaged_batches: u64,
+    /// Whole passes over the log since start.
+    pub passes: u64,
+    /// When the last whole pass ended (loop ms), if one did.
+    pub last_pass_end_ms: Option<u64>,
+    /// How long ago that was, ms (as of the scrub's last turn).
+    pub last_pass_age_ms: Option<u64>,
+    /// How long the last whole pass took, ms.
+    pub last_pass_ms: u64,
 }
 
 /// A group log's counters (from `storage::WalMetrics`).

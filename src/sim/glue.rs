@@ -105,6 +105,9 @@ fn indexes_in_file(dev: &SimDir, file: &str) -> BTreeSet<Index> {
     out
 }
 
+/// The scrub's rate under the simulator: a few passes over a run's logs.
+const SIM_SCRUB_BYTES_PER_S: u64 = 256 << 10;
+
 /// Chance that a repair answer carrying entries has one of them wrong.
 const WRONG_REPAIR_COPY_PROBABILITY: f64 = 0.3;
 
@@ -151,6 +154,11 @@ pub struct GlueCounts {
     /// Copies from peers refused by their checks (the simulator's wrong
     /// repair copies).
     pub repair_copies_rejected: u64,
+    /// Batches the background scrub read and found whole.
+    pub scrub_batches_verified: u64,
+    /// Damaged batches the scrub found (the faults damage a log only at
+    /// a crash, where recovery finds it: any here is a false alarm).
+    pub scrub_damaged_batches: u64,
 }
 
 impl GlueCounts {
@@ -165,6 +173,8 @@ impl GlueCounts {
         self.snapshots_adopted += o.snapshots_adopted;
         self.entries_repaired += o.entries_repaired;
         self.repair_copies_rejected += o.repair_copies_rejected;
+        self.scrub_batches_verified += o.scrub_batches_verified;
+        self.scrub_damaged_batches += o.scrub_damaged_batches;
         self.cold_reads += o.cold_reads;
     }
 
@@ -177,6 +187,8 @@ impl GlueCounts {
             disk_full_refusals: m.disk_full_refusals,
             cold_reads: m.cold_reads,
             repair_copies_rejected: r.repair_stats().rejected,
+            scrub_batches_verified: r.scrub_stats().batches_verified,
+            scrub_damaged_batches: r.scrub_stats().damaged_batches,
             ..GlueCounts::default()
         }
     }
@@ -239,6 +251,9 @@ impl World {
             replica.check_stored_entries(MissingFound::Open);
             chain = self.chain_or_fail(g, s.index)?;
         }
+        // The scrub runs under the seed too; the faults damage a log only
+        // at a crash, so it must find nothing a recovery did not.
+        replica.set_scrub_rate(SIM_SCRUB_BYTES_PER_S);
         replica.planted = self.opts.glue_bug;
         replica.planted_workload = self.opts.workload_bug;
         self.nodes[n].hosted[g] = Some(Hosted {

@@ -13,6 +13,6 @@ pub mod wal;
 
 pub use dir::{LogDir, LogFile, OsDir};
 pub use wal::{
-    read_located, write_snapshot_file, write_snapshot_in, CachedRead, DiskState, LocatedRange,
-    OpenReport, Ticket, Wal, WalConfig, WalError, WalMetrics,
+    read_located, scrub_located, write_snapshot_file, write_snapshot_in, CachedRead, DiskState,
+    LocatedRange, OpenReport, ScrubResult, Ticket, Wal, WalConfig, WalError, WalMetrics,
 };

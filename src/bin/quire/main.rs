@@ -753,6 +753,34 @@ fn status(t: &Target, json: bool) -> Result<(usize, usize), String> {
     Ok((unreachable, alarms))
 }
 
+/// One group's scrub and repair, as a line of `quire status`.
+fn log_health(g: &serde_json::Value) -> String {
+    let s = &g["scrub"];
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1 << 20));
+    let checked = mib(s["bytes_verified"].as_u64().unwrap_or(0));
+    let scrub = if s["bytes_per_s"].as_u64() == Some(0) {
+        "scrub off".to_string()
+    } else {
+        match s["last_pass_age_ms"].as_u64() {
+            Some(age) => format!(
+                "scrub's last full pass {:.1} s ago (took {:.1} s; {} passes, {checked} checked)",
+                age as f64 / 1000.0,
+                s["last_pass_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
+                s["passes"].as_u64().unwrap_or(0)
+            ),
+            None => format!("scrub: no full pass yet ({checked} checked)"),
+        }
+    };
+    let r = &g["repair"];
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    format!(
+        "{scrub}, {} damaged batches found; {} entries repaired from peers, {} missing",
+        n(s, "damaged_batches"),
+        n(r, "repaired"),
+        n(r, "missing")
+    )
+}
+
 /// One node's `/status` as text: its alarms, groups and links, each link
 /// with its peer's classification by the detector (up, ip-partitioned,
 /// serial-down, down, unknown).
@@ -776,6 +804,9 @@ fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
             n("persisted"),
             g["disk"].as_str().unwrap_or("?")
         );
+    }
+    for g in v["groups"].as_array().into_iter().flatten() {
+        say!("  group {} log: {}", g["group"], log_health(g));
     }
     let peer_status = |peer: &serde_json::Value| {
         v["peers"]

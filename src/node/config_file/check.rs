@@ -482,7 +482,7 @@ pub(super) fn storage(raw: RawStorage, disk_stall_ms: u64) -> Result<WalConfig, 
             .map_err(|e| bad("storage.backend", e))?;
     }
     set_present!(wal, s; segment_bytes, flush_bytes_max, flushes_in_flight_max, direct_io,
-        read_cache_bytes, space_retry_ms, segments_ahead, segments_recycled_max);
+        read_cache_bytes, scrub_bytes_per_s, space_retry_ms, segments_ahead, segments_recycled_max);
     if wal.flush_bytes_max == 0 {
         return Err(bad("storage.flush_bytes_max", "must be at least 1"));
     }

@@ -124,6 +124,7 @@ pub(super) struct RawStorage {
     pub(super) backend: Option<String>,
     pub(super) direct_io: Option<bool>,
     pub(super) read_cache_bytes: Option<usize>,
+    pub(super) scrub_bytes_per_s: Option<u64>,
     pub(super) space_retry_ms: Option<u64>,
     pub(super) segments_ahead: Option<u32>,
     pub(super) segments_recycled_max: Option<u32>,

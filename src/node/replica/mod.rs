@@ -23,13 +23,16 @@
 //! - `cold`: answers waiting for the bytes they carry to be read back
 //!   from the segments (cold reads on the ring, never a wait on the loop);
 //! - `repair`: entries below the snapshot that the state refers to and
-//!   this log lost, fetched from peers, checked, stored, then served.
+//!   this log lost, fetched from peers, checked, stored, then served;
+//! - `scrub`: the background read that checks every batch the log keeps
+//!   and sends what it finds damaged below the snapshot to `repair`.
 
 mod cold;
 mod machine;
 mod planted;
 mod reads;
 mod repair;
+mod scrub;
 mod snapshot;
 pub(crate) mod tap;
 #[cfg(test)]
@@ -160,6 +163,8 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     pub(crate) planted_workload: Option<WorkloadBug>,
     /// Entries below the snapshot to repair from peers (`repair`).
     repair: repair::Repair,
+    /// The background scrub of the log (`scrub`).
+    scrub: scrub::Scrub,
 }
 
 impl<D: LogDir, H: Host> Replica<D, H> {
@@ -183,6 +188,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let message_bytes_max = spec.transport.message_bytes_max;
         let mut r = Replica::new(g.group, raft, wal, now_ms, message_bytes_max, host);
         r.set_snapshot_interval(spec.snapshot_interval_ms, now_ms, seed);
+        r.set_scrub_rate(spec.wal.scrub_bytes_per_s);
         if let Some(s) = snapshot {
             if !r.restore_state(s.index, &s.data) {
                 return Err(StartError::SnapshotUndecodable {
@@ -248,6 +254,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             planted: None,
             planted_workload: None,
             repair: repair::Repair::default(),
+            scrub: scrub::Scrub::default(),
         }
     }
 
@@ -284,6 +291,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             return;
         }
         self.drive_repair(now_ms, out);
+        self.drive_scrub(now_ms);
         if self.stopped.is_some() {
             return;
         }
@@ -517,6 +525,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             backend: self.wal.backend_name(),
             snapshot: self.snapshot_stats,
             repair: self.repair_stats(),
+            scrub: self.scrub_stats(),
             waiting_reads: self.waiting_reads(),
             wal: {
                 let m = self.wal.metrics();

@@ -47,6 +47,8 @@ pub(crate) enum MissingFound {
     Install,
     /// When an answer could not read it back.
     Read,
+    /// By the background scrub.
+    Scrub,
 }
 
 /// The bugs a simulator plants in a replica to show its checkers catch

@@ -10,6 +10,8 @@ use std::io::{self};
 use std::time::Duration;
 
 pub(super) struct InFlight {
+    /// The sequence number of the batch it writes, if it writes one.
+    pub(super) seq: Option<u64>,
     /// When it was submitted (µs on the directory's clock).
     pub(super) submitted_us: u64,
     pub(super) last: Option<(Index, Term)>,
@@ -369,6 +371,7 @@ impl<D: LogDir> Wal<D> {
         self.in_flight.insert(
             s.ticket,
             InFlight {
+                seq: loc.map(|l| l.seq),
                 submitted_us: self.dir.now_us(),
                 last,
                 records,
@@ -473,6 +476,9 @@ impl<D: LogDir> Wal<D> {
                 self.durable_ticket
             );
             self.durable_ticket = t;
+            if let Some(seq) = f.seq {
+                self.durable_seq = seq;
+            }
             if let Some(last) = f.last {
                 self.note_durable(last);
             }
@@ -526,6 +532,7 @@ impl<D: LogDir> Wal<D> {
 impl InFlight {
     pub(super) fn done_now(last: Option<(Index, Term)>, now_us: u64) -> Self {
         InFlight {
+            seq: None,
             submitted_us: now_us,
             last,
             records: 0,

@@ -37,7 +37,9 @@ mod test_support;
 pub use config::{
     entry_bytes_max, segments_recycled_for, DiskState, OpenReport, WalConfig, WalError, WalMetrics,
 };
-pub use reads::{read_located, CachedRead, LocatedRange, COLD_READS_IN_FLIGHT_MAX};
+pub use reads::{
+    read_located, scrub_located, CachedRead, LocatedRange, ScrubResult, COLD_READS_IN_FLIGHT_MAX,
+};
 pub use repaired::REPAIRED_BYTES_MAX;
 pub(crate) use snapshots::write_snapshot_synced_or_not;
 pub use snapshots::{write_snapshot_file, write_snapshot_in};
@@ -94,6 +96,9 @@ pub struct Wal<D: LogDir = OsDir> {
     /// The active segment is a recycled file.
     active_recycled: bool,
     next_seq: u64,
+    /// The sequence number of the last batch durable (flushes are durable
+    /// in order): a batch above it is in the index but may not be on disk.
+    durable_seq: u64,
     /// Batches cut and waiting for their flush, oldest first.
     sealed: VecDeque<Sealed>,
     /// The batch accumulating now.

@@ -248,6 +248,7 @@ impl<D: LogDir> Wal<D> {
                 && !found.zeroed_segments.contains(&active)
                 && found.append_recycled,
             next_seq: found.last_seq + 1,
+            durable_seq: found.last_seq,
             sealed: VecDeque::new(),
             open_batch: None,
             next_ticket: 1,

@@ -106,6 +106,53 @@ impl<D: LogDir> Wal<D> {
         out
     }
 
+    /// The durable batches from the one holding `from` on, in index
+    /// order, until `bytes_max` bytes on disk (at least one): what a scrub
+    /// reads next. Empty past the last durable batch. (A durable index is
+    /// not enough: a rewrite of the log's end after a truncation sits in
+    /// the index before it is durable, at indexes durable in their old
+    /// version; batches are durable in sequence order.)
+    pub fn batches_from(&self, from: Index, bytes_max: u64) -> Vec<(String, BatchLocation)> {
+        let start = self
+            .index
+            .partition_point(|b| b.first_index + b.count <= from);
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for loc in &self.index[start..] {
+            if loc.seq > self.durable_seq || (!out.is_empty() && bytes + loc.disk_bytes > bytes_max)
+            {
+                break;
+            }
+            bytes += loc.disk_bytes;
+            out.push((segment_name(loc.segment), *loc));
+        }
+        out
+    }
+
+    /// True if the log still reads entries from `loc` (a scrub's finding
+    /// about a batch trimmed meanwhile is stale).
+    pub fn still_indexed(&self, loc: &BatchLocation) -> bool {
+        self.batch_at(loc.first_index) == Some(*loc)
+    }
+
+    /// Stops reading from `loc`, a batch below the snapshot a scrub found
+    /// damaged: its entries read as missing until repaired copies stand in
+    /// for them (`store_repaired`). A batch holding the live log is left
+    /// to recovery, which repairs it from the leader (Raft holds those
+    /// entries in memory meanwhile).
+    pub fn distrust_batch(&mut self, loc: &BatchLocation) -> bool {
+        let below = loc.first_index + loc.count.max(1) - 1 <= self.snapshot_index;
+        if !below || !self.still_indexed(loc) {
+            return false;
+        }
+        self.index.retain(|b| b != loc);
+        if self.cache.remove(&loc.seq).is_some() {
+            let cache = &self.cache;
+            self.cache_order.retain(|seq| cache.contains_key(seq));
+        }
+        true
+    }
+
     /// The directory the log is in (a reader on another thread opens the
     /// files [`Wal::locate`] names in a clone of it).
     pub fn dir(&self) -> &D {
@@ -408,6 +455,54 @@ fn batch_entries(loc: BatchLocation, bytes: &[u8]) -> Result<Vec<Entry>, WalErro
     let mut entries = batch.entries;
     entries.truncate(loc.count as usize);
     Ok(entries)
+}
+
+/// What one scrub read found: bytes read, batches that checked out, and
+/// the batches that did not, each with why.
+#[derive(Debug, Default)]
+pub struct ScrubResult {
+    /// Bytes read.
+    pub bytes: u64,
+    /// Batches whose records and checksums were whole.
+    pub good_batches: u64,
+    /// Batches that failed, and why.
+    pub damaged: Vec<(BatchLocation, String)>,
+}
+
+/// Reads the batches `located` from `dir` and checks each whole (every
+/// record's checksum, and that it is the batch that was located), on any
+/// thread: a scrub's read. A file that cannot be opened or read counts
+/// against each of its batches.
+pub fn scrub_located<D: LogDir>(dir: &D, located: &[(String, BatchLocation)]) -> ScrubResult {
+    let mut r = ScrubResult::default();
+    let mut open: Option<(&str, Result<D::File, String>)> = None;
+    for (name, loc) in located {
+        if open.as_ref().is_none_or(|(n, _)| n != name) {
+            let f = dir
+                .open_existing(name)
+                .map_err(|e| format!("opening {name}: {e}"));
+            open = Some((name, f));
+        }
+        let (_, f) = open.as_ref().expect("just opened");
+        let mut buf = vec![0u8; loc.disk_bytes as usize];
+        let checked = match f {
+            Ok(f) => f
+                .read_at(&mut buf, loc.offset)
+                .map_err(|e| format!("reading {name}: {e}"))
+                .and_then(|()| {
+                    batch_entries(*loc, &buf)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }),
+            Err(e) => Err(e.clone()),
+        };
+        r.bytes += loc.disk_bytes;
+        match checked {
+            Ok(()) => r.good_batches += 1,
+            Err(why) => r.damaged.push((*loc, why)),
+        }
+    }
+    r
 }
 
 /// Entries below the snapshot located for reading on another thread:

@@ -372,6 +372,50 @@ mod tests {
         assert_eq!(wal.read(7, 7).unwrap(), vec![entry(7)]);
     }
 
+    /// The scrub reads every durable batch in chunks and finds one that
+    /// rotted while the log was open; distrusting it (below the snapshot)
+    /// makes its entries missing until repaired copies stand in.
+    #[test]
+    fn a_scrub_finds_a_batch_that_rotted_under_an_open_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 40);
+        adopt_snapshot_keeping(&mut wal, 30, 5);
+        let (name, loc) = wal.locate(9, 9).unwrap().remove(0);
+        let path = dir.path().join(&name);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[loc.offset as usize + 100] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        // Read in small chunks, as the scrub does, from the lowest batch.
+        let (mut damaged, mut good, mut from) = (Vec::new(), 0, 0);
+        loop {
+            let batches = wal.batches_from(from, 1);
+            let Some((_, last)) = batches.last() else {
+                break;
+            };
+            from = last.first_index + last.count;
+            let r = crate::storage::scrub_located(wal.dir(), &batches);
+            good += r.good_batches;
+            damaged.extend(r.damaged);
+        }
+        assert_eq!(damaged.len(), 1, "{damaged:?}");
+        assert_eq!(damaged[0].0, loc);
+        assert!(good > 0);
+        assert_eq!(from, 41, "the whole durable log was read");
+        assert!(wal.distrust_batch(&loc));
+        assert!(!wal.distrust_batch(&loc), "once");
+        let lost: Vec<Index> = (loc.first_index..loc.first_index + loc.count).collect();
+        assert!(lost.iter().all(|&i| !wal.holds(i)));
+        assert_eq!(wal.gaps(5, 31, 1000), lost);
+        let copies: Vec<Entry> = lost.iter().map(|&i| entry(i)).collect();
+        wal.store_repaired(&copies).unwrap();
+        assert_eq!(wal.read(9, 9).unwrap(), vec![entry(9)]);
+        // A batch of the live log is left to recovery.
+        let (_, live) = wal.locate(35, 35).unwrap().remove(0);
+        assert!(!wal.distrust_batch(&live));
+        assert!(wal.holds(35));
+    }
+
     /// A snapshot image needs the whole range below the snapshot: the
     /// gaps a lost batch left are listed, and once repaired the image's
     /// range reads back whole, from the segments and the repaired copies.
