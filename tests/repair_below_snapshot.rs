@@ -271,7 +271,7 @@ fn the_scrub_finds_rot_under_a_running_follower_which_repairs_it() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("group 0 log: scrub's last full pass"),
+        text.contains("group 0 log: scrub's last full pass ended"),
         "{text}"
     );
     every_node_serves_every_message(&mut c, &mut procs, &expected);

@@ -9,6 +9,9 @@ use crate::node::host::{Host, JobState, Offloaded};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+/// The name a scrub read's job starts with (`node::replica::scrub`).
+const SCRUB_JOB_PREFIX: &str = "quire-scrub-";
+
 /// A driver's host; clones share the clock and the queue.
 #[derive(Clone, Default)]
 pub(crate) struct ManualHost {
@@ -136,6 +139,13 @@ impl Host for ManualHost {
             slot: Mutex::new(Slot::Queued(Box::new(job))),
         });
         let queued: Arc<dyn Run> = job.clone();
+        // A scrub read runs at once: it only reads, and in this one queue
+        // it would hold back the snapshot jobs behind it, which threads of
+        // their own on a real host do not.
+        if name.starts_with(SCRUB_JOB_PREFIX) {
+            queued.run();
+            return Ok(Box::new(Handle(job)));
+        }
         self.inner
             .lock()
             .expect("host")

@@ -763,7 +763,7 @@ fn log_health(g: &serde_json::Value) -> String {
     } else {
         match s["last_pass_age_ms"].as_u64() {
             Some(age) => format!(
-                "scrub's last full pass {:.1} s ago (took {:.1} s; {} passes, {checked} checked)",
+                "scrub's last full pass ended {:.1} s ago, took {:.1} s (passes {}, {checked} checked)",
                 age as f64 / 1000.0,
                 s["last_pass_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
                 s["passes"].as_u64().unwrap_or(0)

@@ -7,7 +7,8 @@
 //! one in the live log is counted and left to the next recovery, which
 //! repairs it from the leader (Raft serves those entries from memory
 //! meanwhile). A pass goes from the lowest batch kept to the durable end,
-//! then starts again; the status shows the last whole pass.
+//! then the next starts, at least [`SCRUB_PASS_PERIOD_MIN_MS`] after this
+//! one started; the status shows the last whole pass.
 
 use super::super::log::{log_info, log_warn};
 use super::tap::MissingFound;
@@ -19,6 +20,10 @@ use crate::storage::{LogDir, ScrubResult};
 
 /// Bytes one scrub read takes at most (one helper job).
 const SCRUB_READ_BYTES_MAX: u64 = 4 << 20;
+
+/// A pass starts at least this long after the previous one started (ms):
+/// a small log is not read over and over, a thread a read.
+pub(crate) const SCRUB_PASS_PERIOD_MIN_MS: u64 = 10_000;
 
 /// What the scrub of one replica's log is doing and has done.
 #[derive(Default)]
@@ -99,6 +104,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             return; // the rate has not allowed this much yet
         }
         if s.cursor == 0 {
+            let due = s
+                .pass_started_ms
+                .map_or(0, |t| t.saturating_add(SCRUB_PASS_PERIOD_MIN_MS));
+            if now_ms < due {
+                return;
+            }
             s.pass_started_ms = Some(now_ms);
         }
         s.budget_bytes -= bytes;
