@@ -272,6 +272,29 @@ mod tests {
         wal.sync().unwrap();
     }
 
+    /// A log of 40 entries with a snapshot at 30 keeping entries from 5
+    /// on, open in `dir`, and the location of the batch holding `index`.
+    fn log_with_snapshot(dir: &std::path::Path, index: Index) -> (Wal, BatchLocation) {
+        let (mut wal, _) = Wal::open(dir, small_cfg()).unwrap();
+        append_durably(&mut wal, 40);
+        adopt_snapshot_keeping(&mut wal, 30, 5);
+        let (_, loc) = wal.locate(index, index).unwrap().remove(0);
+        (wal, loc)
+    }
+
+    /// One bit of the batch at `loc` flips on the platter.
+    fn rot(dir: &std::path::Path, loc: &BatchLocation) {
+        let path = dir.join(super::super::segments::segment_name(loc.segment));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[loc.offset as usize + 100] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+    }
+
+    /// The indexes the batch at `loc` holds.
+    fn held(loc: &BatchLocation) -> Vec<Index> {
+        (loc.first_index..loc.first_index + loc.count).collect()
+    }
+
     fn repair_files(dir: &std::path::Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
@@ -344,19 +367,12 @@ mod tests {
     #[test]
     fn an_entry_that_rotted_below_the_snapshot_is_served_once_repaired() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
-        append_durably(&mut wal, 40);
-        adopt_snapshot_keeping(&mut wal, 30, 5);
-        let (name, loc) = wal.locate(7, 7).unwrap().remove(0);
+        let (wal, loc) = log_with_snapshot(dir.path(), 7);
         drop(wal);
-        // One bit of entry 7's batch flips on the platter.
-        let path = dir.path().join(&name);
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[loc.offset as usize + 100] ^= 0x10;
-        std::fs::write(&path, bytes).unwrap();
+        rot(dir.path(), &loc);
         let (mut wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
         assert!(!report.corruption.is_empty(), "the scan saw it");
-        let lost: Vec<Index> = (loc.first_index..loc.first_index + loc.count).collect();
+        let lost = held(&loc);
         assert!(lost.iter().all(|&i| !wal.holds(i)), "the batch is gone");
         assert!(wal.read(7, 7).is_err());
         let copies: Vec<Entry> = lost.iter().map(|&i| entry(i)).collect();
@@ -378,14 +394,8 @@ mod tests {
     #[test]
     fn a_scrub_finds_a_batch_that_rotted_under_an_open_log() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
-        append_durably(&mut wal, 40);
-        adopt_snapshot_keeping(&mut wal, 30, 5);
-        let (name, loc) = wal.locate(9, 9).unwrap().remove(0);
-        let path = dir.path().join(&name);
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[loc.offset as usize + 100] ^= 0x10;
-        std::fs::write(&path, bytes).unwrap();
+        let (mut wal, loc) = log_with_snapshot(dir.path(), 9);
+        rot(dir.path(), &loc);
         // Read in small chunks, as the scrub does, from the lowest batch.
         let (mut damaged, mut good, mut from) = (Vec::new(), 0, 0);
         loop {
@@ -404,7 +414,7 @@ mod tests {
         assert_eq!(from, 41, "the whole durable log was read");
         assert!(wal.distrust_batch(&loc));
         assert!(!wal.distrust_batch(&loc), "once");
-        let lost: Vec<Index> = (loc.first_index..loc.first_index + loc.count).collect();
+        let lost = held(&loc);
         assert!(lost.iter().all(|&i| !wal.holds(i)));
         assert_eq!(wal.gaps(5, 31, 1000), lost);
         let copies: Vec<Entry> = lost.iter().map(|&i| entry(i)).collect();
@@ -422,17 +432,11 @@ mod tests {
     #[test]
     fn an_image_range_lists_its_gaps_and_reads_repaired_copies_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
-        append_durably(&mut wal, 40);
-        adopt_snapshot_keeping(&mut wal, 30, 5);
-        let (name, loc) = wal.locate(9, 9).unwrap().remove(0);
+        let (wal, loc) = log_with_snapshot(dir.path(), 9);
         drop(wal);
-        let path = dir.path().join(&name);
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[loc.offset as usize + 100] ^= 0x10;
-        std::fs::write(&path, bytes).unwrap();
+        rot(dir.path(), &loc);
         let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
-        let lost: Vec<Index> = (loc.first_index..loc.first_index + loc.count).collect();
+        let lost = held(&loc);
         assert_eq!(wal.gaps(5, 31, 1000), lost);
         assert_eq!(wal.gaps(5, 31, 1), lost[..1].to_vec(), "bounded");
         assert!(wal.locate_with_repaired(5, 30).is_err());
