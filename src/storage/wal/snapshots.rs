@@ -231,7 +231,6 @@ impl<D: LogDir> Wal<D> {
         self.append_offset = 0;
         self.index.clear();
         self.uncache_from(0);
-        self.forget_repaired_upto(Index::MAX)?;
         if let Some(first) = below.first() {
             // Written as appends are, after everything in the old log
             // (higher segment and sequence numbers): recovery reads them
@@ -249,6 +248,9 @@ impl<D: LogDir> Wal<D> {
             self.sync()?;
         }
         self.store_snapshot(snap)?;
+        // Only now, with the snapshot recorded: a crash before it leaves
+        // the old snapshot in force, which needs its repaired copies.
+        self.forget_repaired_upto(Index::MAX)?;
         for id in old {
             self.retire_segment(id);
             self.dir
