@@ -77,7 +77,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             Err(Unfilled::Missing(i)) => {
                 self.snapshot_stats.unreadable_entries += 1;
                 if i < self.raft.first_index() {
-                    self.note_missing([i], MissingFound::Read);
+                    self.note_missing([i], MissingFound::Read, true);
                 }
                 Some(stored_missing(self.group, i))
             }

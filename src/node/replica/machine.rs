@@ -11,7 +11,7 @@
 
 use super::super::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
 use super::super::host::Host;
-use super::super::log::log_error;
+use super::super::log::{log_error, log_warn};
 use super::tap::{MissingFound, WorkloadBug};
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
@@ -599,14 +599,19 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // The rest of the range a snapshot image carries (from the lowest
         // entry the state at the snapshot refers to): a lost batch took
         // entries nothing refers to as well, which an image still needs.
+        let gaps_max = super::repair::REPAIR_GAPS_MAX;
         let gaps = match self.keep_from() {
-            Some(from) => self
-                .wal
-                .gaps(from, in_memory_from, super::repair::REPAIR_GAPS_MAX),
+            Some(from) => self.wal.gaps(from, in_memory_from, gaps_max),
             None => Vec::new(),
         };
-        self.note_missing(missing, found);
-        self.note_gaps(gaps, found);
+        if gaps.len() >= gaps_max {
+            log_warn!(
+                "group {}: at least {gaps_max} log entries below the snapshot are missing here: repairing the first {gaps_max}; snapshot images need them all: replace this log (HARDWARE.md, \"Replacing a disk\")",
+                self.group
+            );
+        }
+        self.note_missing(missing, found, true);
+        self.note_missing(gaps, found, false);
     }
 }
 

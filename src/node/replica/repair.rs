@@ -1,7 +1,10 @@
 //! Repair of the entries below the snapshot that the state refers to (a
 //! ledger entry's bytes, a produce's messages) and that this log lost or
 //! found damaged: found at open (`check_stored_entries`), after a
-//! snapshot install, or when an answer could not read one back (`cold`).
+//! snapshot install, when an answer could not read one back (`cold`), or
+//! by the scrub (`scrub`). Entries nothing refers to in the range a
+//! snapshot image carries are repaired too, without a check (their bytes
+//! are never served, only carried), so that this node can send images.
 //! Each goes into `missing`; the replica asks its peers in turn, at most
 //! [`REPAIR_INDEXES_MAX`] indexes a request and one request every
 //! [`REPAIR_RETRY_MS`], for their committed copies; takes a copy only if
@@ -19,14 +22,15 @@
 //! too). One exception keeps a group from going leaderless: an entry
 //! every other member said it does not hold either is **lost**; it no
 //! longer stops this node from leading (the loss is already everyone's),
-//! is still asked for, slowly, and raises an alarm. So is an entry whose
+//! is still asked for when nothing else is, and raises an alarm. So is an entry whose
 //! check the state lacks (a state restored from a snapshot written before
 //! checks): it cannot be verified, so it is never repaired
 //! (`unverifiable`).
 //!
 //! **Answering.** A peer answers with its copies of entries it has
-//! committed (from Raft's memory, or its log's cache; an entry it must
-//! read from disk first is left out and asked again), verified against
+//! committed (from Raft's memory, or its log's cache; a request that
+//! needs reads from disk waits for them and is answered on a later
+//! turn), verified against
 //! its own check if its state has one, and lists the indexes it holds no
 //! copy of. It never offers an entry above its commit index, which a new
 //! leader could still replace.
@@ -62,7 +66,7 @@ const REPAIR_DEFERRED_MAX: usize = 16;
 /// What a replica knows of its entries to repair, and what it did.
 #[derive(Debug, Default)]
 pub(crate) struct Repair {
-    /// Referenced entries this log cannot serve.
+    /// Entries below the snapshot this log cannot serve and must.
     missing: BTreeSet<Index>,
     /// Of those, the members that said they hold no (good) copy.
     not_held_by: BTreeMap<Index, BTreeSet<NodeId>>,
@@ -146,61 +150,41 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         }
     }
 
-    /// Marks referenced entries as missing here, to repair.
+    /// Marks entries as missing here, to repair: ones the state refers to
+    /// (`referenced`), checked when they come, or the rest of the range a
+    /// snapshot image carries, taken without a check.
     pub(super) fn note_missing(
         &mut self,
         indexes: impl IntoIterator<Item = Index>,
         found: MissingFound,
+        referenced: bool,
     ) {
-        let mut added = Vec::new();
-        for i in indexes {
-            if self.repair.missing.insert(i) {
-                if self.machine.check_of(i).is_none() {
-                    self.repair.unverifiable.insert(i);
-                }
-                added.push(i);
-            }
-        }
-        if let Some(&first) = added.first() {
-            log_warn!(
-                "group {}: {} log entries the ledgers and queues refer to are unreadable here (the first: {first}); repairing them from a peer (this node does not lead until then)",
-                self.group,
-                added.len()
-            );
-            for i in added {
-                self.note(|| Note::Missing { index: i, found });
-            }
-            self.repair.next_ask_ms = 0;
-        }
-        self.repair_leadership();
-    }
-
-    /// Marks entries nothing refers to in the range a snapshot image
-    /// carries as missing here, to repair (without a check: their bytes
-    /// are never served, only carried in images).
-    pub(super) fn note_gaps(&mut self, indexes: Vec<Index>, found: MissingFound) {
-        if indexes.len() >= REPAIR_GAPS_MAX {
-            log_warn!(
-                "group {}: at least {REPAIR_GAPS_MAX} log entries below the snapshot are missing here: repairing the first {REPAIR_GAPS_MAX}; snapshot images need them all: replace this log (HARDWARE.md, \"Replacing a disk\")",
-                self.group
-            );
-        }
         let added: Vec<Index> = indexes
             .into_iter()
             .filter(|&i| self.repair.missing.insert(i))
             .collect();
-        if let Some(&first) = added.first() {
-            log_warn!(
-                "group {}: {} log entries below the snapshot that snapshot images carry are missing here (the first: {first}); repairing them from a peer",
-                self.group,
-                added.len()
-            );
-            for &i in &added {
-                self.note(|| Note::Missing { index: i, found });
+        let Some(&first) = added.first() else {
+            return self.repair_leadership();
+        };
+        let what = if referenced {
+            "the ledgers and queues refer to"
+        } else {
+            "below the snapshot that snapshot images carry"
+        };
+        log_warn!(
+            "group {}: {} log entries {what} are missing or damaged here (the first: {first}); repairing them from a peer (this node does not lead until then)",
+            self.group,
+            added.len()
+        );
+        for &i in &added {
+            self.note(|| Note::Missing { index: i, found });
+            if !referenced {
+                self.repair.unreferenced.insert(i);
+            } else if self.machine.check_of(i).is_none() {
+                self.repair.unverifiable.insert(i);
             }
-            self.repair.unreferenced.extend(added);
-            self.repair.next_ask_ms = 0;
         }
+        self.repair.next_ask_ms = 0;
         self.repair_leadership();
     }
 

@@ -28,8 +28,6 @@ pub(crate) const SCRUB_PASS_PERIOD_MIN_MS: u64 = 10_000;
 /// What the scrub of one replica's log is doing and has done.
 #[derive(Default)]
 pub(super) struct Scrub {
-    /// Bytes a second (0: off).
-    rate_bytes_per_s: u64,
     /// Bytes it may read now, and when (loop ms) that was reckoned.
     budget_bytes: u64,
     budget_at_ms: Option<u64>,
@@ -46,14 +44,13 @@ pub(super) struct Scrub {
 impl<D: LogDir, H: Host> Replica<D, H> {
     /// Sets the scrub's rate (bytes/s; 0: off).
     pub(crate) fn set_scrub_rate(&mut self, bytes_per_s: u64) {
-        self.scrub.rate_bytes_per_s = bytes_per_s;
         self.scrub.stats.bytes_per_s = bytes_per_s;
     }
 
     /// One turn of the scrub (from `drive`): takes a finished read's
     /// findings, and starts the next read once the rate allows it.
     pub(super) fn drive_scrub(&mut self, now_ms: u64) {
-        let rate = self.scrub.rate_bytes_per_s;
+        let rate = self.scrub.stats.bytes_per_s;
         if rate == 0 {
             return;
         }
@@ -61,13 +58,19 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             self.scrub.stats.last_pass_age_ms = Some(now_ms.saturating_sub(end));
         }
         let s = &mut self.scrub;
-        let since = now_ms.saturating_sub(s.budget_at_ms.unwrap_or(now_ms));
-        // At most a second's worth saved up: the rate is a ceiling.
-        s.budget_bytes = s
-            .budget_bytes
-            .saturating_add(rate.saturating_mul(since) / 1000)
-            .min(rate.max(SCRUB_READ_BYTES_MAX));
-        s.budget_at_ms = Some(now_ms);
+        let at = *s.budget_at_ms.get_or_insert(now_ms);
+        let earned = rate.saturating_mul(now_ms.saturating_sub(at)) / 1000;
+        // The clock moves on only with what it earned: at a low rate and
+        // a turn a millisecond, each turn's share would round to nothing.
+        if earned > 0 {
+            s.budget_at_ms = Some(now_ms);
+            // Saved up: a second's worth, or one read, at most (the rate
+            // is a ceiling, not an average to catch up on).
+            s.budget_bytes = s
+                .budget_bytes
+                .saturating_add(earned)
+                .min(rate.max(SCRUB_READ_BYTES_MAX));
+        }
         if let Some((job, _)) = &mut s.job {
             match job.try_take() {
                 JobState::Running => return,
@@ -177,8 +180,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             refs.len(),
             gaps.len()
         );
-        self.note_missing(refs, MissingFound::Scrub);
-        self.note_gaps(gaps, MissingFound::Scrub);
+        self.note_missing(refs, MissingFound::Scrub, true);
+        self.note_missing(gaps, MissingFound::Scrub, false);
     }
 
     /// The scrub's counts, for the status.

@@ -475,31 +475,12 @@ pub struct ScrubResult {
 /// against each of its batches.
 pub fn scrub_located<D: LogDir>(dir: &D, located: &[(String, BatchLocation)]) -> ScrubResult {
     let mut r = ScrubResult::default();
-    let mut open: Option<(&str, Result<D::File, String>)> = None;
+    let mut reader = BatchReader::new(dir);
     for (name, loc) in located {
-        if open.as_ref().is_none_or(|(n, _)| n != name) {
-            let f = dir
-                .open_existing(name)
-                .map_err(|e| format!("opening {name}: {e}"));
-            open = Some((name, f));
-        }
-        let (_, f) = open.as_ref().expect("just opened");
-        let mut buf = vec![0u8; loc.disk_bytes as usize];
-        let checked = match f {
-            Ok(f) => f
-                .read_at(&mut buf, loc.offset)
-                .map_err(|e| format!("reading {name}: {e}"))
-                .and_then(|()| {
-                    batch_entries(*loc, &buf)
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }),
-            Err(e) => Err(e.clone()),
-        };
         r.bytes += loc.disk_bytes;
-        match checked {
-            Ok(()) => r.good_batches += 1,
-            Err(why) => r.damaged.push((*loc, why)),
+        match reader.read(name, loc) {
+            Ok(_) => r.good_batches += 1,
+            Err(e) => r.damaged.push((*loc, e.to_string())),
         }
     }
     r
@@ -519,22 +500,15 @@ impl LocatedRange {
     /// Reads the batches from `dir` and merges in the repaired copies:
     /// the entries `lo..=hi`, ascending.
     pub fn read<D: LogDir>(&self, dir: &D, lo: Index, hi: Index) -> Result<Vec<Entry>, WalError> {
-        let read = read_located(dir, &self.batches, lo, hi)?;
-        let mut out = Vec::with_capacity(read.len() + self.repaired.len());
-        let (mut a, mut b) = (read.into_iter().peekable(), self.repaired.iter().peekable());
-        loop {
-            let take_read = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => x.index < y.index,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
-            };
-            if take_read {
-                out.extend(a.next());
-            } else {
-                out.extend(b.next().filter(|e| e.index >= lo && e.index <= hi).cloned());
-            }
-        }
+        let mut out = read_located(dir, &self.batches, lo, hi)?;
+        out.extend(
+            self.repaired
+                .iter()
+                .filter(|e| (lo..=hi).contains(&e.index))
+                .cloned(),
+        );
+        // Two ascending runs: the sort merges them in one pass.
+        out.sort_by_key(|e| e.index);
         Ok(out)
     }
 }
@@ -550,19 +524,9 @@ pub fn read_located<D: LogDir>(
     hi: Index,
 ) -> Result<Vec<Entry>, WalError> {
     let mut out = Vec::new();
-    let mut open: Option<(&str, D::File)> = None;
+    let mut reader = BatchReader::new(dir);
     for (name, loc) in located {
-        if open.as_ref().is_none_or(|(n, _)| n != name) {
-            let f = dir
-                .open_existing(name)
-                .map_err(io_err(format!("opening {name} in {}", dir.describe())))?;
-            open = Some((name, f));
-        }
-        let (_, f) = open.as_ref().expect("just opened");
-        let mut buf = vec![0u8; loc.disk_bytes as usize];
-        f.read_at(&mut buf, loc.offset)
-            .map_err(io_err(format!("reading {name} in {}", dir.describe())))?;
-        let entries = batch_entries(*loc, &buf)?;
+        let entries = reader.read(name, loc)?;
         out.extend(
             entries
                 .into_iter()
@@ -570,6 +534,36 @@ pub fn read_located<D: LogDir>(
         );
     }
     Ok(out)
+}
+
+/// Reads located batches from a directory with plain reads, keeping the
+/// last file opened (batches come in file order).
+struct BatchReader<'a, D: LogDir> {
+    dir: &'a D,
+    open: Option<(String, D::File)>,
+}
+
+impl<'a, D: LogDir> BatchReader<'a, D> {
+    fn new(dir: &'a D) -> Self {
+        BatchReader { dir, open: None }
+    }
+
+    /// The entries of the batch at `loc` in file `name`, checked whole.
+    fn read(&mut self, name: &str, loc: &BatchLocation) -> Result<Vec<Entry>, WalError> {
+        let dir = self.dir;
+        if self.open.as_ref().is_none_or(|(n, _)| n != name) {
+            self.open = None;
+            let f = dir
+                .open_existing(name)
+                .map_err(io_err(format!("opening {name} in {}", dir.describe())))?;
+            self.open = Some((name.to_string(), f));
+        }
+        let (_, f) = self.open.as_ref().expect("just opened");
+        let mut buf = vec![0u8; loc.disk_bytes as usize];
+        f.read_at(&mut buf, loc.offset)
+            .map_err(io_err(format!("reading {name} in {}", dir.describe())))?;
+        batch_entries(*loc, &buf)
+    }
 }
 
 #[cfg(test)]
