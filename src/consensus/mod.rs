@@ -28,13 +28,14 @@
 
 mod election;
 mod failover;
+pub mod image;
 mod log;
 mod membership;
 mod progress;
 mod read_index;
 mod replication;
 mod snapshot;
-pub use snapshot::{decode_image, encode_image};
+pub use snapshot::{ImageChunk, ImageRead};
 mod transfer;
 pub mod types;
 
@@ -104,10 +105,12 @@ pub struct RaftConfig {
     pub snapshot_chunk_bytes: usize,
     /// The state machine refers to log entries at or below its snapshot
     /// (quire keeps entry and message bytes in the log): a snapshot sent
-    /// to a follower carries those entries too. The caller supplies them
-    /// when asked ([`Ready::snapshot_entries_wanted`],
-    /// [`Raft::set_snapshot_image`]) and stores those it receives
-    /// ([`Ready::snapshot_entries`]). Every member must agree on it.
+    /// to a follower is an *image* carrying those entries too
+    /// ([`image`]), streamed by the caller chunk by chunk: the leader's
+    /// reads each chunk when asked ([`Ready::image_reads`],
+    /// [`Raft::send_image_chunk`]), the follower's stages each one
+    /// durably ([`Ready::image_chunk`], [`Raft::image_stored`]). Every
+    /// member must agree on it.
     pub snapshot_with_entries: bool,
     /// When the failure detector declares the leader down, campaign after
     /// a delay staggered by rank in slots of this length instead of an
@@ -264,16 +267,17 @@ pub struct Ready {
     /// Hard state to persist, if it changed.
     pub hard_state: Option<HardState>,
     /// A snapshot from the leader to persist in place of the whole log and
-    /// to restore into the state machine before applying anything else.
+    /// to restore into the state machine before applying anything else
+    /// (with `snapshot_with_entries`: the one whose image the caller
+    /// staged, whose staged entries become the log).
     pub snapshot: Option<Snapshot>,
-    /// With `snapshot`: the entries at or below its index that its state
-    /// machine still refers to, consecutive, to store with it (only with
-    /// `snapshot_with_entries`).
-    pub snapshot_entries: Vec<Entry>,
-    /// A follower needs the snapshot at this index: call
-    /// [`Raft::set_snapshot_image`] with it and the entries its state
-    /// machine refers to (only with `snapshot_with_entries`).
-    pub snapshot_entries_wanted: Option<Index>,
+    /// Leader, with `snapshot_with_entries`: chunks of snapshot images to
+    /// read and hand back with [`Raft::send_image_chunk`].
+    pub image_reads: Vec<ImageRead>,
+    /// Follower, with `snapshot_with_entries`: a chunk of an image to
+    /// stage durably, then report with [`Raft::image_stored`] (or
+    /// [`Raft::image_refused`]). One at a time.
+    pub image_chunk: Option<ImageChunk>,
     /// Storage must drop every entry at or after this index before
     /// appending `entries` (a conflicting suffix, thesis §3.5). The core
     /// owns this rule: the driver only carries it out.
@@ -307,7 +311,8 @@ impl Ready {
             && self.committed.is_empty()
             && self.read_states.is_empty()
             && !self.snapshot_wanted
-            && self.snapshot_entries_wanted.is_none()
+            && self.image_reads.is_empty()
+            && self.image_chunk.is_none()
     }
 }
 
@@ -398,9 +403,6 @@ pub struct Raft {
     memberships: BTreeMap<Index, Membership>,
     /// Latest snapshot (metadata and data) to send to lagging followers.
     snapshot: Option<Snapshot>,
-    /// With `snapshot_with_entries`: what InstallSnapshot carries for the
-    /// snapshot at this index (its data and the entries it refers to).
-    snapshot_image: Option<(Index, Vec<u8>)>,
     /// A transfer (the snapshot, and what InstallSnapshot carries for it)
     /// that a newer snapshot replaced while followers were receiving it:
     /// they get it whole rather than start over with each new snapshot,
@@ -409,8 +411,10 @@ pub struct Raft {
     previous_transfer: Option<(Snapshot, Vec<u8>)>,
     /// The snapshot index each follower last got a chunk of.
     snapshot_receivers: BTreeMap<NodeId, Index>,
-    /// The snapshot whose entries were asked of the caller.
-    snapshot_entries_wanted: Option<Index>,
+    /// Image chunks to read (`Ready::image_reads`).
+    image_reads: Vec<ImageRead>,
+    /// The length of the image being sent to each follower.
+    image_totals: BTreeMap<NodeId, u64>,
     /// See [`RestoredState::repair_until`]; 0 when the log is whole.
     repair_until: Index,
     /// False while the caller says this node must not lead
@@ -447,9 +451,13 @@ pub struct Raft {
     // output
     messages: Vec<Message>,
     messages_after_persist: Vec<Message>,
-    pending_snapshot_install: Option<(Snapshot, Vec<Entry>)>,
+    pending_snapshot_install: Option<Snapshot>,
     /// Follower: the snapshot being received, chunk by chunk.
     snapshot_receiving: Option<Snapshot>,
+    /// Follower, with `snapshot_with_entries`: the image being staged.
+    image_receiving: Option<snapshot::ImageReceiving>,
+    /// A chunk for the caller to stage (`Ready::image_chunk`).
+    image_chunk: Option<ImageChunk>,
     persisted_hard_state: HardState,
     read_states: Vec<ReadState>,
     /// A leader has new entries or acks to turn into appends at `ready()`.
@@ -523,10 +531,10 @@ impl Raft {
             log,
             memberships,
             snapshot: state.snapshot,
-            snapshot_image: None,
             previous_transfer: None,
             snapshot_receivers: BTreeMap::new(),
-            snapshot_entries_wanted: None,
+            image_reads: Vec::new(),
+            image_totals: BTreeMap::new(),
             repair_until,
             may_lead: true,
             election_deadline_ms: 0,
@@ -545,6 +553,8 @@ impl Raft {
             messages_after_persist: Vec::new(),
             pending_snapshot_install: None,
             snapshot_receiving: None,
+            image_receiving: None,
+            image_chunk: None,
             persisted_hard_state: hs,
             read_states: Vec::new(),
             replication_dirty: false,
@@ -825,10 +835,7 @@ impl Raft {
         if self.role == Role::Leader && self.replication_dirty {
             self.broadcast_append();
         }
-        let (snapshot, snapshot_entries) = match self.pending_snapshot_install.take() {
-            Some((s, entries)) => (Some(s), entries),
-            None => (None, Vec::new()),
-        };
+        let snapshot = self.pending_snapshot_install.take();
         let (truncate_from, entries) = self.log.take_unstable();
         let hs = self.hard_state();
         let mut persisted_hs = hs;
@@ -859,8 +866,8 @@ impl Raft {
         Ready {
             hard_state,
             snapshot,
-            snapshot_entries,
-            snapshot_entries_wanted: self.snapshot_entries_wanted.take(),
+            image_reads: std::mem::take(&mut self.image_reads),
+            image_chunk: self.image_chunk.take(),
             truncate_from,
             entries,
             messages: std::mem::take(&mut self.messages),

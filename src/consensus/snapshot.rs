@@ -6,110 +6,55 @@
 //! is metadata only (ledger table, queue ack state), since the log segments
 //! themselves are the data. So a follower that installs a snapshot also
 //! needs the entries at or below it that the metadata refers to: with
-//! `snapshot_with_entries`, what InstallSnapshot carries is an *image*,
-//! the snapshot's data followed by those entries (asked of the caller,
-//! who reads them from its log), sent in chunks like any snapshot.
+//! `snapshot_with_entries`, what InstallSnapshot carries is an *image*
+//! ([`super::image`]), the snapshot's data followed by those entries,
+//! which the caller streams: the leader's reads each chunk from its
+//! segments when it is due, the follower's stages each one durably before
+//! it is acknowledged, so neither holds the image, and a transfer cut
+//! (or a follower restarted) goes on from the last chunk staged.
 
 use super::{
-    AppendResult, Body, Entry, Index, Membership, NodeId, Payload, Raft, RaftError,
-    ReplicationState, Snapshot, Term,
+    AppendResult, Body, Index, Membership, NodeId, Raft, RaftError, ReplicationState, Snapshot,
+    Term,
 };
 
-/// First bytes of a snapshot image.
-const IMAGE_MAGIC: [u8; 4] = *b"QTI1";
-
-/// A snapshot image: `IMAGE_MAGIC | data_len u64 | data | count u64 |
-/// entries`, each entry `term u64 | index u64 | kind u8 | payload`, all
-/// little-endian; a payload is `len u32 | bytes` (normal), nothing (noop)
-/// or two id sets `count u32 | ids u64...` (membership).
-pub fn encode_image(data: &[u8], entries: &[Entry]) -> Vec<u8> {
-    let size: usize = entries.iter().map(|e| e.size_bytes() + 32).sum();
-    let mut out = Vec::with_capacity(data.len() + size + 24);
-    out.extend_from_slice(&IMAGE_MAGIC);
-    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    out.extend_from_slice(data);
-    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    let ids = |out: &mut Vec<u8>, set: &std::collections::BTreeSet<NodeId>| {
-        out.extend_from_slice(&(set.len() as u32).to_le_bytes());
-        set.iter()
-            .for_each(|id| out.extend_from_slice(&id.to_le_bytes()));
-    };
-    for e in entries {
-        out.extend_from_slice(&e.term.to_le_bytes());
-        out.extend_from_slice(&e.index.to_le_bytes());
-        match &e.payload {
-            Payload::Noop => out.push(0),
-            Payload::Normal(b) => {
-                out.push(1);
-                out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-                out.extend_from_slice(b);
-            }
-            Payload::Membership(m) => {
-                out.push(2);
-                ids(&mut out, &m.voters);
-                ids(&mut out, &m.learners);
-            }
-        }
-    }
-    out
+/// A chunk of a snapshot image the leader's caller is asked to read
+/// (`Ready::image_reads`): the one at `position` of the image of the
+/// snapshot at `index`, for follower `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageRead {
+    /// The follower it is for.
+    pub to: NodeId,
+    /// The snapshot.
+    pub index: Index,
+    /// Where in the image the chunk starts.
+    pub position: u64,
 }
 
-/// Splits an image into the snapshot's data and its entries; `None`
-/// unless it is exactly one image whose entries are consecutive and end
-/// at or below `index` (it came over the network: nothing is trusted).
-pub fn decode_image(bytes: &[u8], index: Index) -> Option<(Vec<u8>, Vec<Entry>)> {
-    let mut r = bytes;
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let (head, rest) = (r.get(..n)?, r.get(n..)?);
-        r = rest;
-        Some(head)
-    };
-    if take(4)? != IMAGE_MAGIC {
-        return None;
-    }
-    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-    let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-    let data_len = usize::try_from(u64_at(take(8)?)).ok()?;
-    let data = take(data_len)?.to_vec();
-    let count = u64_at(take(8)?);
-    let mut entries: Vec<Entry> = Vec::new();
-    for _ in 0..count {
-        // Each entry takes at least 17 bytes: a count past the end is
-        // refused here, before anything is allocated for it.
-        let term = u64_at(take(8)?);
-        let at = u64_at(take(8)?);
-        let payload = match take(1)?[0] {
-            0 => Payload::Noop,
-            1 => {
-                let len = u32_at(take(4)?) as usize;
-                Payload::Normal(take(len)?.to_vec().into())
-            }
-            2 => {
-                let mut sets = [Default::default(), Default::default()];
-                for set in &mut sets {
-                    let n = u32_at(take(4)?);
-                    for _ in 0..n {
-                        std::collections::BTreeSet::insert(set, u64_at(take(8)?));
-                    }
-                }
-                let [voters, learners] = sets;
-                Payload::Membership(Membership { voters, learners })
-            }
-            _ => return None,
-        };
-        let follows = entries
-            .last()
-            .is_none_or(|e| e.index.checked_add(1) == Some(at));
-        if !follows || at == 0 || at > index {
-            return None;
-        }
-        entries.push(Entry {
-            term,
-            index: at,
-            payload,
-        });
-    }
-    r.is_empty().then_some((data, entries))
+/// A chunk of a snapshot image for the follower's caller to stage
+/// (`Ready::image_chunk`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageChunk {
+    /// The snapshot (index, term, membership); `data` is the chunk.
+    pub snapshot: Snapshot,
+    /// Where in the image the chunk starts.
+    pub offset: u64,
+    /// The image's length.
+    pub total: u64,
+}
+
+/// Follower: the image being staged by the caller.
+#[derive(Clone, Debug)]
+pub(super) struct ImageReceiving {
+    /// The leader that sent the last chunk.
+    from: NodeId,
+    /// The snapshot; its data is empty.
+    snapshot: Snapshot,
+    total: u64,
+    /// Positions the caller holds durably.
+    held: u64,
+    /// A chunk is with the caller.
+    staging: bool,
 }
 
 impl Raft {
@@ -176,7 +121,6 @@ impl Raft {
     /// Before the snapshot is replaced: keeps its transfer if a follower
     /// is receiving it (and has not caught up past it), else drops it.
     fn keep_transfer_in_progress(&mut self) {
-        let image = self.snapshot_image.take();
         let progress = &self.progress;
         self.snapshot_receivers
             .retain(|peer, index| progress.get(peer).is_some_and(|pr| pr.match_index < *index));
@@ -187,14 +131,16 @@ impl Raft {
             .snapshot_receivers
             .values()
             .any(|&i| i == current.index);
-        let bytes = if self.cfg.snapshot_with_entries {
-            image.filter(|(i, _)| *i == current.index).map(|(_, b)| b)
+        if received {
+            // An image is read from the segments when due: nothing to keep.
+            let bytes = if self.cfg.snapshot_with_entries {
+                Vec::new()
+            } else {
+                current.data.clone()
+            };
+            self.previous_transfer = Some((current.clone(), bytes));
         } else {
-            Some(current.data.clone())
-        };
-        match bytes {
-            Some(bytes) if received => self.previous_transfer = Some((current.clone(), bytes)),
-            _ => {
+            {
                 let receivers = &self.snapshot_receivers;
                 let prev_received = self
                     .previous_transfer
@@ -225,42 +171,161 @@ impl Raft {
             pr.become_snapshot(index, now);
         }
         self.stats.snapshots_sent += 1;
-        if self.transfer_of(index).is_some() {
-            self.send_snapshot_chunk(peer, index, 0);
-        } else {
-            // Sent once the caller supplies the entries; if it never does,
-            // the resend timer asks again.
-            self.snapshot_entries_wanted = Some(index);
+        self.send_snapshot_chunk(peer, index, 0);
+    }
+
+    /// The leader's caller read the chunk at `position` of the image of
+    /// the snapshot at `index` (of `total` positions) for follower `to`,
+    /// as [`super::Ready::image_reads`] asked: it is sent, unless the
+    /// follower moved on meanwhile (a stale read is dropped).
+    pub fn send_image_chunk(
+        &mut self,
+        to: NodeId,
+        index: Index,
+        position: u64,
+        total: u64,
+        data: Vec<u8>,
+    ) {
+        let expected = self.progress.get(&to).is_some_and(|pr| {
+            matches!(pr.state, ReplicationState::Snapshot { index: i, acked, .. }
+                if i == index && acked == position)
+        });
+        let Some((s, _)) = self.transfer_of(index).filter(|_| expected) else {
+            return;
+        };
+        let chunk = Snapshot {
+            index,
+            term: s.term,
+            membership: s.membership.clone(),
+            data,
+        };
+        self.image_totals.insert(to, total);
+        let body = Body::InstallSnapshot {
+            snapshot: chunk,
+            offset: position,
+            total,
+        };
+        self.send(to, body);
+    }
+
+    /// The leader's caller cannot read the image of the snapshot at
+    /// `index` for `to`: a replaced snapshot's entries were trimmed since
+    /// (the follower starts over with the latest), or the latest's are
+    /// damaged (the resend timer asks again, after their repair).
+    pub fn image_unavailable(&mut self, to: NodeId, index: Index) {
+        let latest = self.snapshot.as_ref().map(|s| s.index);
+        let sending = self.progress.get(&to).is_some_and(
+            |pr| matches!(pr.state, ReplicationState::Snapshot { index: i, .. } if i == index),
+        );
+        if Some(index) != latest && sending {
+            if self
+                .previous_transfer
+                .as_ref()
+                .is_some_and(|(s, _)| s.index == index)
+            {
+                self.previous_transfer = None;
+            }
+            self.snapshot_receivers.remove(&to);
+            self.send_snapshot(to);
         }
     }
 
-    /// The caller's answer to [`Ready::snapshot_entries_wanted`]: the
-    /// image of the snapshot at `index`, `encode_image(its data, the
-    /// entries at or below it that its state machine refers to)` (built
-    /// off the event loop if large). Followers waiting for that snapshot
-    /// get it; an image of an older snapshot is dropped.
-    ///
-    /// [`Ready::snapshot_entries_wanted`]: super::Ready::snapshot_entries_wanted
-    pub fn set_snapshot_image(&mut self, index: Index, image: Vec<u8>) {
-        if self.snapshot.as_ref().map(|s| s.index) != Some(index) {
-            return; // compacted again since: asked anew when needed
+    /// Bytes per InstallSnapshot chunk (`RaftConfig::snapshot_chunk_bytes`).
+    pub fn snapshot_chunk_bytes(&self) -> usize {
+        self.cfg.snapshot_chunk_bytes
+    }
+
+    /// The snapshot (current, or replaced while being sent) whose image
+    /// is the one at `index`.
+    pub fn transfer_snapshot(&self, index: Index) -> Option<&Snapshot> {
+        self.transfer_of(index).map(|(s, _)| s)
+    }
+
+    /// Follower: the caller holds the image of the snapshot `index`/`term`
+    /// durably up to `held` positions, the chunk it was given included
+    /// (see [`super::Ready::image_chunk`]); with `whole`, the image is
+    /// complete and that is the snapshot's data: it is installed (the
+    /// caller adopts its staged entries as the log).
+    pub fn image_stored(&mut self, index: Index, term: Term, held: u64, whole: Option<Vec<u8>>) {
+        let Some(r) = self
+            .image_receiving
+            .as_mut()
+            .filter(|r| (r.snapshot.index, r.snapshot.term) == (index, term))
+        else {
+            return;
+        };
+        r.staging = false;
+        if held <= r.held || held > r.total {
+            return;
         }
-        self.snapshot_image = Some((index, image));
-        let now = self.now_ms;
-        let waiting: Vec<NodeId> = self
-            .progress
-            .iter_mut()
-            .filter(|(_, pr)| {
-                matches!(pr.state, ReplicationState::Snapshot { index: i, acked: 0, .. } if i == index)
-            })
-            .map(|(&id, pr)| {
-                pr.become_snapshot(index, now);
-                id
-            })
-            .collect();
-        for peer in waiting {
-            self.send_snapshot_chunk(peer, index, 0);
+        r.held = held;
+        let from = r.from;
+        if held < r.total {
+            self.send(
+                from,
+                Body::SnapshotAck {
+                    index,
+                    received: held,
+                },
+            );
+            return;
         }
+        let Some(data) = whole else {
+            return;
+        };
+        let Some(r) = self.image_receiving.take() else {
+            return;
+        };
+        if self.already_has(from, index, term) {
+            return;
+        }
+        let snapshot = Snapshot { data, ..r.snapshot };
+        self.install_snapshot(from, snapshot);
+    }
+
+    /// Follower: the chunk given to stage is not part of a valid image
+    /// (it came over the network): the transfer starts over.
+    pub fn image_refused(&mut self, index: Index, term: Term) {
+        let Some(r) = self
+            .image_receiving
+            .take_if(|r| (r.snapshot.index, r.snapshot.term) == (index, term))
+        else {
+            return;
+        };
+        self.stats.snapshots_refused += 1;
+        self.send(r.from, Body::SnapshotAck { index, received: 0 });
+    }
+
+    /// Follower: the caller dropped its staged image (the log caught up
+    /// past it, or staging failed): a transfer starts over.
+    pub fn image_abandon(&mut self) {
+        self.image_receiving = None;
+    }
+
+    /// Follower, after a restart: the caller holds `held` positions of
+    /// the image of `snapshot` (data left out), `total` long, staged
+    /// before: a transfer of it goes on from there.
+    pub fn resume_image(&mut self, snapshot: Snapshot, total: u64, held: u64) {
+        if held >= total || snapshot.index <= self.log.commit {
+            return;
+        }
+        self.image_receiving = Some(ImageReceiving {
+            from: 0,
+            snapshot: Snapshot {
+                data: Vec::new(),
+                ..snapshot
+            },
+            total,
+            held,
+            staging: false,
+        });
+    }
+
+    /// The image being staged: its snapshot, length and positions held.
+    pub fn image_receiving(&self) -> Option<(&Snapshot, u64, u64)> {
+        self.image_receiving
+            .as_ref()
+            .map(|r| (&r.snapshot, r.total, r.held))
     }
 
     /// What InstallSnapshot carries for the snapshot at `index`, the
@@ -273,19 +338,23 @@ impl Raft {
             }
         }
         let s = self.snapshot.as_ref().filter(|s| s.index == index)?;
-        if !self.cfg.snapshot_with_entries {
-            return Some((s, &s.data));
-        }
-        match &self.snapshot_image {
-            Some((i, image)) if *i == s.index => Some((s, image)),
-            _ => None,
-        }
+        Some((s, &s.data))
     }
 
     /// Leader: the chunk of what the transfer of the snapshot at `index`
     /// carries that starts at `offset`.
     fn send_snapshot_chunk(&mut self, peer: NodeId, index: Index, offset: u64) {
         self.snapshot_receivers.insert(peer, index);
+        if self.cfg.snapshot_with_entries {
+            // Read by the caller when due: one read per follower at a time.
+            self.image_reads.retain(|r| r.to != peer);
+            self.image_reads.push(ImageRead {
+                to: peer,
+                index,
+                position: offset,
+            });
+            return;
+        }
         let Some((s, bytes)) = self.transfer_of(index) else {
             return;
         };
@@ -312,9 +381,15 @@ impl Raft {
     /// `index`: send the next chunk, or start over if ours changed.
     pub(super) fn handle_snapshot_ack(&mut self, from: NodeId, index: Index, received: u64) {
         let now = self.now_ms;
-        let ours = self
-            .transfer_of(index)
-            .map(|(s, b)| (s.index, b.len() as u64));
+        let image_total = self.image_totals.get(&from).copied().unwrap_or(0);
+        let ours = self.transfer_of(index).map(|(s, b)| {
+            let total = if self.cfg.snapshot_with_entries {
+                image_total
+            } else {
+                b.len() as u64
+            };
+            (s.index, total)
+        });
         let latest = self.snapshot.as_ref().map(|s| s.index);
         let Some(pr) = self.progress.get_mut(&from) else {
             return;
@@ -366,6 +441,9 @@ impl Raft {
         if !self.follow(from) {
             return;
         }
+        if self.cfg.snapshot_with_entries {
+            return self.handle_image_chunk(from, chunk, offset, total);
+        }
         let (index, term) = (chunk.index, chunk.term);
         if offset == 0 && self.already_has(from, index, term) {
             self.snapshot_receiving = None;
@@ -416,6 +494,58 @@ impl Raft {
         self.install_snapshot(from, receiving);
     }
 
+    /// Follower, with `snapshot_with_entries`: a chunk of an image, taken
+    /// in order and handed to the caller to stage; answered once staged
+    /// (`image_stored`), or at once with what is held if out of order.
+    fn handle_image_chunk(&mut self, from: NodeId, chunk: Snapshot, offset: u64, total: u64) {
+        let (index, term) = (chunk.index, chunk.term);
+        if offset == 0 && self.already_has(from, index, term) {
+            if self.image_receiving.as_ref().is_some_and(|r| !r.staging) {
+                self.image_receiving = None;
+            }
+            return;
+        }
+        let same = self
+            .image_receiving
+            .as_ref()
+            .is_some_and(|r| (r.snapshot.index, r.snapshot.term, r.total) == (index, term, total));
+        if !same {
+            if self.image_receiving.as_ref().is_some_and(|r| r.staging) {
+                return; // the caller is busy with the old one: resent later
+            }
+            if offset != 0 {
+                self.send(from, Body::SnapshotAck { index, received: 0 });
+                return;
+            }
+            self.image_receiving = Some(ImageReceiving {
+                from,
+                snapshot: Snapshot {
+                    data: Vec::new(),
+                    ..chunk.clone()
+                },
+                total,
+                held: 0,
+                staging: false,
+            });
+        }
+        let r = self.image_receiving.as_mut().expect("set above");
+        r.from = from;
+        if r.staging {
+            return; // answered once the chunk being staged is durable
+        }
+        if offset != r.held || offset >= total {
+            let received = r.held;
+            self.send(from, Body::SnapshotAck { index, received });
+            return;
+        }
+        r.staging = true;
+        self.image_chunk = Some(super::ImageChunk {
+            snapshot: chunk,
+            offset,
+            total,
+        });
+    }
+
     /// True (and answered) if the follower needs no snapshot to `index`:
     /// it has committed that far, or holds the snapshot's last entry.
     fn already_has(&mut self, from: NodeId, index: Index, term: Term) -> bool {
@@ -442,27 +572,13 @@ impl Raft {
     }
 
     /// Replaces the log with a whole snapshot received from the leader.
-    fn install_snapshot(&mut self, from: NodeId, mut snapshot: Snapshot) {
+    fn install_snapshot(&mut self, from: NodeId, snapshot: Snapshot) {
         let index = snapshot.index;
-        let mut entries = Vec::new();
-        if self.cfg.snapshot_with_entries {
-            let Some((data, below)) = decode_image(&snapshot.data, index) else {
-                // Whole but not an image: start over rather than install
-                // a state whose entries are missing.
-                self.stats.snapshots_refused += 1;
-                self.send(from, Body::SnapshotAck { index, received: 0 });
-                return;
-            };
-            // The image is not kept: its entries go to the caller's log,
-            // which builds it again if this node leads and must send it.
-            snapshot.data = data;
-            entries = below;
-        }
         self.log.reset_to_snapshot(index, snapshot.term);
         self.memberships.clear();
         self.memberships.insert(index, snapshot.membership.clone());
         self.snapshot = Some(snapshot.clone());
-        self.pending_snapshot_install = Some((snapshot, entries));
+        self.pending_snapshot_install = Some(snapshot);
         self.stats.snapshots_installed += 1;
         self.send(
             from,
@@ -474,7 +590,7 @@ impl Raft {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consensus::{Message, RaftConfig};
+    use crate::consensus::{Entry, Membership, Message, Payload, RaftConfig};
 
     /// Appends that overtake a snapshot's chunks (the network reorders)
     /// can commit the follower past the snapshot before its last chunk
@@ -526,56 +642,5 @@ mod tests {
         assert_eq!(f.commit_index(), 6);
         assert!(f.snapshot().is_none(), "nothing installed");
         assert_eq!(f.stats().snapshots_installed, 0);
-    }
-
-    #[test]
-    fn an_image_round_trips_and_every_cut_or_gap_is_refused() {
-        let entries = vec![
-            Entry {
-                term: 2,
-                index: 7,
-                payload: Payload::Normal(b"bytes".to_vec().into()),
-            },
-            Entry {
-                term: 2,
-                index: 8,
-                payload: Payload::Noop,
-            },
-            Entry {
-                term: 3,
-                index: 9,
-                payload: Payload::Membership(Membership::with_voters([1, 2, 3])),
-            },
-        ];
-        let image = encode_image(b"meta", &entries);
-        assert_eq!(
-            decode_image(&image, 9),
-            Some((b"meta".to_vec(), entries.clone()))
-        );
-        assert_eq!(decode_image(&image, 8), None, "an entry past the snapshot");
-        for cut in 0..image.len() {
-            assert_eq!(decode_image(&image[..cut], 9), None, "cut {cut}");
-        }
-        let mut longer = image.clone();
-        longer.push(0);
-        assert_eq!(decode_image(&longer, 9), None, "a trailing byte");
-        let gap = encode_image(b"", &[entries[0].clone(), entries[2].clone()]);
-        assert_eq!(decode_image(&gap, 9), None, "entries not consecutive");
-        // Found by the fuzzer: an entry at the last index has no successor.
-        let last = |index| Entry {
-            term: 1,
-            index,
-            payload: Payload::Noop,
-        };
-        let wraps = encode_image(b"", &[last(u64::MAX), last(0)]);
-        assert_eq!(
-            decode_image(&wraps, u64::MAX),
-            None,
-            "no index after u64::MAX"
-        );
-        assert_eq!(
-            decode_image(&encode_image(b"m", &[]), 0),
-            Some((b"m".to_vec(), vec![]))
-        );
     }
 }

@@ -295,4 +295,10 @@ pub struct SnapshotStats {
     /// Log entries the state refers to that this node could not read
     /// (found missing at start, or a failed read since); 0 when healthy.
     pub unreadable_entries: u64,
+    /// Leader: chunks of snapshot images read and sent to followers.
+    pub image_chunks_sent: u64,
+    /// Follower: chunks of snapshot images staged durably.
+    pub image_chunks_staged: u64,
+    /// Follower: staged images taken up again after a restart.
+    pub images_resumed: u64,
 }

@@ -144,6 +144,10 @@ pub struct GlueCounts {
     pub disk_full_refusals: u64,
     /// Snapshots from a leader installed.
     pub snapshots_installed: u64,
+    /// Chunks of snapshot images staged by followers.
+    pub image_chunks_staged: u64,
+    /// Staged images taken up again after a crash.
+    pub images_resumed: u64,
     /// Snapshots of a replica's own adopted (its log compacted under them).
     pub snapshots_adopted: u64,
     /// Batches read back on the ring for answers (cold reads: ledger
@@ -171,6 +175,8 @@ impl GlueCounts {
         self.disk_full_refusals += o.disk_full_refusals;
         self.snapshots_installed += o.snapshots_installed;
         self.snapshots_adopted += o.snapshots_adopted;
+        self.image_chunks_staged += o.image_chunks_staged;
+        self.images_resumed += o.images_resumed;
         self.entries_repaired += o.entries_repaired;
         self.repair_copies_rejected += o.repair_copies_rejected;
         self.scrub_batches_verified += o.scrub_batches_verified;
@@ -189,6 +195,8 @@ impl GlueCounts {
             repair_copies_rejected: r.repair_stats().rejected,
             scrub_batches_verified: r.scrub_stats().batches_verified,
             scrub_damaged_batches: r.scrub_stats().damaged_batches,
+            image_chunks_staged: r.snapshot_stats.image_chunks_staged,
+            images_resumed: r.snapshot_stats.images_resumed,
             ..GlueCounts::default()
         }
     }
@@ -251,6 +259,8 @@ impl World {
             replica.check_stored_entries(MissingFound::Open);
             chain = self.chain_or_fail(g, s.index)?;
         }
+        // An image staged before the crash goes on, as in the daemon.
+        replica.resume_staged();
         // The scrub runs under the seed too; the faults damage a log only
         // at a crash, so it must find nothing a recovery did not.
         replica.set_scrub_rate(SIM_SCRUB_BYTES_PER_S);

@@ -576,7 +576,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.applied_hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
         self.dedup = table;
         self.not_applied = self.not_applied.split_off(&record_address(index + 1, 0));
-        self.set_keep_from(machine.oldest_stored());
+        self.set_keep_from(index, machine.oldest_stored());
         self.machine = machine;
         true
     }

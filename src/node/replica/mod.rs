@@ -46,6 +46,7 @@ use super::config::{GroupSpec, NodeSpec, SpecError};
 use super::errors::StartError;
 use super::host::{Host, OsHost};
 use super::log::log_error;
+use super::log::log_warn;
 use super::status::{GroupView, SnapshotStats, WalView};
 use crate::consensus::{Entry, Index, Message, NodeId, Raft, RestoredState, Role, Term};
 use crate::heartbeat::GroupStatus;
@@ -55,7 +56,7 @@ use crate::storage::{DiskState, LogDir, OsDir, Ticket, Wal, WalError};
 use crate::transport::GroupId;
 use machine::Waiter;
 use reads::LinearRead;
-use snapshot::{ImageJob, SnapshotJob, SnapshotWritten};
+use snapshot::{ImageReadJob, SnapshotJob, SnapshotWritten, StageJob};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 pub(crate) use tap::MissingFound;
 use tap::{GlueBug, Note, WorkloadBug};
@@ -149,7 +150,17 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// Raft's snapshot refers to (the log keeps every entry from there
     /// on; a follower that installs the snapshot gets them with it).
     pub(crate) snapshot_stats: SnapshotStats,
-    image_job: Option<ImageJob>,
+    /// Leader: image chunks being read for followers, one per follower.
+    image_reads: Vec<ImageReadJob>,
+    /// The log index each recent snapshot's state refers to from (the
+    /// current one's and the one before).
+    keep_from_by_snapshot: BTreeMap<Index, Option<Index>>,
+    /// Follower: the image being staged from the leader, between chunks.
+    staged: Option<crate::storage::wal::StagedImage<D>>,
+    /// Follower: a chunk being staged (it holds the staged image).
+    stage_job: Option<StageJob<D>>,
+    /// Staged files being removed.
+    unstage_job: Option<Box<dyn super::host::Offloaded<Result<(), WalError>>>>,
     /// The largest entry payload this group proposes: what the log stores
     /// and one transport message carries. Larger requests are refused
     /// before they are proposed (`ProposeError::TooLarge`).
@@ -199,6 +210,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
             r.check_stored_entries(MissingFound::Open);
         }
+        r.resume_staged();
         Ok(r)
     }
 
@@ -249,7 +261,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             next_snapshot_ms: u64::MAX,
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
-            image_job: None,
+            image_reads: Vec::new(),
+            keep_from_by_snapshot: BTreeMap::new(),
+            staged: None,
+            stage_job: None,
+            unstage_job: None,
             tap: None,
             planted: None,
             planted_workload: None,
@@ -281,7 +297,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // cover entries this state never applied.
         assert!(self.applied <= self.raft.applied_index());
         let (commit_in, applied_in) = (self.raft.commit_index(), self.applied);
-        self.poll_image();
+        self.poll_image_reads();
+        self.poll_stage();
         // Reporting durability to Raft (in `pump`) can commit entries: on
         // a leader whose own fsync completes after a follower's ack. They
         // are applied and answered in another round now, not at the loop's
@@ -318,8 +335,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 break;
             }
             out.extend(rd.messages);
-            let snapshot = rd.snapshot.as_ref().map(|s| (s, &rd.snapshot_entries[..]));
-            let written = match self.write(snapshot, rd.truncate_from, &rd.entries, rd.hard_state) {
+            let written = match self.write(
+                rd.snapshot.as_ref(),
+                rd.truncate_from,
+                &rd.entries,
+                rd.hard_state,
+            ) {
                 Ok(t) => t,
                 Err(e) => {
                     self.stop(format!("{e}"));
@@ -370,8 +391,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 self.raft.applied(self.applied);
             }
             self.snapshot_due |= rd.snapshot_wanted;
-            if let Some(index) = rd.snapshot_entries_wanted {
-                self.build_snapshot_image(index);
+            for read in rd.image_reads {
+                self.read_image_chunk(read);
+            }
+            if let Some(chunk) = rd.image_chunk {
+                self.stage_image_chunk(chunk);
             }
         }
         if !self.tails.is_empty() {
@@ -388,7 +412,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     fn write(
         &mut self,
-        snapshot: Option<(&crate::consensus::Snapshot, &[Entry])>,
+        snapshot: Option<&crate::consensus::Snapshot>,
         truncate_from: Option<Index>,
         entries: &[Entry],
         hard_state: Option<crate::consensus::HardState>,
@@ -396,14 +420,26 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // The highest ticket of the writes queued here (0: none; a
         // snapshot is durable once `install_snapshot` returns).
         let mut ticket = 0;
-        if let Some((s, below)) = snapshot {
+        if let Some(s) = snapshot {
             // A snapshot of our own being written goes to the slot the
             // install writes: wait for it, and drop it (this one is newer).
             if let Some(job) = self.snapshot_job.take() {
                 let _ = job.done.wait();
             }
             self.snapshot_written = None;
-            self.wal.install_snapshot(s, below)?;
+            // The staged image's entries become the log (the leader's
+            // state refers to them).
+            match self.staged.take() {
+                Some(staged) => self.wal.adopt_staged(s, staged)?,
+                None => {
+                    log_warn!(
+                        "group {}: the snapshot at {} installed without a staged image",
+                        self.group,
+                        s.index
+                    );
+                    self.wal.install_snapshot(s, &[])?
+                }
+            }
             self.note(|| Note::Installed {
                 snapshot: s.clone(),
             });

@@ -16,18 +16,40 @@ use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
 use super::tap::{GlueBug, WorkloadBug};
 use super::Replica;
-use crate::consensus::Index;
+use crate::consensus::image::{decode_entries, encode_entries, encoded_entry_bytes, ImageHeader};
+use crate::consensus::{ImageChunk, ImageRead, Index, Term};
+use crate::storage::wal::{discard_staged, StagedImage};
 use crate::storage::{LogDir, WalError};
 
 /// A snapshot written by the helper thread: the snapshot, its bytes, and
 /// the lowest log index its state refers to.
 pub(super) type SnapshotWritten = (crate::consensus::Snapshot, usize, Option<Index>);
 
-/// A snapshot image being read from the segments and encoded on a
-/// helper thread, for a follower behind the trimmed log.
-pub(super) struct ImageJob {
-    index: Index,
+/// A chunk of a snapshot image being read from the segments on a helper
+/// thread, for a follower behind the trimmed log.
+pub(super) struct ImageReadJob {
+    read: ImageRead,
+    total: u64,
     done: Box<dyn Offloaded<Result<Vec<u8>, WalError>>>,
+}
+
+/// Why a chunk was not staged.
+pub(super) enum StageError {
+    /// It is not part of a valid image (it came over the network).
+    Refused(String),
+    /// The disk failed.
+    Failed(WalError),
+}
+
+/// What staging a chunk came to: the staged image (unless it had to go),
+/// and the snapshot's data once the image is complete.
+type Staged<D> = (Option<StagedImage<D>>, Result<Option<Vec<u8>>, StageError>);
+
+/// A chunk of an image from the leader being staged on a helper thread.
+pub(super) struct StageJob<D: LogDir> {
+    index: Index,
+    term: Term,
+    done: Box<dyn Offloaded<Staged<D>>>,
 }
 
 /// A snapshot being encoded and written on a helper thread.
@@ -96,7 +118,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                             .host
                             .offload("quire-free".into(), false, move || drop(old));
                     }
-                    self.set_keep_from(keep_from);
+                    self.set_keep_from(index, keep_from);
                     if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
                         self.stop(format!("{e}"));
                         return;
@@ -165,9 +187,16 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         });
     }
 
-    pub(super) fn set_keep_from(&mut self, keep_from: Option<Index>) {
+    /// The state at the snapshot at `index` refers to the log from
+    /// `keep_from`: kept for the images of this snapshot and of the one
+    /// before it (a follower may still be receiving that one).
+    pub(super) fn set_keep_from(&mut self, index: Index, keep_from: Option<Index>) {
         // Index 0 holds no entry, so 0 can stand for "none".
         self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
+        self.keep_from_by_snapshot.insert(index, keep_from);
+        while self.keep_from_by_snapshot.len() > 2 {
+            self.keep_from_by_snapshot.pop_first();
+        }
     }
 
     /// The lowest log index the state at Raft's snapshot refers to.
@@ -175,81 +204,313 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         Some(self.snapshot_stats.retained_from).filter(|&i| i > 0)
     }
 
-    /// Answers Raft's request for the image of the snapshot at `index`
-    /// (a follower is behind the trimmed log): the entries from
-    /// `keep_from()` to `index` are read from the segments (or taken from
-    /// the copies repaired from peers, `repair`) and
-    /// encoded with the snapshot on a helper thread, so a large backlog
-    /// does not stall the loop; `poll_image` hands the image to Raft.
-    pub(super) fn build_snapshot_image(&mut self, index: Index) {
-        if self.image_job.as_ref().is_some_and(|j| j.index == index) {
+    /// Leader: reads the chunk of a snapshot image Raft asks for (a
+    /// follower is behind the trimmed log). The header and the snapshot's
+    /// data are in memory; entries are read from the segments (or taken
+    /// from the copies repaired from peers) on a helper thread, a chunk's
+    /// worth at a time, so neither the loop nor memory carries the image.
+    pub(super) fn read_image_chunk(&mut self, read: ImageRead) {
+        let chunk_bytes = self.raft.snapshot_chunk_bytes().max(1);
+        let (Some(snap), Some(&keep_from)) = (
+            self.raft.transfer_snapshot(read.index),
+            self.keep_from_by_snapshot.get(&read.index),
+        ) else {
+            self.raft.image_unavailable(read.to, read.index);
+            return;
+        };
+        let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutEntries);
+        let keep_from = keep_from.filter(|_| !leave_out);
+        let header = ImageHeader::new(read.index, snap.data.len() as u64, keep_from);
+        let (total, position) = (header.total(), read.position);
+        if position < header.meta_end() {
+            let end = header.meta_end().min(position + chunk_bytes as u64);
+            let head = header.encode();
+            let mut out = Vec::with_capacity((end - position) as usize);
+            let h = head.len() as u64;
+            if position < h {
+                out.extend_from_slice(&head[position as usize..end.min(h) as usize]);
+            }
+            if end > h {
+                out.extend_from_slice(
+                    &snap.data[(position.max(h) - h) as usize..(end - h) as usize],
+                );
+            }
+            self.snapshot_stats.image_chunks_sent += 1;
+            self.raft
+                .send_image_chunk(read.to, read.index, position, total, out);
             return;
         }
-        let Some(meta) = self.raft.snapshot().filter(|s| s.index == index) else {
-            return; // a newer snapshot since; asked again for that one
+        let Some(first) = header.entry_at(position) else {
+            return; // past the end: a confused follower, dropped
         };
-        let meta = meta.data.clone();
-        let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutEntries);
-        let located = match self.keep_from().filter(|_| !leave_out) {
-            None => Ok(None),
-            Some(from) => self
+        let located =
+            match self
                 .wal
-                .locate_with_repaired(from, index)
-                .map(|l| Some((from, l))),
-        };
-        let located = match located {
-            Ok(l) => l,
-            Err(e) => {
-                log_warn!(
-                    "group {}: locating the entries for a snapshot at {index}: {e}",
-                    self.group
-                );
-                return;
-            }
-        };
+                .locate_with_repaired_bytes(first, read.index, chunk_bytes as u64)
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    log_warn!(
+                        "group {}: locating entry {first} for an image of the snapshot at {}: {e}",
+                        self.group,
+                        read.index
+                    );
+                    self.raft.image_unavailable(read.to, read.index);
+                    return;
+                }
+            };
         let name = format!("quire-image-g{}", self.group);
         let dir = self.wal.dir().clone();
+        let last = read.index;
         let offloaded = self.host.offload(name, true, move || {
-            let entries = match &located {
-                None => Ok(Vec::new()),
-                Some((from, l)) => l.read(&dir, *from, index).and_then(|es| {
-                    if es.len() as u64 == index + 1 - from {
-                        Ok(es)
-                    } else {
-                        Err(WalError::Invalid(format!(
-                            "{} of the entries {from}..={index} read",
-                            es.len()
-                        )))
-                    }
-                }),
-            };
-            entries.map(|es| crate::consensus::encode_image(&meta, &es))
+            let entries = located.read(&dir, first, last)?;
+            if entries.first().map(|e| e.index) != Some(first) {
+                return Err(WalError::Invalid(format!("entry {first} not read")));
+            }
+            // Whole entries up to a chunk, at least one.
+            let mut bytes = 0;
+            let fit = entries
+                .iter()
+                .take_while(|e| {
+                    bytes += encoded_entry_bytes(e);
+                    bytes <= chunk_bytes
+                })
+                .count()
+                .max(1);
+            let mut out = Vec::with_capacity(bytes.min(chunk_bytes));
+            encode_entries(&entries[..fit], &mut out);
+            Ok(out)
         });
         if let Ok(done) = offloaded {
-            self.image_job = Some(ImageJob { index, done });
+            // One read per follower: a newer ask replaces an older one.
+            self.image_reads.retain(|j| j.read.to != read.to);
+            self.image_reads.push(ImageReadJob { read, total, done });
         }
     }
 
-    /// Hands a finished snapshot image to Raft (which drops it if its
-    /// snapshot changed meanwhile, and asks again).
-    pub(super) fn poll_image(&mut self) {
-        let Some(job) = &mut self.image_job else {
-            return;
-        };
-        let index = job.index;
-        match job.done.try_take() {
-            JobState::Running => {}
-            JobState::Lost => self.image_job = None,
-            JobState::Done(r) => {
-                self.image_job = None;
-                match r {
-                    Ok(image) => self.raft.set_snapshot_image(index, image),
-                    Err(e) => log_warn!(
-                        "group {}: reading the entries for a snapshot at {index}: {e}",
-                        self.group
-                    ),
+    /// Hands finished image chunks to Raft to send.
+    pub(super) fn poll_image_reads(&mut self) {
+        let mut i = 0;
+        while i < self.image_reads.len() {
+            let job = &mut self.image_reads[i];
+            let (read, total) = (job.read, job.total);
+            match job.done.try_take() {
+                JobState::Running => i += 1,
+                JobState::Lost => drop(self.image_reads.swap_remove(i)),
+                JobState::Done(r) => {
+                    self.image_reads.swap_remove(i);
+                    match r {
+                        Ok(chunk) => {
+                            self.snapshot_stats.image_chunks_sent += 1;
+                            self.raft.send_image_chunk(
+                                read.to,
+                                read.index,
+                                read.position,
+                                total,
+                                chunk,
+                            );
+                        }
+                        Err(e) => {
+                            log_warn!(
+                                "group {}: reading an image of the snapshot at {} at position {}: {e}",
+                                self.group,
+                                read.index,
+                                read.position
+                            );
+                            self.raft.image_unavailable(read.to, read.index);
+                        }
+                    }
                 }
             }
         }
     }
+
+    /// Follower: stages a chunk of an image from the leader on a helper
+    /// thread: header and state bytes to `staged.meta`, entries as a batch
+    /// of a staged segment, durable before Raft acknowledges it.
+    pub(super) fn stage_image_chunk(&mut self, chunk: ImageChunk) {
+        let (index, term) = (chunk.snapshot.index, chunk.snapshot.term);
+        let same = |s: &StagedImage<D>| {
+            (s.head.index, s.head.term, s.head.total) == (index, term, chunk.total)
+                && chunk.offset > 0
+        };
+        let staged = self.staged.take().filter(same);
+        if let Some(unstaging) = self.unstage_job.take() {
+            // Its unlinks must not catch the files staged next.
+            let _ = unstaging.wait();
+        }
+        let dir = self.wal.dir().clone();
+        let numbers = self.wal.staged_numbers();
+        let segment_bytes = self.wal.segment_bytes();
+        let name = format!("quire-stage-g{}", self.group);
+        let offloaded = self.host.offload(name, false, move || {
+            let begun = match staged {
+                Some(s) => Ok(s),
+                None => {
+                    StagedImage::begin(dir, &chunk.snapshot, chunk.total, numbers, segment_bytes)
+                }
+            };
+            let mut st = match begun {
+                Ok(s) => s,
+                Err(e) => return (None, Err(StageError::Failed(e))),
+            };
+            let r = stage_chunk(&mut st, &chunk);
+            (Some(st), r)
+        });
+        match offloaded {
+            Ok(done) => self.stage_job = Some(StageJob { index, term, done }),
+            Err(_) => self.raft.image_abandon(),
+        }
+    }
+
+    /// Reports a staged chunk to Raft (which acknowledges it, or installs
+    /// the snapshot once the image is complete); drops a staged image the
+    /// log caught up past (a new leader's appends).
+    pub(super) fn poll_stage(&mut self) {
+        if let Some(job) = &mut self.stage_job {
+            let (index, term) = (job.index, job.term);
+            let (staged, result) = match job.done.try_take() {
+                JobState::Running => return,
+                JobState::Lost => (
+                    None,
+                    Err(StageError::Failed(WalError::Invalid("lost".into()))),
+                ),
+                JobState::Done(r) => r,
+            };
+            self.stage_job = None;
+            match result {
+                Ok(whole) => {
+                    let held = staged.as_ref().map_or(0, |s| s.head.held);
+                    self.staged = staged;
+                    self.snapshot_stats.image_chunks_staged += 1;
+                    self.raft.image_stored(index, term, held, whole);
+                }
+                Err(e) => {
+                    let why = match &e {
+                        StageError::Refused(why) => why.clone(),
+                        StageError::Failed(e) => e.to_string(),
+                    };
+                    log_warn!(
+                        "group {}: staging an image of the snapshot at {index}: {why}",
+                        self.group
+                    );
+                    drop(staged);
+                    self.discard_staged();
+                    match e {
+                        StageError::Refused(_) => self.raft.image_refused(index, term),
+                        StageError::Failed(_) => self.raft.image_abandon(),
+                    }
+                }
+            }
+            return;
+        }
+        let passed = self
+            .staged
+            .as_ref()
+            .is_some_and(|s| s.head.index <= self.raft.commit_index());
+        if passed {
+            self.staged = None;
+            self.discard_staged();
+            self.raft.image_abandon();
+        }
+    }
+
+    /// Removes the staged files, on a helper thread (gigabytes to unlink).
+    pub(super) fn discard_staged(&mut self) {
+        let dir = self.wal.dir().clone();
+        let name = format!("quire-unstage-g{}", self.group);
+        if let Some(unstaging) = self.unstage_job.take() {
+            let _ = unstaging.wait();
+        }
+        match self.host.offload(name, false, move || discard_staged(&dir)) {
+            Ok(job) => self.unstage_job = Some(job),
+            Err(_) => {
+                let _ = discard_staged(self.wal.dir());
+            }
+        }
+    }
+
+    /// At start: an image staged before a restart goes on where it was.
+    pub(crate) fn resume_staged(&mut self) {
+        let dir = self.wal.dir().clone();
+        let staged = match StagedImage::resume(dir, self.wal.segment_bytes()) {
+            Ok(s) => s,
+            Err(e) => {
+                log_warn!("group {}: reading a staged image: {e}", self.group);
+                None
+            }
+        };
+        let Some(st) = staged else {
+            return;
+        };
+        let h = &st.head;
+        let snapshot = crate::consensus::Snapshot {
+            index: h.index,
+            term: h.term,
+            membership: h.membership.clone(),
+            data: Vec::new(),
+        };
+        self.raft.resume_image(snapshot, h.total, h.held);
+        if self.raft.image_receiving().is_some() {
+            self.snapshot_stats.images_resumed += 1;
+            self.staged = Some(st);
+        } else {
+            drop(st);
+            self.discard_staged();
+        }
+    }
+}
+
+/// Stages one chunk into `st`: `Ok(Some(data))` once the image is whole.
+fn stage_chunk<D: LogDir>(
+    st: &mut StagedImage<D>,
+    chunk: &ImageChunk,
+) -> Result<Option<Vec<u8>>, StageError> {
+    let refuse = |why: &str| Err(StageError::Refused(why.to_string()));
+    let (offset, data) = (chunk.offset, &chunk.snapshot.data);
+    if offset != st.head.held {
+        return refuse("a chunk out of order");
+    }
+    let index = st.head.index;
+    let header = ImageHeader::decode(&st.meta, index);
+    let in_meta = header.is_none_or(|h| offset < h.meta_end());
+    if in_meta {
+        let len = data.len() as u64;
+        let after = st.meta.len() as u64 + len;
+        let header = header.or_else(|| {
+            let mut head = st.meta.clone();
+            head.extend_from_slice(
+                data.get(..36usize.saturating_sub(st.meta.len()))
+                    .unwrap_or(data),
+            );
+            ImageHeader::decode(&head, index)
+        });
+        let fits = match header {
+            Some(h) => after <= h.meta_end() && h.total() == st.head.total,
+            None => after < crate::consensus::image::IMAGE_HEADER_BYTES,
+        };
+        if len == 0 || !fits {
+            return refuse("a header or state chunk that does not fit the image");
+        }
+        st.add_meta(data, offset + len)
+            .map_err(StageError::Failed)?;
+    } else {
+        let h = header.expect("checked above");
+        let Some(first) = h.entry_at(offset) else {
+            return refuse("entries past the image's end");
+        };
+        let Some(entries) = decode_entries(data, first, index) else {
+            return refuse("a chunk of entries that does not decode");
+        };
+        let held = offset + entries.len() as u64;
+        st.add_entries(first, &entries, held)
+            .map_err(StageError::Failed)?;
+    }
+    if !st.complete() {
+        return Ok(None);
+    }
+    let h = ImageHeader::decode(&st.meta, index).expect("a complete image has its header");
+    Ok(Some(
+        st.meta[h.meta_end() as usize - h.data_len as usize..].to_vec(),
+    ))
 }

@@ -67,16 +67,30 @@ impl<D: LogDir> Wal<D> {
     /// a segment's batch: the batches to read, and the repaired copies
     /// (shared, not copied) to merge with what they hold.
     pub fn locate_with_repaired(&self, lo: Index, hi: Index) -> Result<LocatedRange, WalError> {
+        self.locate_with_repaired_bytes(lo, hi, u64::MAX)
+    }
+
+    /// [`Wal::locate_with_repaired`], stopping once the batches located
+    /// hold `bytes_max` bytes on disk (at least one entry is located).
+    pub fn locate_with_repaired_bytes(
+        &self,
+        lo: Index,
+        hi: Index,
+        bytes_max: u64,
+    ) -> Result<LocatedRange, WalError> {
         if hi > self.durable.0 {
             return Err(WalError::Invalid(format!("index {hi} is not durable")));
         }
         let mut out = LocatedRange::default();
         let mut i = lo;
-        while i <= hi {
+        let mut bytes = 0u64;
+        while i <= hi && bytes < bytes_max {
             if let Some(loc) = self.batch_at(i) {
                 out.batches.push((segment_name(loc.segment), loc));
                 i = loc.first_index + loc.count;
+                bytes += loc.disk_bytes;
             } else if let Some(e) = self.repaired.get(i) {
+                bytes += e.size_bytes() as u64 + 32;
                 out.repaired.push(e.clone());
                 i += 1;
             } else {

@@ -194,16 +194,7 @@ impl<D: LogDir> Wal<D> {
         }
         self.check_entry_sizes(below)?;
         self.sync()?;
-        // Every old segment goes; a fresh one starts the new log.
-        if let Some((id, job)) = self.spare.take() {
-            let _ = self.worker.wait(job);
-            let _ = self.dir.remove(&segment_name(id));
-        }
-        for id in std::mem::take(&mut self.ready_spares) {
-            let _ = self.dir.remove(&segment_name(id));
-        }
-        self.recycled_spares.clear();
-        let old: Vec<u64> = self.segments.keys().copied().collect();
+        let old = self.clear_for_install();
         // Past every existing file, spares preallocated earlier included.
         let next = old.last().map_or(self.active, |&m| m.max(self.active)) + 1;
         if !below.is_empty() {
@@ -247,6 +238,30 @@ impl<D: LogDir> Wal<D> {
             }
             self.sync()?;
         }
+        self.finish_install(snap, old)
+    }
+
+    /// Before an install: drops the spares (a fresh segment, or staged
+    /// ones, start the new log) and returns the old segments.
+    pub(super) fn clear_for_install(&mut self) -> Vec<u64> {
+        if let Some((id, job)) = self.spare.take() {
+            let _ = self.worker.wait(job);
+            let _ = self.dir.remove(&segment_name(id));
+        }
+        for id in std::mem::take(&mut self.ready_spares) {
+            let _ = self.dir.remove(&segment_name(id));
+        }
+        self.recycled_spares.clear();
+        self.segments.keys().copied().collect()
+    }
+
+    /// The end of an install, its new segments durable: records the
+    /// snapshot, then removes the `old` segments.
+    pub(super) fn finish_install(
+        &mut self,
+        snap: &Snapshot,
+        old: Vec<u64>,
+    ) -> Result<(), WalError> {
         self.store_snapshot(snap)?;
         // Only now, with the snapshot recorded: a crash before it leaves
         // the old snapshot in force, which needs its repaired copies.
