@@ -242,7 +242,47 @@ fn metrics_text_with(
             |w| w.entries_repaired,
         ),
     ];
-    let snapshot_gauges: [SnapshotGauge; 7] = [
+    let snapshot_gauges: [SnapshotGauge; 12] = [
+        (
+            gauge(
+                &mut reg,
+                "snapshots_installed",
+                "Snapshots installed from a leader, their images adopted as the log",
+            ),
+            |s| s.installed,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_image_chunks_sent",
+                "Leader: chunks of snapshot images read from the segments and sent to followers",
+            ),
+            |s| s.image_chunks_sent,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_image_chunks_staged",
+                "Follower: chunks of snapshot images written durably to the staged segments",
+            ),
+            |s| s.image_chunks_staged,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_images_resumed",
+                "Follower: staged snapshot images taken up again after a restart",
+            ),
+            |s| s.images_resumed,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "snapshot_image_held_ratio_permille",
+                "Follower: how much of the snapshot image being staged is held, per mille; 0 when none",
+            ),
+            |s| (s.image_held * 1000).checked_div(s.image_total).unwrap_or(0),
+        ),
         (
             gauge(&mut reg, "snapshots_taken", "Snapshots written and adopted"),
             |s| s.taken,
@@ -686,6 +726,20 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
                 "failed": g.snapshot.failed,
                 "retained_from": g.snapshot.retained_from,
                 "unreadable_entries": g.snapshot.unreadable_entries,
+                "installed": g.snapshot.installed,
+                "image_chunks_sent": g.snapshot.image_chunks_sent,
+                "image_chunks_staged": g.snapshot.image_chunks_staged,
+                "images_resumed": g.snapshot.images_resumed,
+                "image_resumed_at": g.snapshot.image_resumed_at,
+                "image": if g.snapshot.image_index == 0 {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::json!({
+                        "index": g.snapshot.image_index,
+                        "held": g.snapshot.image_held,
+                        "total": g.snapshot.image_total,
+                    })
+                },
             },
             "scrub": {
                 "bytes_per_s": g.scrub.bytes_per_s,

@@ -301,4 +301,15 @@ pub struct SnapshotStats {
     pub image_chunks_staged: u64,
     /// Follower: staged images taken up again after a restart.
     pub images_resumed: u64,
+    /// Follower: where the last staged image taken up again stood, in
+    /// image positions.
+    pub image_resumed_at: u64,
+    /// Snapshots installed from a leader (their images adopted).
+    pub installed: u64,
+    /// Follower: the snapshot whose image is being staged (0: none).
+    pub image_index: Index,
+    /// Its positions held durably, and its length.
+    pub image_held: u64,
+    /// See `image_held`.
+    pub image_total: u64,
 }

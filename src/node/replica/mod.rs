@@ -559,7 +559,14 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             learners: self.raft.membership().learners.iter().copied().collect(),
             disk: self.disk_state(),
             backend: self.wal.backend_name(),
-            snapshot: self.snapshot_stats,
+            snapshot: {
+                let mut s = self.snapshot_stats;
+                s.installed = self.raft.stats().snapshots_installed;
+                if let Some((snap, total, held)) = self.raft.image_receiving() {
+                    (s.image_index, s.image_held, s.image_total) = (snap.index, held, total);
+                }
+                s
+            },
             repair: self.repair_stats(),
             scrub: self.scrub_stats(),
             waiting_reads: self.waiting_reads(),

@@ -453,6 +453,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.raft.resume_image(snapshot, h.total, h.held);
         if self.raft.image_receiving().is_some() {
             self.snapshot_stats.images_resumed += 1;
+            self.snapshot_stats.image_resumed_at = st.head.held;
             self.staged = Some(st);
         } else {
             drop(st);

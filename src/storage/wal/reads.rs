@@ -6,7 +6,7 @@
 use super::*;
 use crate::consensus::{Entry, Index};
 use crate::io::{AlignedBuf, IoCompletion, IoOp, IoRequest};
-use crate::storage::format::{align_up, decode_batch};
+use crate::storage::format::{align_up, decode_batch, BLOCK_BYTES};
 use crate::storage::recovery::BatchLocation;
 
 impl<D: LogDir> Wal<D> {
@@ -70,8 +70,11 @@ impl<D: LogDir> Wal<D> {
         self.locate_with_repaired_bytes(lo, hi, u64::MAX)
     }
 
-    /// [`Wal::locate_with_repaired`], stopping once the batches located
-    /// hold `bytes_max` bytes on disk (at least one entry is located).
+    /// [`Wal::locate_with_repaired`], stopping once the entries located
+    /// hold at least `bytes_max` bytes (at least one entry is located),
+    /// or the batches four times that on disk: a batch's padding (up to a
+    /// block) counts for nothing, so small batches do not make a chunk of
+    /// one entry each.
     pub fn locate_with_repaired_bytes(
         &self,
         lo: Index,
@@ -83,12 +86,13 @@ impl<D: LogDir> Wal<D> {
         }
         let mut out = LocatedRange::default();
         let mut i = lo;
-        let mut bytes = 0u64;
-        while i <= hi && bytes < bytes_max {
+        let (mut bytes, mut disk_bytes) = (0u64, 0u64);
+        while i <= hi && bytes < bytes_max && disk_bytes < bytes_max.saturating_mul(4) {
             if let Some(loc) = self.batch_at(i) {
                 out.batches.push((segment_name(loc.segment), loc));
                 i = loc.first_index + loc.count;
-                bytes += loc.disk_bytes;
+                bytes += loc.disk_bytes.saturating_sub(BLOCK_BYTES as u64);
+                disk_bytes += loc.disk_bytes;
             } else if let Some(e) = self.repaired.get(i) {
                 bytes += e.size_bytes() as u64 + 32;
                 out.repaired.push(e.clone());
