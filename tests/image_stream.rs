@@ -171,6 +171,22 @@ fn a_follower_catches_up_on_a_2_gib_image_in_bounded_memory_and_resumes_a_cut_tr
         s["image"]["held"].as_u64().unwrap(),
         s["image"]["total"].as_u64().unwrap(),
     );
+    // What the operator sees meanwhile.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args([
+            "status",
+            "--addr",
+            &procs.nodes[&follower].client.to_string(),
+        ])
+        .arg("--token-file")
+        .arg(procs.dir.join("client.token"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("group 0 catching up: snapshot image at"),
+        "{text}"
+    );
     procs.signal(follower, libc::SIGKILL);
     procs.wait(follower);
     procs.start(follower).unwrap();

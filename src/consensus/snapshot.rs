@@ -230,6 +230,11 @@ impl Raft {
         }
     }
 
+    /// Whether snapshots sent are images (`RaftConfig::snapshot_with_entries`).
+    pub fn snapshot_with_entries(&self) -> bool {
+        self.cfg.snapshot_with_entries
+    }
+
     /// Bytes per InstallSnapshot chunk (`RaftConfig::snapshot_chunk_bytes`).
     pub fn snapshot_chunk_bytes(&self) -> usize {
         self.cfg.snapshot_chunk_bytes
@@ -303,10 +308,18 @@ impl Raft {
     }
 
     /// Follower, after a restart: the caller holds `held` positions of
-    /// the image of `snapshot` (data left out), `total` long, staged
-    /// before: a transfer of it goes on from there.
+    /// the image of `snapshot`, `total` long, staged before: a transfer
+    /// of it goes on from there. A whole one (`held == total`, with the
+    /// snapshot's data) is installed at once, as its last chunk would
+    /// have been: a leader of its term sent it, and it covers only
+    /// committed entries.
     pub fn resume_image(&mut self, snapshot: Snapshot, total: u64, held: u64) {
-        if held >= total || snapshot.index <= self.log.commit {
+        let (index, term) = (snapshot.index, snapshot.term);
+        if held > total || index <= self.log.commit || self.log.matches(index, term) {
+            return;
+        }
+        if held == total {
+            self.install_snapshot_state(snapshot);
             return;
         }
         self.image_receiving = Some(ImageReceiving {
@@ -574,16 +587,22 @@ impl Raft {
     /// Replaces the log with a whole snapshot received from the leader.
     fn install_snapshot(&mut self, from: NodeId, snapshot: Snapshot) {
         let index = snapshot.index;
+        self.install_snapshot_state(snapshot);
+        self.send(
+            from,
+            Body::AppendResponse(AppendResult::Accepted { match_index: index }),
+        );
+    }
+
+    /// Replaces the log with `snapshot`, for the caller to persist.
+    fn install_snapshot_state(&mut self, snapshot: Snapshot) {
+        let index = snapshot.index;
         self.log.reset_to_snapshot(index, snapshot.term);
         self.memberships.clear();
         self.memberships.insert(index, snapshot.membership.clone());
         self.snapshot = Some(snapshot.clone());
         self.pending_snapshot_install = Some(snapshot);
         self.stats.snapshots_installed += 1;
-        self.send(
-            from,
-            Body::AppendResponse(AppendResult::Accepted { match_index: index }),
-        );
     }
 }
 
@@ -591,6 +610,59 @@ impl Raft {
 mod tests {
     use super::*;
     use crate::consensus::{Entry, Membership, Message, Payload, RaftConfig};
+
+    /// A follower restarted with an image staged: a whole one is
+    /// installed at once; a partial one goes on where it was, the
+    /// leader's first chunk answered with the position held.
+    #[test]
+    fn an_image_staged_before_a_restart_is_installed_whole_or_resumed() {
+        let mut cfg = RaftConfig::new(3, vec![1, 2, 3]);
+        cfg.snapshot_with_entries = true;
+        let snap = Snapshot {
+            index: 9,
+            term: 2,
+            membership: Membership::with_voters([1, 2, 3]),
+            data: b"state".to_vec(),
+        };
+        let mut whole = Raft::new(cfg.clone(), 7, 0).unwrap();
+        whole.resume_image(snap.clone(), 50, 50);
+        assert_eq!(whole.ready().snapshot, Some(snap.clone()));
+        assert_eq!(whole.stats().snapshots_installed, 1);
+
+        let mut partial = Raft::new(cfg, 7, 0).unwrap();
+        let meta = Snapshot {
+            data: Vec::new(),
+            ..snap
+        };
+        partial.resume_image(meta.clone(), 50, 20);
+        let receiving = partial.image_receiving().map(|(s, t, h)| (s.index, t, h));
+        assert_eq!(receiving, Some((9, 50, 20)));
+        let chunk = Body::InstallSnapshot {
+            snapshot: meta,
+            offset: 0,
+            total: 50,
+        };
+        let msg = Message {
+            from: 1,
+            to: 3,
+            term: 2,
+            body: chunk,
+        };
+        partial.step(1, msg);
+        let rd = partial.ready();
+        assert!(rd.image_chunk.is_none(), "nothing staged again");
+        assert!(rd.snapshot.is_none());
+        // After the new term is persisted, with the rest.
+        let sent = rd.messages.iter().chain(&rd.messages_after_persist);
+        let acks: Vec<&Body> = sent.map(|m| &m.body).collect();
+        assert!(
+            acks.contains(&&Body::SnapshotAck {
+                index: 9,
+                received: 20
+            }),
+            "{acks:?}"
+        );
+    }
 
     /// Appends that overtake a snapshot's chunks (the network reorders)
     /// can commit the follower past the snapshot before its last chunk

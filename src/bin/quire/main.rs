@@ -753,6 +753,30 @@ fn status(t: &Target, json: bool) -> Result<(usize, usize), String> {
     Ok((unreachable, alarms))
 }
 
+/// A snapshot image a follower is staging, as a line of `quire status`
+/// (a follower catching up on gigabytes takes a while: this says how far).
+fn image_progress(g: &serde_json::Value) -> Option<String> {
+    let s = &g["snapshot"];
+    let image = s["image"].as_object()?;
+    let n = |k: &str| {
+        image
+            .get(k)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    let resumed = match s["images_resumed"].as_u64() {
+        Some(r) if r > 0 => format!(", resumed at {}", s["image_resumed_at"]),
+        _ => String::new(),
+    };
+    Some(format!(
+        "catching up: snapshot image at {} staged {:.1}% ({} of {} positions{resumed})",
+        n("index"),
+        n("held") as f64 * 100.0 / n("total").max(1) as f64,
+        n("held"),
+        n("total")
+    ))
+}
+
 /// One group's scrub and repair, as a line of `quire status`.
 fn log_health(g: &serde_json::Value) -> String {
     let s = &g["scrub"];
@@ -807,6 +831,9 @@ fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
     }
     for g in v["groups"].as_array().into_iter().flatten() {
         say!("  group {} log: {}", g["group"], log_health(g));
+        if let Some(line) = image_progress(g) {
+            say!("  group {} {line}", g["group"]);
+        }
     }
     let peer_status = |peer: &serde_json::Value| {
         v["peers"]

@@ -159,8 +159,6 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     staged: Option<crate::storage::wal::StagedImage<D>>,
     /// Follower: a chunk being staged (it holds the staged image).
     stage_job: Option<StageJob<D>>,
-    /// Staged files being removed.
-    unstage_job: Option<Box<dyn super::host::Offloaded<Result<(), WalError>>>>,
     /// The largest entry payload this group proposes: what the log stores
     /// and one transport message carries. Larger requests are refused
     /// before they are proposed (`ProposeError::TooLarge`).
@@ -265,7 +263,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             keep_from_by_snapshot: BTreeMap::new(),
             staged: None,
             stage_job: None,
-            unstage_job: None,
+
             tap: None,
             planted: None,
             planted_workload: None,
@@ -307,6 +305,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         if self.stopped.is_some() {
             return;
         }
+        self.drop_overtaken_stage();
         self.drive_repair(now_ms, out);
         self.drive_scrub(now_ms);
         if self.stopped.is_some() {
@@ -429,14 +428,27 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             self.snapshot_written = None;
             // The staged image's entries become the log (the leader's
             // state refers to them).
-            match self.staged.take() {
-                Some(staged) => self.wal.adopt_staged(s, staged)?,
-                None => {
-                    log_warn!(
-                        "group {}: the snapshot at {} installed without a staged image",
-                        self.group,
-                        s.index
-                    );
+            let staged = self.staged.take();
+            let usable = staged.as_ref().map(|st| self.wal.check_staged(s, st));
+            match (staged, usable) {
+                (Some(staged), Some(Ok(()))) => self.wal.adopt_staged(s, staged)?,
+                (staged, why) => {
+                    // Raft installs only what was staged whole: a bug, or
+                    // a log that grew into the staged numbers. The entries
+                    // the state refers to are then missing, and repaired
+                    // from peers like any (`check_stored_entries`).
+                    if self.raft.snapshot_with_entries() {
+                        let why = why.and_then(Result::err).unwrap_or("none staged".into());
+                        log_warn!(
+                            "group {}: the snapshot at {} installed without its staged image ({why})",
+                            self.group,
+                            s.index
+                        );
+                    }
+                    if staged.is_some() {
+                        drop(staged);
+                        self.discard_staged();
+                    }
                     self.wal.install_snapshot(s, &[])?
                 }
             }

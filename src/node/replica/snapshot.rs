@@ -16,9 +16,11 @@ use super::super::host::{Host, JobState, Offloaded};
 use super::super::log::log_warn;
 use super::tap::{GlueBug, WorkloadBug};
 use super::Replica;
-use crate::consensus::image::{decode_entries, encode_entries, encoded_entry_bytes, ImageHeader};
+use crate::consensus::image::{
+    decode_entries, encode_entries, encoded_entry_bytes, ImageHeader, IMAGE_HEADER_BYTES,
+};
 use crate::consensus::{ImageChunk, ImageRead, Index, Term};
-use crate::storage::wal::{discard_staged, StagedImage};
+use crate::storage::wal::{drop_staged, remove_dropped, StagedImage};
 use crate::storage::{LogDir, WalError};
 
 /// A snapshot written by the helper thread: the snapshot, its bytes, and
@@ -119,7 +121,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                             .offload("quire-free".into(), false, move || drop(old));
                     }
                     self.set_keep_from(index, keep_from);
-                    if let Err(e) = self.wal.adopt_snapshot(index, term, keep_from) {
+                    // Segments a follower's image still reads stay too.
+                    let trim_keep = self.keep_from_for_transfers();
+                    if let Err(e) = self.wal.adopt_snapshot(index, term, trim_keep) {
                         self.stop(format!("{e}"));
                         return;
                     }
@@ -188,15 +192,28 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     }
 
     /// The state at the snapshot at `index` refers to the log from
-    /// `keep_from`: kept for the images of this snapshot and of the one
-    /// before it (a follower may still be receiving that one).
+    /// `keep_from`: kept for the images of this snapshot and of any
+    /// replaced one a follower is still receiving (Raft keeps that
+    /// transfer going rather than start over with each new snapshot).
     pub(super) fn set_keep_from(&mut self, index: Index, keep_from: Option<Index>) {
         // Index 0 holds no entry, so 0 can stand for "none".
         self.snapshot_stats.retained_from = keep_from.unwrap_or(0);
         self.keep_from_by_snapshot.insert(index, keep_from);
-        while self.keep_from_by_snapshot.len() > 2 {
-            self.keep_from_by_snapshot.pop_first();
+        let gone: Vec<Index> = self
+            .keep_from_by_snapshot
+            .keys()
+            .copied()
+            .filter(|&i| i != index && self.raft.transfer_snapshot(i).is_none())
+            .collect();
+        for i in gone {
+            self.keep_from_by_snapshot.remove(&i);
         }
+    }
+
+    /// The lowest log index an image still to be sent refers to: the
+    /// current snapshot's, or a replaced one's still being received.
+    fn keep_from_for_transfers(&self) -> Option<Index> {
+        self.keep_from_by_snapshot.values().flatten().copied().min()
     }
 
     /// The lowest log index the state at Raft's snapshot refers to.
@@ -335,10 +352,6 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 && chunk.offset > 0
         };
         let staged = self.staged.take().filter(same);
-        if let Some(unstaging) = self.unstage_job.take() {
-            // Its unlinks must not catch the files staged next.
-            let _ = unstaging.wait();
-        }
         let dir = self.wal.dir().clone();
         let numbers = self.wal.staged_numbers();
         let segment_bytes = self.wal.segment_bytes();
@@ -364,8 +377,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     }
 
     /// Reports a staged chunk to Raft (which acknowledges it, or installs
-    /// the snapshot once the image is complete); drops a staged image the
-    /// log caught up past (a new leader's appends).
+    /// the snapshot once the image is complete).
     pub(super) fn poll_stage(&mut self) {
         if let Some(job) = &mut self.stage_job {
             let (index, term) = (job.index, job.term);
@@ -402,32 +414,43 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     }
                 }
             }
-            return;
         }
+    }
+
+    /// Drops a staged image the log caught up past (a new leader's
+    /// appends): run after the Ready loop, which adopts one Raft just
+    /// installed (its commit is then past it too).
+    pub(super) fn drop_overtaken_stage(&mut self) {
         let passed = self
             .staged
             .as_ref()
             .is_some_and(|s| s.head.index <= self.raft.commit_index());
-        if passed {
+        if passed && self.stage_job.is_none() {
             self.staged = None;
             self.discard_staged();
             self.raft.image_abandon();
         }
     }
 
-    /// Removes the staged files, on a helper thread (gigabytes to unlink).
+    /// Drops the staged image: its files are renamed aside at once
+    /// (the next image staged is never caught by their removal) and
+    /// unlinked on a helper thread (gigabytes to unlink).
     pub(super) fn discard_staged(&mut self) {
+        let dropped = match drop_staged(self.wal.dir()) {
+            Ok(d) => d,
+            Err(e) => {
+                log_warn!("group {}: dropping a staged image: {e}", self.group);
+                return;
+            }
+        };
+        if dropped.is_empty() {
+            return;
+        }
         let dir = self.wal.dir().clone();
         let name = format!("quire-unstage-g{}", self.group);
-        if let Some(unstaging) = self.unstage_job.take() {
-            let _ = unstaging.wait();
-        }
-        match self.host.offload(name, false, move || discard_staged(&dir)) {
-            Ok(job) => self.unstage_job = Some(job),
-            Err(_) => {
-                let _ = discard_staged(self.wal.dir());
-            }
-        }
+        let job = move || remove_dropped(&dir, &dropped);
+        // Without a thread it is left for the next image's start.
+        let _ = self.host.offload(name, true, job);
     }
 
     /// At start: an image staged before a restart goes on where it was.
@@ -443,15 +466,26 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let Some(st) = staged else {
             return;
         };
+        let mut st = st;
+        let whole = st.complete();
+        let data = if whole {
+            // The state, after the header (a whole image has one).
+            let mut meta = std::mem::take(&mut st.meta);
+            meta.drain(..(IMAGE_HEADER_BYTES as usize).min(meta.len()));
+            meta
+        } else {
+            Vec::new()
+        };
         let h = &st.head;
         let snapshot = crate::consensus::Snapshot {
             index: h.index,
             term: h.term,
             membership: h.membership.clone(),
-            data: Vec::new(),
+            data,
         };
         self.raft.resume_image(snapshot, h.total, h.held);
-        if self.raft.image_receiving().is_some() {
+        let installing = whole && self.raft.snapshot().is_some_and(|s| s.index == h.index);
+        if installing || self.raft.image_receiving().is_some() {
             self.snapshot_stats.images_resumed += 1;
             self.snapshot_stats.image_resumed_at = st.head.held;
             self.staged = Some(st);
@@ -472,6 +506,9 @@ fn stage_chunk<D: LogDir>(
     if offset != st.head.held {
         return refuse("a chunk out of order");
     }
+    if st.head.total < IMAGE_HEADER_BYTES {
+        return refuse("an image shorter than its header");
+    }
     let index = st.head.index;
     let header = ImageHeader::decode(&st.meta, index);
     let in_meta = header.is_none_or(|h| offset < h.meta_end());
@@ -488,7 +525,7 @@ fn stage_chunk<D: LogDir>(
         });
         let fits = match header {
             Some(h) => after <= h.meta_end() && h.total() == st.head.total,
-            None => after < crate::consensus::image::IMAGE_HEADER_BYTES,
+            None => after < IMAGE_HEADER_BYTES,
         };
         if len == 0 || !fits {
             return refuse("a header or state chunk that does not fit the image");
@@ -510,8 +547,9 @@ fn stage_chunk<D: LogDir>(
     if !st.complete() {
         return Ok(None);
     }
-    let h = ImageHeader::decode(&st.meta, index).expect("a complete image has its header");
-    Ok(Some(
-        st.meta[h.meta_end() as usize - h.data_len as usize..].to_vec(),
-    ))
+    // Complete: the header decoded (a chunk past it needs it), and the
+    // state is what follows it. The staged meta is not needed any more.
+    let mut meta = std::mem::take(&mut st.meta);
+    meta.drain(..(IMAGE_HEADER_BYTES as usize).min(meta.len()));
+    Ok(Some(meta))
 }

@@ -44,7 +44,9 @@ pub use reads::{
 pub use repaired::REPAIRED_BYTES_MAX;
 pub(crate) use snapshots::write_snapshot_synced_or_not;
 pub use snapshots::{write_snapshot_file, write_snapshot_in};
-pub use staged::{discard_staged, StagedHead, StagedImage, STAGED_META_BYTES_MAX};
+pub use staged::{
+    discard_staged, drop_staged, remove_dropped, StagedHead, StagedImage, STAGED_META_BYTES_MAX,
+};
 
 use crate::consensus::{Entry, HardState, Index, Term};
 use crate::io::{AlignedBuf, IoBackend};

@@ -87,21 +87,36 @@ impl<D: LogDir> Wal<D> {
         // kept entries may fill several) are not part of the log
         // (`Superblock::install_segment`). Gone for good before this
         // life's superblock stops naming them.
-        if sb.install_segment != 0 {
-            let mut removed = false;
-            for name in dir.list().map_err(io_err("listing the log directory"))? {
-                let id = name
-                    .strip_suffix(".seg")
-                    .and_then(|hex| u64::from_str_radix(hex, 16).ok());
-                if id.is_some_and(|id| id >= sb.install_segment) {
+        //
+        // The old segments an adopted staged image set aside
+        // (`<id>.replaced`, `Wal::adopt_staged`) come back if the install
+        // did not finish, and go if it did.
+        let mut changed = false;
+        for name in dir.list().map_err(io_err("listing the log directory"))? {
+            let id = name
+                .strip_suffix(".seg")
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+            let replaced = name
+                .strip_suffix(".replaced")
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+            if sb.install_segment != 0 && id.is_some_and(|id| id >= sb.install_segment) {
+                dir.remove(&name)
+                    .map_err(io_err("removing an unfinished install's segment"))?;
+                changed = true;
+            }
+            if let Some(id) = replaced {
+                if sb.install_segment != 0 {
+                    dir.rename(&name, &segment_name(id))
+                        .map_err(io_err("restoring a segment an install set aside"))?;
+                } else {
                     dir.remove(&name)
-                        .map_err(io_err("removing an unfinished install's segment"))?;
-                    removed = true;
+                        .map_err(io_err("removing a segment an install replaced"))?;
                 }
+                changed = true;
             }
-            if removed {
-                dir.sync().map_err(io_err("syncing the log directory"))?;
-            }
+        }
+        if changed {
+            dir.sync().map_err(io_err("syncing the log directory"))?;
         }
         // Segments, in order; leftovers of an interrupted preallocation go.
         let mut ids = Vec::new();

@@ -238,7 +238,7 @@ impl<D: LogDir> Wal<D> {
             }
             self.sync()?;
         }
-        self.finish_install(snap, old)
+        self.finish_install(snap, old, segment_name)
     }
 
     /// Before an install: drops the spares (a fresh segment, or staged
@@ -261,6 +261,7 @@ impl<D: LogDir> Wal<D> {
         &mut self,
         snap: &Snapshot,
         old: Vec<u64>,
+        name: fn(u64) -> String,
     ) -> Result<(), WalError> {
         self.store_snapshot(snap)?;
         // Only now, with the snapshot recorded: a crash before it leaves
@@ -269,7 +270,7 @@ impl<D: LogDir> Wal<D> {
         for id in old {
             self.retire_segment(id);
             self.dir
-                .remove(&segment_name(id))
+                .remove(&name(id))
                 .map_err(io_err("removing a segment"))?;
         }
         self.dir

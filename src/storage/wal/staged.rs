@@ -36,8 +36,9 @@ pub(super) const STAGED_SEGMENT_GAP: u64 = 1 << 20;
 /// Batch sequence numbers between the live log's next and a staged
 /// image's first.
 pub(super) const STAGED_SEQ_GAP: u64 = 1 << 40;
-/// Largest staged meta (the image's header and the snapshot's state).
-pub const STAGED_META_BYTES_MAX: u64 = 4 << 30;
+/// Largest staged meta (the image's header and the snapshot's state,
+/// which the node holds in memory once installed anyway).
+pub const STAGED_META_BYTES_MAX: u64 = 1 << 30;
 
 const MANIFEST: &str = "staged.head";
 const MANIFEST_TMP: &str = "staged.head.tmp";
@@ -47,6 +48,28 @@ const MANIFEST_MAGIC: [u8; 4] = *b"QSH1";
 /// The file name of staged segment `id`.
 fn staged_name(id: u64) -> String {
     format!("{id:016x}.staged")
+}
+
+/// The name an old segment takes while a staged image replaces the log
+/// (`Wal::adopt_staged`): renamed back by recovery if the install did
+/// not finish, removed if it did.
+pub(super) fn replaced_name(id: u64) -> String {
+    format!("{id:016x}.replaced")
+}
+
+/// The name of a staged segment being removed on a helper thread.
+fn dropped_name(id: u64) -> String {
+    format!("{id:016x}.dropped")
+}
+
+/// Removes a file, a missing one included (another remover got it).
+fn remove_if_there<D: LogDir>(dir: &D, name: &str) -> Result<(), WalError> {
+    match dir.remove(name) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(io_err(format!("removing staged file {name}"))(e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What a staged image holds, as its manifest records it.
@@ -189,9 +212,9 @@ pub fn discard_staged<D: LogDir>(dir: &D) -> Result<(), WalError> {
     let names = dir.list().map_err(io_err("listing the log directory"))?;
     let mut removed = false;
     for name in names {
-        if name.ends_with(".staged") || name.starts_with("staged.") {
-            dir.remove(&name)
-                .map_err(io_err(format!("removing staged file {name}")))?;
+        let staged = name.ends_with(".staged") || name.ends_with(".dropped");
+        if staged || name.starts_with("staged.") {
+            remove_if_there(dir, &name)?;
             removed = true;
         }
     }
@@ -199,6 +222,36 @@ pub fn discard_staged<D: LogDir>(dir: &D) -> Result<(), WalError> {
         dir.sync().map_err(io_err("syncing the log directory"))?;
     }
     Ok(())
+}
+
+/// Drops the staged image at once, cheaply (renames, on the loop): its
+/// segments are renamed out of the way, to be removed by
+/// [`remove_dropped`] on a helper thread, so an image staged next is never
+/// caught by that removal.
+pub fn drop_staged<D: LogDir>(dir: &D) -> Result<Vec<String>, WalError> {
+    let names = dir.list().map_err(io_err("listing the log directory"))?;
+    let mut dropped = Vec::new();
+    for name in names {
+        let id = name
+            .strip_suffix(".staged")
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
+        if let Some(id) = id {
+            dir.rename(&name, &dropped_name(id))
+                .map_err(io_err(format!("dropping staged file {name}")))?;
+            dropped.push(dropped_name(id));
+        } else if name.starts_with("staged.") {
+            remove_if_there(dir, &name)?;
+        }
+    }
+    Ok(dropped)
+}
+
+/// Removes staged segments [`drop_staged`] set aside (any thread).
+pub fn remove_dropped<D: LogDir>(dir: &D, names: &[String]) -> Result<(), WalError> {
+    for name in names {
+        remove_if_there(dir, name)?;
+    }
+    dir.sync().map_err(io_err("syncing the log directory"))
 }
 
 impl<D: LogDir> StagedImage<D> {
@@ -294,34 +347,60 @@ impl<D: LogDir> StagedImage<D> {
                 last.index, self.head.index
             )));
         }
-        let mut batch = BatchBuilder::new(expected);
+        // Batches of at most half a segment, as the live log stores its
+        // entries (a chunk may be larger than a small segment's half).
+        let limit = (self.segment_bytes / 2).max(BLOCK_BYTES as u64);
+        let mut batches = vec![BatchBuilder::new(expected)];
         for e in entries {
-            batch.push(e);
+            let b = batches.last_mut().expect("one at least");
+            if b.count() > 0 && (b.disk_bytes() + e.size_bytes() + 64) as u64 > limit {
+                batches.push(BatchBuilder::new(e.index));
+            }
+            batches.last_mut().expect("one at least").push(e);
         }
+        for batch in batches {
+            self.write_batch(batch)?;
+        }
+        if let Some((_, f)) = &self.file {
+            f.sync_data().map_err(io_err("syncing a staged segment"))?;
+        }
+        self.head.next_index = last.index + 1;
+        self.head.last = (last.index, last.term);
+        self.head.held = held;
+        self.write_manifest()
+    }
+
+    /// Writes one batch at the end of the last staged file, or of a new
+    /// one; a file left behind is synced first.
+    fn write_batch(&mut self, batch: BatchBuilder) -> Result<(), WalError> {
         let bytes = batch.disk_bytes() as u64;
         if bytes > self.segment_bytes {
             return Err(WalError::Invalid(format!(
                 "{bytes} bytes of staged entries do not fit a segment"
             )));
         }
-        let mut new_file = false;
         let fits = self
             .file
             .as_ref()
             .is_some_and(|_| self.head.end_offset + bytes <= self.segment_bytes);
         if !fits {
+            if let Some((_, f)) = &self.file {
+                f.sync_data().map_err(io_err("syncing a staged segment"))?;
+            }
             let id = self.head.seg_base + self.head.files;
             let (f, _, _) = self
                 .dir
                 .open(&staged_name(id), false)
                 .map_err(io_err("creating a staged segment"))?;
-            // Synced with the manifest: the file's last life is gone.
+            self.dir
+                .sync()
+                .map_err(io_err("syncing the log directory"))?;
             self.file = Some((id, f));
             self.head.files += 1;
             self.head.end_offset = 0;
-            new_file = true;
         }
         let (id, f) = self.file.as_ref().expect("opened above");
+        let (first_index, count) = (batch.first_index(), u64::from(batch.count()));
         let seq = self.head.next_seq;
         let place = Placement {
             segment: *id,
@@ -331,27 +410,18 @@ impl<D: LogDir> StagedImage<D> {
         let offset = self.head.end_offset;
         f.write_at(buf.as_slice(), offset)
             .map_err(io_err("writing a staged segment"))?;
-        f.sync_data().map_err(io_err("syncing a staged segment"))?;
-        if new_file {
-            self.dir
-                .sync()
-                .map_err(io_err("syncing the log directory"))?;
-        }
         self.locations.push(BatchLocation {
             segment: *id,
             offset,
             disk_bytes: bytes,
             seq,
-            first_index: expected,
-            count: entries.len() as u64,
+            first_index,
+            count,
             recycled: false,
         });
         self.head.end_offset += bytes;
         self.head.next_seq += 1;
-        self.head.next_index = last.index + 1;
-        self.head.last = (last.index, last.term);
-        self.head.held = held;
-        self.write_manifest()
+        Ok(())
     }
 
     fn write_manifest(&self) -> Result<(), WalError> {
@@ -430,7 +500,14 @@ impl<D: LogDir> StagedImage<D> {
                 let mut first = vec![0u8; BLOCK_BYTES];
                 f.read_at(&mut first, off)
                     .map_err(io_err("reading a staged segment"))?;
-                let size = batch_disk_bytes(&first).ok_or_else(|| bad("a torn batch"))?;
+                let Some(size) = batch_disk_bytes(&first) else {
+                    // A file that was the last one once, zeroed past its
+                    // end at a resume; the count of batches checks the rest.
+                    if k + 1 < head.files && first.iter().all(|&b| b == 0) {
+                        break;
+                    }
+                    return Err(bad("a torn batch"));
+                };
                 let mut bytes = vec![0u8; size];
                 f.read_at(&mut bytes, off)
                     .map_err(io_err("reading a staged segment"))?;
@@ -515,6 +592,25 @@ impl<D: LogDir> Wal<D> {
         self.cfg.segment_bytes
     }
 
+    /// Whether `staged` can become the log with `snap` ([`Wal::adopt_staged`]):
+    /// complete, of that snapshot, and with its reserved numbers still
+    /// above the live log's; if not, why.
+    pub fn check_staged(&self, snap: &Snapshot, staged: &StagedImage<D>) -> Result<(), String> {
+        let h = &staged.head;
+        if (h.index, h.term) != (snap.index, snap.term) || !staged.complete() {
+            return Err(format!(
+                "the staged image of {}/{} (held {} of {}) is not the snapshot at {}/{}",
+                h.index, h.term, h.held, h.total, snap.index, snap.term
+            ));
+        }
+        let grown =
+            self.highest_segment_id().max(self.active) >= h.seg_base || self.next_seq >= h.seq_base;
+        if h.files > 0 && grown {
+            return Err("the log grew into the numbers reserved for a staged image".into());
+        }
+        Ok(())
+    }
+
     /// Replaces the whole log with a complete staged image of `snap`: the
     /// staged files become its segments, and the snapshot is recorded.
     /// Crash-safe as [`Wal::install_snapshot`]: until the snapshot is
@@ -525,21 +621,12 @@ impl<D: LogDir> Wal<D> {
         snap: &Snapshot,
         staged: StagedImage<D>,
     ) -> Result<(), WalError> {
+        self.check_staged(snap, &staged)
+            .map_err(WalError::Invalid)?;
         let h = &staged.head;
-        if (h.index, h.term) != (snap.index, snap.term) || !staged.complete() {
-            return Err(WalError::Invalid(format!(
-                "the staged image of {}/{} (held {} of {}) is not the snapshot at {}/{}",
-                h.index, h.term, h.held, h.total, snap.index, snap.term
-            )));
-        }
         if h.files == 0 {
             discard_staged(&self.dir)?;
             return self.install_snapshot(snap, &[]);
-        }
-        if self.highest_segment_id().max(self.active) >= h.seg_base || self.next_seq >= h.seq_base {
-            return Err(WalError::Invalid(
-                "the log grew into the numbers reserved for a staged image".into(),
-            ));
         }
         self.sync()?;
         let old = self.clear_for_install();
@@ -551,6 +638,15 @@ impl<D: LogDir> Wal<D> {
             self.dir
                 .rename(&staged_name(id), &segment_name(id))
                 .map_err(io_err("adopting a staged segment"))?;
+        }
+        // The old segments step aside too: a crash once the snapshot is
+        // recorded must not find them before the staged ones (a jump of
+        // 2^40 sequence numbers after their zeroed ends reads as damage);
+        // one before it gets them back (`install_segment`).
+        for &id in &old {
+            self.dir
+                .rename(&segment_name(id), &replaced_name(id))
+                .map_err(io_err("setting an old segment aside"))?;
         }
         self.dir
             .sync()
@@ -571,7 +667,7 @@ impl<D: LogDir> Wal<D> {
         self.durable_seq = h.next_seq - 1;
         self.last = h.last;
         let head_files = [MANIFEST, META];
-        self.finish_install(snap, old)?;
+        self.finish_install(snap, old, replaced_name)?;
         for name in head_files {
             let _ = self.dir.remove(name);
         }
@@ -642,7 +738,10 @@ mod tests {
         stage(&mut st, 100);
         assert!(st.complete());
         wal.adopt_staged(&snap, st).unwrap();
-        assert!(os.list().unwrap().iter().all(|n| !n.contains("staged")));
+        let names = os.list().unwrap();
+        assert!(names
+            .iter()
+            .all(|n| !n.contains("staged") && !n.ends_with(".replaced")));
         assert_eq!(wal.last().0, 100);
         assert!(!wal.holds(5) && wal.holds(40) && wal.holds(100));
         append_durably(&mut wal, 3);
@@ -655,6 +754,40 @@ mod tests {
         assert_eq!(report.restored.snapshot.map(|s| s.index), Some(100));
         assert_eq!(indexes(&report.restored.entries), [101, 102, 103]);
         assert!((40..=103).all(|i| wal.holds(i)));
+    }
+
+    #[test]
+    fn segments_set_aside_by_an_unfinished_adoption_come_back_and_a_finished_ones_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let os = OsDir::new(dir.path());
+        let (mut wal, _) = Wal::open(dir.path(), small_cfg()).unwrap();
+        append_durably(&mut wal, 10);
+        let ids: Vec<u64> = wal.segments.keys().copied().collect();
+        // A crash inside `adopt_staged`, before the snapshot is recorded:
+        // staged segments renamed in, old ones set aside.
+        let base = wal.staged_numbers().0;
+        wal.sb.install_segment = base;
+        wal.write_superblock_now().unwrap();
+        drop(wal);
+        for &id in &ids {
+            os.rename(&segment_name(id), &replaced_name(id)).unwrap();
+        }
+        os.open(&segment_name(base), false).unwrap();
+        let (wal, report) = Wal::open(dir.path(), small_cfg()).unwrap();
+        assert_eq!(
+            indexes(&report.restored.entries),
+            (1..=10).collect::<Vec<_>>()
+        );
+        assert!(
+            !os.exists(&segment_name(base)),
+            "the unfinished install's segment goes"
+        );
+        drop(wal);
+        // After it, with the snapshot recorded: set-aside segments go.
+        os.rename(&segment_name(ids[0]), &replaced_name(ids[0]))
+            .unwrap();
+        drop(Wal::open(dir.path(), small_cfg()).unwrap());
+        assert!(!os.exists(&replaced_name(ids[0])));
     }
 
     #[test]
