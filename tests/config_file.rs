@@ -593,6 +593,26 @@ fn recycled_segments_cover_one_snapshot_unless_given() {
 }
 
 #[test]
+fn snapshot_image_chunks_are_bounded_by_a_transport_message() {
+    let d = Dir::new();
+    let c = d
+        .load(&minimal_with("[snapshot]\nchunk_bytes = 262144\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.node.raft.snapshot_chunk_bytes, 262_144);
+    let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.node.raft.snapshot_chunk_bytes, 1 << 20);
+    let (e, msg) = d.error(&minimal_with("[snapshot]\nchunk_bytes = 100\n"));
+    assert_eq!(e.key, "snapshot.chunk_bytes");
+    assert_eq!(msg, "snapshot.chunk_bytes: must be at least 4096");
+    let (e, msg) = d.error(&minimal_with("[snapshot]\nchunk_bytes = 4194304\n"));
+    assert_eq!(e.key, "snapshot.chunk_bytes");
+    assert!(
+        msg.contains("more than half of transport.message_bytes_max"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn clients_are_served_tls_unless_the_file_says_plain() {
     let d = Dir::new();
     let c = d.load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));

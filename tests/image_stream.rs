@@ -143,6 +143,7 @@ fn a_follower_catches_up_on_a_2_gib_image_in_bounded_memory_and_resumes_a_cut_tr
     // The follower comes back: its log ends far below the leader's
     // snapshot, so it gets the image, and is killed halfway through.
     procs.start(follower).unwrap();
+    let started = std::time::Instant::now();
     let mut peaks = Peaks {
         ids: vec![l, follower],
         peak: vec![leader_idle, follower_idle],
@@ -194,6 +195,11 @@ fn a_follower_catches_up_on_a_2_gib_image_in_bounded_memory_and_resumes_a_cut_tr
         let s = status(&procs, follower)?["groups"][0]["snapshot"].clone();
         (s["installed"].as_u64()? >= 1 && s["image"].is_null()).then_some(s)
     });
+    eprintln!(
+        "image of {} MiB of messages adopted {:.1} s after the follower first started (a kill and restart included)",
+        image_bytes >> 20,
+        started.elapsed().as_secs_f64()
+    );
     assert_eq!(s["images_resumed"], 1, "{s}");
     let resumed_at = s["image_resumed_at"].as_u64().unwrap();
     assert!(

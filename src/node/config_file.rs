@@ -228,6 +228,16 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
             crate::storage::wal::segments_recycled_for(raft.snapshot_bytes, wal.segment_bytes);
     }
     let transport = check::transport(raw.transport, peers.len())?;
+    // A chunk of whole entries may pass it by one entry: half leaves room.
+    if raft.snapshot_chunk_bytes > transport.message_bytes_max / 2 {
+        return Err(bad(
+            "snapshot.chunk_bytes",
+            format!(
+                "{} is more than half of transport.message_bytes_max ({})",
+                raft.snapshot_chunk_bytes, transport.message_bytes_max
+            ),
+        ));
+    }
     check::entries_fit(&wal, &transport, &mut warnings);
     let client = check::client(&raw.client)?;
     let serial_baud = check::serial(

@@ -448,7 +448,8 @@ pub(super) fn admin_tls(
 }
 
 /// `[snapshot]`: when to take one (`entries` or `bytes` of log growth,
-/// and at least every `interval_ms`); returns the interval.
+/// and at least every `interval_ms`), and the chunks images stream in;
+/// returns the interval.
 pub(super) fn snapshot(raw: RawSnapshot, raft: &mut RaftConfig) -> Result<u64, Bad> {
     if let Some(n) = raw.entries {
         if n == 0 {
@@ -461,6 +462,12 @@ pub(super) fn snapshot(raw: RawSnapshot, raft: &mut RaftConfig) -> Result<u64, B
             return Err(bad("snapshot.bytes", "must be at least 1"));
         }
         raft.snapshot_bytes = n;
+    }
+    if let Some(n) = raw.chunk_bytes {
+        let Some(n) = usize::try_from(n).ok().filter(|&n| n >= 4096) else {
+            return Err(bad("snapshot.chunk_bytes", "must be at least 4096"));
+        };
+        raft.snapshot_chunk_bytes = n;
     }
     match raw.interval_ms {
         Some(0) => Err(bad("snapshot.interval_ms", "must be at least 1")),

@@ -53,6 +53,7 @@ pub(super) struct RawSnapshot {
     pub(super) interval_ms: Option<u64>,
     pub(super) entries: Option<u64>,
     pub(super) bytes: Option<u64>,
+    pub(super) chunk_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
