@@ -6,8 +6,9 @@
 //! stages it durably beside its log: the resident memory of neither grows
 //! by more than `RSS_GROWTH_BYTES_MAX` over its idle size. Killed halfway
 //! (SIGKILL), the follower takes the transfer up from its staged chunks
-//! at its restart instead of starting over; the image it adopts leaves
-//! nothing its state refers to unreadable.
+//! at its restart instead of starting over; cut off by the network later
+//! (nftables, as root), it goes on from where it was once the path heals;
+//! the image it adopts leaves nothing its state refers to unreadable.
 //!
 //! Nothing here sleeps to synchronise: it polls with a generous deadline
 //! (memory is sampled while it waits).
@@ -191,6 +192,31 @@ fn a_follower_catches_up_on_a_2_gib_image_in_bounded_memory_and_resumes_a_cut_tr
     procs.signal(follower, libc::SIGKILL);
     procs.wait(follower);
     procs.start(follower).unwrap();
+    // Then the network cuts it too (UDP between leader and follower
+    // dropped by nftables, as root): the follower keeps what it staged,
+    // and the leader goes on from there once the path heals.
+    let image = |procs: &LocalProcesses| -> Option<(u64, u64)> {
+        let s = status(procs, follower)?["groups"][0]["snapshot"].clone();
+        Some((s["image"]["held"].as_u64()?, s["image"]["total"].as_u64()?))
+    };
+    let (resumed_held, _) = peaks.wait(&procs, "the resumed transfer going on", || {
+        image(&procs).filter(|&(h, _)| h > held + ENTRIES as u64 / 10)
+    });
+    let (leader_udp, follower_udp) = (procs.nodes[&l].udp, procs.nodes[&follower].udp);
+    match quire::net::nft::NftCut::install(leader_udp, follower_udp) {
+        Ok(cut) => {
+            peaks.wait(&procs, "the cut dropping the transfer", || {
+                (cut.dropped()? >= 50).then_some(())
+            });
+            let (during, _) = image(&procs).expect("still staging");
+            drop(cut);
+            assert!(during < total, "the cut came before the end");
+            eprintln!(
+                "UDP cut at {during} of {total} positions (staging went on past {resumed_held})"
+            );
+        }
+        Err(why) => eprintln!("skipping the network cut: {why}"),
+    }
     let s = peaks.wait(&procs, "the image adopted", || {
         let s = status(&procs, follower)?["groups"][0]["snapshot"].clone();
         (s["installed"].as_u64()? >= 1 && s["image"].is_null()).then_some(s)
