@@ -3,7 +3,7 @@
 //! through a backend. The WAL (`storage::wal`) makes the log's other file
 //! syscalls itself, off that path: opening and locking the directory,
 //! recovery's reads, laying out, renaming and unlinking segments, writing
-//! the snapshot slots, and the image builder's plain reads. io_uring here
+//! the snapshot slots, and the plain reads of image chunks for followers. io_uring here
 //! is for the disk only; sockets are polled with `ppoll` (`crate::net`).
 //!
 //! A request is a short chain of operations (write, fdatasync, read) run in
