@@ -54,6 +54,7 @@ use quire::consensus::NodeId;
 use state::StateWorkload;
 use stats::Measurements;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -779,14 +780,47 @@ fn a_pause_of_every_node_at_once_changes_no_term() {
     }
 }
 
+/// Elections node `id` has started in group 0 (after pre-vote), from its
+/// `/metrics`.
+fn elections_started(c: &Cluster, id: NodeId) -> u64 {
+    let admin = c.procs.nodes[&id].admin;
+    let (code, text) = common::http(admin, "GET", "/metrics", "", Duration::from_secs(2))
+        .unwrap_or_else(|| panic!("node {id}: no /metrics"));
+    assert_eq!(code, 200);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("quire_raft_elections_started{group=\"0\"} ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("node {id}: no quire_raft_elections_started in /metrics"))
+}
+
 /// The behaviour stall compensation must keep: a follower paused for 2 s
 /// rejoins without a term change anywhere (pre-vote, and its own stall
-/// not counted); the leader paused for 2 s is replaced exactly once, and
-/// when it resumes it steps down without another election.
+/// not counted); the leader paused for 2 s is replaced, and when it
+/// resumes it steps down without an election of its own.
+///
+/// The survivors' election may take more than one term: two of them whose
+/// timers fire close together can split the vote (Raft's liveness, not its
+/// safety; more likely on a loaded host, and it happened in CI). So the
+/// test counts who started the elections: every term past the one before
+/// the pause was started by a survivor, none by the resumed leader.
 #[test]
 fn a_paused_follower_changes_no_term_and_a_paused_leader_one() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start(3, |_| {});
+    let mut c = Cluster::start(3, |p| {
+        for node in p.nodes.values() {
+            // A handover back to the preferred voter once it answers again
+            // would be a term change of its own, not what is measured here.
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&node.config)
+                .expect("the node config");
+            writeln!(f, "\n[timers]\npreferred_leaders = false").expect("write the node config");
+        }
+    });
     c.wait_healthy("start");
     let leader = nemesis::leader(&c);
     let follower = c.ids().into_iter().find(|&id| id != leader).unwrap();
@@ -798,6 +832,11 @@ fn a_paused_follower_changes_no_term_and_a_paused_leader_one() {
     assert_eq!(terms(&c), before, "a paused follower changed a term");
 
     let top = *before.iter().max().unwrap();
+    let started_before: Vec<u64> = c
+        .ids()
+        .iter()
+        .map(|&id| elections_started(&c, id))
+        .collect();
     c.pause(leader);
     std::thread::sleep(Duration::from_secs(2)); // the fault's length
     c.resume(leader);
@@ -805,11 +844,34 @@ fn a_paused_follower_changes_no_term_and_a_paused_leader_one() {
     let after = terms(&c);
     let new_leader = nemesis::leader(&c);
     assert_ne!(new_leader, leader, "the survivors elected another leader");
-    // One election round: pre-vote keeps it to a single term increment.
-    assert!(
-        after.iter().all(|&t| t == top + 1),
-        "exactly one failover: terms {after:?} after {top}"
+    let started: Vec<u64> = c
+        .ids()
+        .iter()
+        .zip(&started_before)
+        .map(|(&id, &b)| elections_started(&c, id) - b)
+        .collect();
+    let ids = c.ids();
+    let by_leader = started[ids.iter().position(|&id| id == leader).unwrap()];
+    assert_eq!(
+        by_leader, 0,
+        "the resumed leader started {by_leader} elections (terms {after:?} after {top})"
     );
+    let now = after[0];
+    assert!(
+        after.iter().all(|&t| t == now) && now > top,
+        "one term on every node, past {top}: {after:?}"
+    );
+    // Each term past `top` was opened by one survivor's election; a term
+    // opened by no one (a disruption) would make the count fall short.
+    assert!(
+        started.iter().sum::<u64>() >= now - top,
+        "terms {after:?} after {top}, but only {started:?} elections started"
+    );
+    if now > top + 1 {
+        println!(
+            "the survivors split the vote: terms {after:?} after {top}, elections {started:?}"
+        );
+    }
 }
 
 /// Two CPU hogs on the 2-core host for 30 s beside an idle cluster: the
