@@ -23,7 +23,9 @@
 //!
 //! QUIRE_UDP_TEST_SEED=n picks the seed (a failure prints the one it used).
 
+use quire::net::netns::TestNet;
 use quire::net::nft::NftLoss;
+use quire::net::xdp::{Backend, XdpConfig, XdpNode, XdpStats};
 use quire::net::{NetStats, PeerMap, UdpConfig, UdpDriver, UdpSnmp};
 use quire::transport::{ClusterKey, Endpoint, Event, GroupId, TransportConfig};
 use rand::{Rng, SeedableRng};
@@ -171,6 +173,8 @@ fn ports(ds: &[UdpDriver; 2], groups: &[GroupId]) -> Vec<u16> {
 struct NodeResult {
     node: u64,
     net: NetStats,
+    /// The AF_XDP path's counters, if the driver had one.
+    xdp: Option<XdpStats>,
     rexmit_frames: u64,
     nacks_sent: u64,
     probes_sent: u64,
@@ -305,6 +309,7 @@ fn node_loop(
     NodeResult {
         node,
         net: d.stats(),
+        xdp: d.xdp().map(|x| x.1),
         rexmit_frames: sum(|s| s.rexmit_frames),
         nacks_sent: sum(|s| s.nacks_sent),
         probes_sent: sum(|s| s.probes_sent),
@@ -461,5 +466,201 @@ fn nftables_5_percent_loss_1_gib() {
         );
         let rexmit: u64 = results.iter().map(|r| r.rexmit_frames).sum();
         assert!(rexmit > 0, "loss without retransmission?");
+    }
+}
+
+/// Base port of the drivers in namespaces (each namespace has its own
+/// ports, so a fixed one cannot collide with anything on the host).
+const NETNS_BASE_PORT: u16 = 7200;
+
+/// Two drivers in the two node namespaces of `net`, on their IPv4 (or
+/// IPv6) addresses, with the AF_XDP path attached if `xdp`; the XDP
+/// programs (which must outlive the exchange) come back with them.
+fn pair_in_namespaces(
+    spec: &Spec,
+    net: &TestNet,
+    xdp: bool,
+    v6: bool,
+) -> ([UdpDriver; 2], Vec<XdpNode>) {
+    let mut drivers = Vec::new();
+    let mut programs = Vec::new();
+    for (i, &node) in NODES.iter().enumerate() {
+        let ip = if v6 { net.nodes[i].v6 } else { net.nodes[i].v4 };
+        let udp = UdpConfig {
+            bind_ip: ip,
+            base_port: NETNS_BASE_PORT,
+            groups: spec.groups.clone(),
+            ..UdpConfig::default()
+        };
+        let (d, p) = net
+            .in_node(i, || {
+                let mut d = driver(node, &udp, spec.seed);
+                if !xdp {
+                    return (d, None);
+                }
+                let routes: Vec<(u16, u32)> = spec
+                    .groups
+                    .iter()
+                    .map(|&g| (NETNS_BASE_PORT + g as u16, 0))
+                    .collect();
+                let cfg = XdpConfig {
+                    backend: Backend::Xdp,
+                    umem_frames: 4096,
+                    zero_copy: true,
+                };
+                let program = XdpNode::open(&cfg, ip, 1500, &routes).expect("AF_XDP on a veth");
+                let port = program.port(0).expect("an AF_XDP socket on queue 0");
+                say(&format!("node {node}: {}", port.describe()));
+                assert!(!port.zero_copy(), "a veth has no zero-copy AF_XDP");
+                d.attach_xdp(port);
+                (d, Some(program))
+            })
+            .expect("a thread in the namespace");
+        drivers.push(d);
+        programs.extend(p);
+    }
+    for (i, d) in drivers.iter_mut().enumerate() {
+        let peer = &net.nodes[1 - i];
+        let ip = if v6 { peer.v6 } else { peer.v4 };
+        for &g in &spec.groups {
+            let addr = std::net::SocketAddr::new(ip, NETNS_BASE_PORT + g as u16);
+            d.peers_mut().set_group(NODES[1 - i], g, addr);
+        }
+    }
+    let [a, b]: [UdpDriver; 2] = drivers.try_into().ok().unwrap();
+    ([a, b], programs)
+}
+
+/// The namespaces, or why this test is skipped.
+fn test_net(test: &str) -> Option<TestNet> {
+    match TestNet::create(2) {
+        Ok(n) => Some(n),
+        Err(why) => {
+            say(&format!(
+                "SKIP {test}: {why} (runs where root and ip/nft are available)"
+            ));
+            None
+        }
+    }
+}
+
+/// Both ends sent and received through the rings, and nothing on them
+/// was refused.
+fn assert_through_xdp(results: &[NodeResult]) {
+    for r in results {
+        let x = r.xdp.expect("the AF_XDP path is attached");
+        say(&format!("node {}: AF_XDP {x:?}", r.node));
+        assert!(
+            x.tx_datagrams > 0,
+            "node {}: nothing sent through the ring",
+            r.node
+        );
+        assert!(
+            x.rx_datagrams > 0,
+            "node {}: nothing received through the ring",
+            r.node
+        );
+        assert_eq!(x.rx_rejected, 0, "node {}: frames refused", r.node);
+        // Only the first datagrams, before the kernel resolved the peer,
+        // may go through the socket.
+        assert!(
+            x.tx_via_kernel * 10 < x.tx_datagrams,
+            "node {}: {} of {} datagrams went through the kernel",
+            r.node,
+            x.tx_via_kernel,
+            x.tx_datagrams
+        );
+        assert_eq!(r.net.endpoint_rejected, 0);
+    }
+}
+
+#[test]
+fn xdp_lossless_between_namespaces_v4_and_v6() {
+    for v6 in [false, true] {
+        let Some(net) = test_net("xdp_lossless_between_namespaces_v4_and_v6") else {
+            return;
+        };
+        let spec = Spec {
+            seed: seed() + 2,
+            bytes_per_node: 8 << 20,
+            size_min: HEADER_BYTES + TRAILER_BYTES,
+            size_max: 256 << 10,
+            groups: vec![0, 1],
+            deadline: Duration::from_secs(60),
+        };
+        let (drivers, _programs) = pair_in_namespaces(&spec, &net, true, v6);
+        let (results, elapsed) = exchange(&spec, drivers);
+        describe(&results, elapsed);
+        for r in &results {
+            assert!(r.bytes_delivered >= spec.bytes_per_node as u64);
+        }
+        assert_through_xdp(&results);
+    }
+}
+
+#[test]
+fn xdp_5_percent_loss_on_the_bridge() {
+    let Some(net) = test_net("xdp_5_percent_loss_on_the_bridge") else {
+        return;
+    };
+    let spec = Spec {
+        seed: seed() + 3,
+        bytes_per_node: 64 << 20,
+        size_min: 4 << 10,
+        size_max: 1 << 20,
+        groups: vec![0],
+        deadline: Duration::from_secs(120),
+    };
+    let (drivers, _programs) = pair_in_namespaces(&spec, &net, true, false);
+    let loss = net
+        .loss(&[NETNS_BASE_PORT], 5)
+        .expect("an nftables rule on the bridge");
+    let (results, elapsed) = exchange(&spec, drivers);
+    let dropped = loss.dropped();
+    drop(loss);
+    describe(&results, elapsed);
+    say(&format!("the bridge dropped {dropped:?} datagrams"));
+    for r in &results {
+        assert!(r.bytes_delivered >= spec.bytes_per_node as u64);
+    }
+    assert!(
+        dropped.is_some_and(|n| n > 0),
+        "the loss rule dropped nothing"
+    );
+    let rexmit: u64 = results.iter().map(|r| r.rexmit_frames).sum();
+    assert!(rexmit > 0, "loss without retransmission?");
+    assert_through_xdp(&results);
+}
+
+#[test]
+fn sockets_between_namespaces_see_the_same_bridge_loss() {
+    // The control for the XDP runs: the same topology and rule, on the
+    // socket path.
+    let Some(net) = test_net("sockets_between_namespaces_see_the_same_bridge_loss") else {
+        return;
+    };
+    let spec = Spec {
+        seed: seed() + 4,
+        bytes_per_node: 16 << 20,
+        size_min: 4 << 10,
+        size_max: 1 << 20,
+        groups: vec![0],
+        deadline: Duration::from_secs(120),
+    };
+    let (drivers, _) = pair_in_namespaces(&spec, &net, false, false);
+    let loss = net
+        .loss(&[NETNS_BASE_PORT], 5)
+        .expect("an nftables rule on the bridge");
+    let (results, elapsed) = exchange(&spec, drivers);
+    let dropped = loss.dropped();
+    drop(loss);
+    describe(&results, elapsed);
+    assert!(
+        dropped.is_some_and(|n| n > 0),
+        "the loss rule dropped nothing"
+    );
+    for r in &results {
+        assert!(r.bytes_delivered >= spec.bytes_per_node as u64);
+        assert!(r.xdp.is_none());
     }
 }

@@ -89,6 +89,7 @@ job options (also job-file keys):
   --servers=H:P,.. --token_file --admin=H:P,.. --embedded --group --queue (cluster)
   --tls --ca=FILE (cluster: TLS to the nodes; --embedded --tls makes its own CA)
   --loss=PCT (udp, root + nft) --udp_offload=0|1 --udp_mtu=1500|9000 --randseed
+  --net_backend=sockets|xdp (udp: two network namespaces on a bridge, root)
 See bench/README.md for every option and output key.
 ";
 

@@ -66,6 +66,15 @@ pub struct BlockSize {
     pub max_bytes: u64,
 }
 
+/// The datagram path of `ioengine=udp` between two network namespaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetBackend {
+    /// Kernel UDP sockets.
+    Sockets,
+    /// AF_XDP (copy mode on the namespaces' veths).
+    Xdp,
+}
+
 /// Everything one job is configured with.
 #[derive(Clone, Debug)]
 pub struct JobOptions {
@@ -144,6 +153,9 @@ pub struct JobOptions {
     /// Path MTU the udp engine's transport cuts datagrams for, bytes
     /// (`TransportConfig::mtu_bytes`; datagrams are 48 bytes shorter).
     pub udp_mtu_bytes: usize,
+    /// The udp engine between two network namespaces on a bridge, over
+    /// this datagram path (`None`: both ends on 127.0.0.1, sockets).
+    pub net_backend: Option<NetBackend>,
     /// Seed of the size and Poisson generators.
     pub seed: u64,
 }
@@ -189,6 +201,7 @@ impl Default for JobOptions {
             loss_percent: 0,
             udp_offload: true,
             udp_mtu_bytes: TransportConfig::default().mtu_bytes,
+            net_backend: None,
             seed: 1,
         }
     }
@@ -249,6 +262,7 @@ pub const JOB_OPTION_NAMES: &[&str] = &[
     "loss",
     "udp_offload",
     "udp_mtu",
+    "net_backend",
     "randseed",
 ];
 
@@ -446,6 +460,13 @@ impl JobOptions {
             // The transport's own bounds (a datagram fits one IPv4 UDP
             // payload; 576 is the IPv4 minimum).
             "udp_mtu" => self.udp_mtu_bytes = bounded(value, "udp_mtu", 576, 65_535)? as usize,
+            "net_backend" => {
+                self.net_backend = Some(match value {
+                    "sockets" => NetBackend::Sockets,
+                    "xdp" => NetBackend::Xdp,
+                    _ => return Err("net_backend is sockets or xdp".into()),
+                })
+            }
             "randseed" => self.seed = parse_num(value, "seed")?,
             _ => {
                 return Err(format!(
@@ -528,6 +549,9 @@ impl JobOptions {
         }
         if self.loss_percent > 0 && self.ioengine != EngineKind::Udp {
             return fail("loss applies to ioengine=udp only".into());
+        }
+        if self.net_backend.is_some() && self.ioengine != EngineKind::Udp {
+            return fail("net_backend applies to ioengine=udp only".into());
         }
         Ok(())
     }

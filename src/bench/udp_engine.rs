@@ -11,10 +11,20 @@
 //! `loss=PCT` installs an nftables rule dropping that share of the
 //! datagrams on the two ports (root and `nft` only; otherwise the job fails
 //! and says why, rather than measuring a loss that is not there).
+//!
+//! `net_backend=sockets|xdp` puts the two ends in two network namespaces
+//! joined by a bridge (`net::netns`, root only), the sender's and the
+//! receiver's veth each with its own address; `xdp` attaches the AF_XDP
+//! path to both drivers (copy mode on a veth). The loss rule then sits on
+//! the bridge, where both paths cross it. Same topology for both values,
+//! so their runs compare the datagram paths and nothing else.
 
 use super::engine::{Completion, Engine, EngineReport, Op, TransportBlock};
 use super::options::JobOptions;
+use super::options::NetBackend;
+use crate::net::netns::{BridgeRule, TestNet};
 use crate::net::nft::NftLoss;
+use crate::net::xdp::{Backend, XdpConfig, XdpNode};
 use crate::net::{PeerMap, UdpConfig, UdpDriver};
 use crate::transport::{ClusterKey, Endpoint, Event, SendError, TransportConfig};
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -30,6 +40,9 @@ const GROUP: u32 = 0;
 /// The longest the sender's socket wait may take before the delivery
 /// channel is checked again.
 const SENDER_TURN: Duration = Duration::from_micros(200);
+/// The group's port in the namespaces of `net_backend` (each namespace
+/// has ports of its own).
+const NETNS_BASE_PORT: u16 = 7300;
 
 /// What the receiver thread hands back at the end.
 struct ReceiverEnd {
@@ -55,6 +68,13 @@ pub struct UdpEngine {
     loss_percent: u32,
     /// The endpoints' config (for the report's note).
     transport: TransportConfig,
+    /// Where the ends run, for the report's note.
+    place: String,
+    /// `net_backend`: the loss rule on the bridge, the XDP programs, and
+    /// the namespaces (dropped in this order, after the drivers stop).
+    bridge_loss: Option<BridgeRule>,
+    _programs: Vec<XdpNode>,
+    _net: Option<TestNet>,
 }
 
 impl UdpEngine {
@@ -73,13 +93,56 @@ impl UdpEngine {
             mtu_bytes: job.udp_mtu_bytes,
             ..TransportConfig::default()
         };
+        let net = match job.net_backend {
+            Some(_) => Some(TestNet::create(2).map_err(|e| {
+                format!("net_backend needs two network namespaces (root, ip, nft): {e}")
+            })?),
+            None => None,
+        };
         let mut drivers = Vec::new();
-        for node in [SENDER, RECEIVER] {
+        let mut programs = Vec::new();
+        let mut place = "127.0.0.1".to_string();
+        for (i, node) in [SENDER, RECEIVER].into_iter().enumerate() {
             let ep = Endpoint::new(transport.clone(), key.clone(), node, node * 7919 + job.seed)
                 .map_err(|e| format!("transport endpoint: {e}"))?;
-            let (d, _report) = UdpDriver::bind(udp.clone(), ep, PeerMap::new())
-                .map_err(|e| format!("binding UDP on 127.0.0.1: {e}"))?;
+            let Some(net) = &net else {
+                let (d, _report) = UdpDriver::bind(udp.clone(), ep, PeerMap::new())
+                    .map_err(|e| format!("binding UDP on 127.0.0.1: {e}"))?;
+                drivers.push(d);
+                continue;
+            };
+            let ip = net.nodes[i].v4;
+            let udp = UdpConfig {
+                bind_ip: ip,
+                base_port: NETNS_BASE_PORT,
+                ..udp.clone()
+            };
+            let xdp = job.net_backend == Some(NetBackend::Xdp);
+            let mtu = transport.mtu_bytes;
+            let (d, program, how) = net
+                .in_node(i, move || -> Result<_, String> {
+                    let (mut d, _report) = UdpDriver::bind(udp, ep, PeerMap::new())
+                        .map_err(|e| format!("binding UDP on {ip}: {e}"))?;
+                    if !xdp {
+                        return Ok((d, None, "sockets".to_string()));
+                    }
+                    let cfg = XdpConfig {
+                        backend: Backend::Xdp,
+                        ..XdpConfig::default()
+                    };
+                    let program = XdpNode::open(&cfg, ip, mtu, &[(NETNS_BASE_PORT, 0)])
+                        .map_err(|e| format!("net_backend=xdp: {e}"))?;
+                    let port = program
+                        .port(0)
+                        .map_err(|e| format!("net_backend=xdp: {e}"))?;
+                    let how = port.describe();
+                    d.attach_xdp(port);
+                    Ok((d, Some(program), how))
+                })
+                .map_err(|e| format!("entering a network namespace: {e}"))??;
+            place = format!("two network namespaces on a bridge, {how}");
             drivers.push(d);
+            programs.extend(program);
         }
         let mut receiver = drivers.pop().expect("two drivers");
         let mut sender = drivers.pop().expect("two drivers");
@@ -89,17 +152,24 @@ impl UdpEngine {
         );
         sender.peers_mut().set_group(RECEIVER, GROUP, b);
         receiver.peers_mut().set_group(SENDER, GROUP, a);
-        let loss = if job.loss_percent > 0 {
-            Some(
+        let mut bridge_loss = None;
+        let loss = match &net {
+            _ if job.loss_percent == 0 => None,
+            Some(net) => {
+                bridge_loss = Some(
+                    net.loss(&[NETNS_BASE_PORT], job.loss_percent)
+                        .map_err(|e| format!("loss={}: {e}", job.loss_percent))?,
+                );
+                None
+            }
+            None => Some(
                 NftLoss::install(&[a.port(), b.port()], job.loss_percent).map_err(|e| {
                     format!(
                         "loss={} needs root and nft (nftables): {e}",
                         job.loss_percent
                     )
                 })?,
-            )
-        } else {
-            None
+            ),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
@@ -157,6 +227,10 @@ impl UdpEngine {
             loss,
             loss_percent: job.loss_percent,
             transport,
+            place,
+            bridge_loss,
+            _programs: programs,
+            _net: net,
         })
     }
 
@@ -250,10 +324,14 @@ impl Engine for UdpEngine {
                 window_stalls: self.window_stalls,
                 skipped: end.skipped,
                 loss_percent: self.loss_percent,
-                nft_dropped: self.loss.as_ref().and_then(|l| l.dropped()),
+                nft_dropped: match &self.bridge_loss {
+                    Some(rule) => rule.dropped(),
+                    None => self.loss.as_ref().and_then(|l| l.dropped()),
+                },
             }),
             notes: vec![format!(
-                "udp: 127.0.0.1, mtu {} (datagrams of at most {} bytes), GSO {}",
+                "udp: {}, mtu {} (datagrams of at most {} bytes), GSO {}",
+                self.place,
                 self.transport.mtu_bytes,
                 self.transport.datagram_bytes_max(),
                 if self.sender.gso().is_on() {

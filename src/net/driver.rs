@@ -6,6 +6,7 @@ use super::rx::RxBatch;
 use super::socket;
 use super::stats::NetStats;
 use super::tx::{Flushed, Gso, TxQueue};
+use super::xdp::{XdpPort, XdpSend, XdpStats, RX_BATCH_FRAMES_MAX};
 use crate::consensus::NodeId;
 use crate::transport::{Endpoint, GroupId, Transmit};
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +22,8 @@ const NOTICES_MAX: usize = 64;
 const REJECTS_NOTICED_MAX: u64 = 16;
 /// Datagrams taken from the endpoint (and MACed side by side) at a time.
 const TX_BATCH_MAX: usize = 64;
+/// How soon a full AF_XDP tx ring is looked at again, µs.
+const XDP_FULL_RECHECK_US: u64 = 100;
 
 /// Whether an offload is in use, and if not, why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,6 +144,11 @@ pub struct UdpDriver {
     /// Scratch: the datagrams of a receive round, as (slot, offset, len)
     /// in the receive batch.
     rx_datagrams: Vec<(usize, usize, usize)>,
+    /// The AF_XDP path, if attached: datagrams go out and come in through
+    /// its rings; the sockets carry the rest (see `net::xdp`).
+    xdp: Option<XdpPort>,
+    /// The tx ring was full at the last flush: wait for completions.
+    xdp_blocked: bool,
 }
 
 impl UdpDriver {
@@ -239,8 +247,26 @@ impl UdpDriver {
             flushing: false,
             transmits: Vec::new(),
             rx_datagrams: Vec::new(),
+            xdp: None,
+            xdp_blocked: false,
         };
         Ok((driver, report))
+    }
+
+    /// Sends and receives the groups' datagrams through `port` (AF_XDP)
+    /// from now on; the sockets stay bound and carry what the rings
+    /// cannot (a peer whose MAC is not known yet, datagrams the XDP
+    /// program passes to the kernel). GSO is off on this path: each
+    /// datagram is its own frame.
+    pub fn attach_xdp(&mut self, port: XdpPort) {
+        self.gso.segments_max = 1;
+        self.gso.off_reason = Some("the AF_XDP path sends one frame per datagram".into());
+        self.xdp = Some(port);
+    }
+
+    /// The AF_XDP path's description and counters, if attached.
+    pub fn xdp(&self) -> Option<(String, XdpStats)> {
+        self.xdp.as_ref().map(|x| (x.describe(), x.stats()))
     }
 
     /// The endpoint, to read its stats.
@@ -356,12 +382,21 @@ impl UdpDriver {
         self.pollfds.clear();
         for s in &self.sockets {
             let mut events = libc::POLLIN;
-            if !s.tx.is_empty() {
+            // On the AF_XDP path a socket's queue waits for the tx ring,
+            // not for the socket: POLLOUT would spin.
+            if !s.tx.is_empty() && self.xdp.is_none() {
                 events |= libc::POLLOUT;
             }
             self.pollfds.push(libc::pollfd {
                 fd: s.fd(),
                 events,
+                revents: 0,
+            });
+        }
+        if let Some(x) = &self.xdp {
+            self.pollfds.push(libc::pollfd {
+                fd: x.fd(),
+                events: libc::POLLIN,
                 revents: 0,
             });
         }
@@ -372,6 +407,13 @@ impl UdpDriver {
                 revents: 0,
             });
         }
+        // A full tx ring frees as the kernel completes frames, which
+        // raises no poll event: look again soon.
+        let wait_us = if self.xdp_blocked {
+            wait_us.min(XDP_FULL_RECHECK_US)
+        } else {
+            wait_us
+        };
         let ts = libc::timespec {
             tv_sec: (wait_us / 1_000_000) as libc::time_t,
             tv_nsec: ((wait_us % 1_000_000) * 1000) as libc::c_long,
@@ -415,6 +457,14 @@ impl UdpDriver {
     /// are handed to the endpoint in kernel receive order (see the `rx`
     /// module: a channel's frames may arrive on several sockets).
     fn receive_ready(&mut self) {
+        let xdp_ready = self.xdp.is_some()
+            && self
+                .pollfds
+                .get(self.sockets.len())
+                .is_some_and(|p| p.revents & (libc::POLLIN | libc::POLLERR) != 0);
+        if xdp_ready {
+            self.receive_xdp();
+        }
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         ready.extend(
@@ -467,6 +517,51 @@ impl UdpDriver {
         }
         self.ready = ready;
         self.order = order;
+    }
+
+    /// Reads the AF_XDP rx ring until it is empty or the per-run budget
+    /// is spent, feeding each batch to the endpoint (in ring order, which
+    /// is arrival order) and sending what that causes.
+    fn receive_xdp(&mut self) {
+        let mut budget = self.cfg.recv_datagrams_per_run_max;
+        while budget > 0 {
+            let Some(mut x) = self.xdp.take() else { return };
+            let groups: Vec<u16> = self.sockets.iter().map(|s| s.local.port()).collect();
+            let is_ours = |p: u16| groups.contains(&p);
+            let now = self.now_us();
+            let mut rejected: Vec<String> = Vec::new();
+            let (endpoint, stats) = (&mut self.endpoint, &mut self.stats);
+            let mut refused = Vec::new();
+            let n = x.receive(
+                RX_BATCH_FRAMES_MAX.min(budget),
+                &is_ours,
+                &mut |got| {
+                    let datagrams: Vec<&[u8]> = got.iter().map(|d| d.1).collect();
+                    for d in &datagrams {
+                        stats.datagrams_received += 1;
+                        stats.bytes_received += d.len() as u64;
+                    }
+                    endpoint.handle_datagrams(now, &datagrams, |i, why| {
+                        refused.push(format!("datagram from {} dropped: {why}", got[i].0));
+                    });
+                },
+                &mut |why| rejected.push(why),
+            );
+            self.xdp = Some(x);
+            self.stats.endpoint_rejected += refused.len() as u64;
+            for text in refused.into_iter().chain(rejected) {
+                if self.rejects_noticed < REJECTS_NOTICED_MAX {
+                    self.rejects_noticed += 1;
+                    self.notice(text);
+                }
+            }
+            if n == 0 {
+                return;
+            }
+            budget = budget.saturating_sub(n);
+            self.fire_timers();
+            self.flush();
+        }
     }
 
     /// Receives what is waiting on any socket, without blocking; what it
@@ -638,6 +733,9 @@ impl UdpDriver {
 
     /// Hands every socket's queue to the kernel.
     fn flush_queues(&mut self) -> Flushed {
+        if self.xdp.is_some() {
+            return self.flush_queues_xdp();
+        }
         let mut result = Flushed::All;
         let mut notices = Vec::new();
         for s in &mut self.sockets {
@@ -654,6 +752,73 @@ impl UdpDriver {
                 result = Flushed::Blocked;
             }
         }
+        for n in notices {
+            self.notice(n);
+        }
+        result
+    }
+
+    /// Hands every socket's queue to the AF_XDP tx ring (a datagram to a
+    /// peer without a known MAC goes through its kernel socket), then
+    /// starts transmission.
+    fn flush_queues_xdp(&mut self) -> Flushed {
+        let Some(mut x) = self.xdp.take() else {
+            return Flushed::All;
+        };
+        let now_ms = self.now_us() / 1000;
+        let mut result = Flushed::All;
+        let mut notices = Vec::new();
+        let mut queued = false;
+        for s in &mut self.sockets {
+            if s.tx.is_empty() {
+                continue;
+            }
+            let (fd, port) = (s.socket.as_raw_fd(), s.local.port());
+            let stats = &mut self.stats;
+            let r =
+                s.tx.drain_each(|dest, bytes| match x.send(port, dest, bytes, now_ms) {
+                    XdpSend::Queued => {
+                        stats.datagrams_sent += 1;
+                        stats.bytes_sent += bytes.len() as u64;
+                        queued = true;
+                        true
+                    }
+                    XdpSend::NoRoute => {
+                        match socket::send_one(fd, dest, bytes) {
+                            Ok(()) => {
+                                stats.datagrams_sent += 1;
+                                stats.bytes_sent += bytes.len() as u64;
+                            }
+                            Err(e) => {
+                                // Dropped: the protocol retransmits.
+                                stats.send_errors += 1;
+                                if stats.send_errors_noticed < REJECTS_NOTICED_MAX {
+                                    stats.send_errors_noticed += 1;
+                                    notices.push(format!(
+                                        "send to {dest} through the kernel failed, dropped: {e}"
+                                    ));
+                                }
+                            }
+                        }
+                        true
+                    }
+                    XdpSend::Full => false,
+                });
+            if r == Flushed::Blocked {
+                result = Flushed::Blocked;
+                break;
+            }
+        }
+        if queued || result == Flushed::Blocked {
+            if let Err(e) = x.kick() {
+                notices.push(format!("AF_XDP transmit kick failed: {e}"));
+            }
+        }
+        self.xdp_blocked = result == Flushed::Blocked;
+        if self.xdp_blocked {
+            self.stats.send_would_block += 1;
+        }
+        self.xdp = Some(x);
         for n in notices {
             self.notice(n);
         }

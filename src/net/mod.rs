@@ -39,6 +39,7 @@
 
 mod config;
 mod driver;
+pub mod netns;
 pub mod nft;
 mod rx;
 mod socket;
@@ -48,3 +49,4 @@ mod tx;
 pub use config::{PeerMap, UdpConfig, GSO_SEGMENTS_KERNEL_MAX, UDP_PAYLOAD_BYTES_MAX};
 pub use driver::{BindReport, Offload, UdpDriver};
 pub use stats::{NetStats, UdpSnmp};
+pub mod xdp;

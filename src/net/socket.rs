@@ -303,6 +303,28 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
     })
 }
 
+/// Sends one datagram from `fd` to `dest` without blocking (the AF_XDP
+/// path's way through the kernel for a peer whose MAC is not known yet).
+pub(crate) fn send_one(fd: RawFd, dest: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+    let name = RawAddr::from_std(&dest);
+    // SAFETY: bytes and name are valid for the call.
+    let r = unsafe {
+        libc::sendto(
+            fd,
+            bytes.as_ptr() as *const libc::c_void,
+            bytes.len(),
+            libc::MSG_DONTWAIT,
+            &name.storage as *const _ as *const libc::sockaddr,
+            name.len,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

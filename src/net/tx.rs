@@ -182,6 +182,25 @@ impl TxQueue {
         }
     }
 
+    /// Hands each waiting datagram to `send` (the AF_XDP path), in order,
+    /// until it returns false (no room: the rest waits) or none is left.
+    pub(crate) fn drain_each(
+        &mut self,
+        mut send: impl FnMut(SocketAddr, &[u8]) -> bool,
+    ) -> Flushed {
+        if self.runs[self.head..].iter().any(|r| r.segments > 1) {
+            self.split_runs();
+        }
+        while !self.is_empty() {
+            let r = self.runs[self.head];
+            if !send(r.dest, &self.buf[r.start..r.start + r.len]) {
+                return Flushed::Blocked;
+            }
+            self.consumed(1);
+        }
+        Flushed::All
+    }
+
     /// Hands every waiting run to the kernel with `sendmmsg`, until done or
     /// the socket would block. Errors other than EAGAIN drop the message
     /// they belong to (the protocol retransmits), counted in `stats` and

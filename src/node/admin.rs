@@ -528,6 +528,36 @@ fn metrics_text_with(
             "The longest single stall of any loop, ms",
             s.stalls.longest_ms,
         ),
+        (
+            "net_xdp_loops",
+            "Loops whose datagrams go through AF_XDP (the rest use sockets: /status net says why)",
+            s.net.iter().filter(|n| n.xdp).count() as u64,
+        ),
+        (
+            "xdp_rx_datagrams",
+            "Datagrams received through the AF_XDP rx rings",
+            s.net.iter().map(|n| n.counters.rx_datagrams).sum(),
+        ),
+        (
+            "xdp_rx_rejected",
+            "Frames on the AF_XDP rx rings refused (not a UDP datagram to this node, bad IP header)",
+            s.net.iter().map(|n| n.counters.rx_rejected).sum(),
+        ),
+        (
+            "xdp_tx_datagrams",
+            "Datagrams sent through the AF_XDP tx rings",
+            s.net.iter().map(|n| n.counters.tx_datagrams).sum(),
+        ),
+        (
+            "xdp_tx_via_kernel",
+            "Datagrams of the AF_XDP path sent through the kernel socket (peer MAC not yet known)",
+            s.net.iter().map(|n| n.counters.tx_via_kernel).sum(),
+        ),
+        (
+            "xdp_tx_ring_full",
+            "Sends that found the AF_XDP tx ring or its frames all in use",
+            s.net.iter().map(|n| n.counters.tx_ring_full).sum(),
+        ),
     ] {
         let g = Gauge::<u64, AtomicU64>::default();
         reg.register(name, help, g.clone());
@@ -703,6 +733,16 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "stalled_ms": s.stalls.stalled_ms,
             "longest_ms": s.stalls.longest_ms,
         },
+        "net": s.net.iter().map(|n| serde_json::json!({
+            "loop": n.core_loop,
+            "backend": if n.xdp { "xdp" } else { "sockets" },
+            "detail": n.detail,
+            "xdp_rx_datagrams": n.counters.rx_datagrams,
+            "xdp_rx_rejected": n.counters.rx_rejected,
+            "xdp_tx_datagrams": n.counters.tx_datagrams,
+            "xdp_tx_via_kernel": n.counters.tx_via_kernel,
+            "xdp_tx_ring_full": n.counters.tx_ring_full,
+        })).collect::<Vec<_>>(),
         "groups": s.groups.iter().map(|g| serde_json::json!({
             "group": g.group,
             "role": role_name(g.role),

@@ -68,6 +68,8 @@ pub struct NodeSpec {
     /// A loop turn that comes back later than it asked by more than this
     /// is a stall of this node, not counted against its peers or timers.
     pub stall_grace_ms: u64,
+    /// The datagram path: AF_XDP or sockets (`[net]`).
+    pub net: crate::net::xdp::XdpConfig,
 }
 
 /// Default `stall_grace_ms`: well above a healthy turn's lateness (a few
@@ -111,6 +113,11 @@ impl NodeSpec {
             serial_baud: 115_200,
             snapshot_interval_ms: SNAPSHOT_INTERVAL_MS,
             stall_grace_ms: STALL_GRACE_MS,
+            // Loopback has no XDP path: sockets, without trying.
+            net: crate::net::xdp::XdpConfig {
+                backend: crate::net::xdp::Backend::Sockets,
+                ..Default::default()
+            },
         }
     }
 

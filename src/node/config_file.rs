@@ -240,6 +240,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     }
     check::entries_fit(&wal, &transport, &mut warnings);
     let client = check::client(&raw.client)?;
+    let net = check::net(raw.net)?;
     let serial_baud = check::serial(
         raw.serial,
         &peers,
@@ -272,6 +273,7 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         serial_baud,
         snapshot_interval_ms,
         stall_grace_ms,
+        net,
     };
     // Everything above covers what this checks; a message from here is a
     // gap in this module, still better than a refusal at spawn.

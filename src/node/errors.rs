@@ -48,6 +48,8 @@ pub enum StartError {
     /// A loop thread ended while opening (it panicked; the panic message
     /// went to stderr).
     LoopDied,
+    /// `net.backend = "xdp"` and AF_XDP cannot be used here: why.
+    Xdp(String),
 }
 
 impl StartError {
@@ -73,6 +75,10 @@ impl fmt::Display for StartError {
             StartError::Udp(e) => write!(f, "udp: {e}"),
             StartError::Os { what, error } => write!(f, "{what}: {error}"),
             StartError::LoopDied => write!(f, "a node thread died while opening"),
+            StartError::Xdp(why) => write!(
+                f,
+                "net.backend = \"xdp\" but AF_XDP cannot be used: {why} (\"auto\" would run on sockets)"
+            ),
         }
     }
 }

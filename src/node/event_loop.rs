@@ -21,7 +21,7 @@ use super::log::{log_error, log_info, log_warn};
 use super::mesh::{CoreMailbox, CoreMsg, Routing, Wiring};
 use super::replica::Replica;
 use super::stall::{StallClock, STALL_LOGGED_MS};
-use super::status::{NodeStatus, StallView, TransportView};
+use super::status::{NetView, NodeStatus, StallView, TransportView};
 use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Role};
 use crate::heartbeat::failover::{on_event, on_group_status};
@@ -88,6 +88,8 @@ pub(crate) struct EventLoop {
     /// When (real ms) a stall was last logged, and stalls not logged since.
     stall_logged_real_ms: u64,
     stalls_unlogged: u64,
+    /// How the datagrams go (AF_XDP's description), or why on sockets.
+    net_detail: String,
 }
 
 impl EventLoop {
@@ -105,6 +107,7 @@ impl EventLoop {
         waker: Waker,
         routing: Arc<Routing>,
         ports: Receiver<PortCommand>,
+        net: super::handle::NetPath,
     ) -> Result<Self, StartError> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
@@ -120,10 +123,23 @@ impl EventLoop {
             super::host::os_seed(),
         )
         .map_err(SpecError::Transport)?;
-        let (udp, report) = UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
+        let (mut udp, report) =
+            UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
         for w in &report.warnings {
             log_warn!("node {id}: {w}");
         }
+        let net_detail = match net.and_then(|node| node.port(me as u32)) {
+            Ok(port) => {
+                let d = port.describe();
+                log_info!("node {id} loop {me}: datagrams through {d}");
+                udp.attach_xdp(port);
+                d
+            }
+            Err(why) if spec.net.backend == crate::net::xdp::Backend::Xdp => {
+                return Err(StartError::Xdp(why));
+            }
+            Err(why) => why,
+        };
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();
         for g in &spec.groups {
@@ -175,6 +191,7 @@ impl EventLoop {
             clock: StallClock::new(now, spec.stall_grace_ms),
             stall_logged_real_ms: 0,
             stalls_unlogged: 0,
+            net_detail,
             spec,
         })
     }
@@ -771,6 +788,12 @@ impl EventLoop {
                 stalled_ms: self.clock.stalled_ms(),
                 longest_ms: self.clock.longest_ms(),
             },
+            net: vec![NetView {
+                core_loop: self.me,
+                xdp: self.udp.xdp().is_some(),
+                detail: self.net_detail.clone(),
+                counters: self.udp.xdp().map(|x| x.1).unwrap_or_default(),
+            }],
             transport: self
                 .spec
                 .peers

@@ -6,7 +6,7 @@ use super::command::{CoreCommand, ProposeError, QueryReply, ReadReply, Reply, St
 use super::config::NodeSpec;
 use super::errors::StartError;
 use super::event_loop::EventLoop;
-use super::log::log_warn;
+use super::log::{log_info, log_warn};
 use super::mesh::{CoreLink, CoreMailbox, CoreMsg, Routing, Wiring};
 use super::status::NodeStatus;
 use super::waker::Waker;
@@ -118,6 +118,7 @@ impl NodeHandle {
             clients: std::sync::Arc::default(),
             quotas: std::sync::Mutex::new(None),
         };
+        let net = open_net_path(&spec, &plan)?;
         for (i, (core, groups)) in plan.into_iter().enumerate() {
             let wiring = if i == 0 {
                 Wiring::Control((1..mesh.len()).map(mailbox).collect())
@@ -134,6 +135,7 @@ impl NodeHandle {
             let (ports_tx, ports_rx) = bounded(4);
             let routing = Arc::clone(&routing);
             let (opened_tx, opened) = bounded(1);
+            let net = net.clone();
             let name = match core {
                 Some(c) => format!("quire-n{id}-core{c}"),
                 None => format!("quire-n{id}"),
@@ -149,7 +151,7 @@ impl NodeHandle {
                         }
                     }
                     let opened_loop = EventLoop::open(
-                        core_spec, started, i, rx, inbox, wiring, waker, routing, ports_rx,
+                        core_spec, started, i, rx, inbox, wiring, waker, routing, ports_rx, net,
                     );
                     match opened_loop {
                         Ok(mut ev) => {
@@ -488,6 +490,7 @@ impl NodeHandle {
                     m.mac_failures += s.mac_failures;
                     m.malformed_dropped += s.malformed_dropped;
                     m.stalls.merge(s.stalls);
+                    m.net.extend(s.net);
                     for t in s.transport {
                         match m.transport.iter_mut().find(|x| x.peer == t.peer) {
                             Some(x) => {
@@ -568,5 +571,55 @@ impl NodeHandle {
 impl Drop for NodeHandle {
     fn drop(&mut self) {
         self.stop_inner();
+    }
+}
+
+/// The node's AF_XDP program, shared by its loops, or why the loops run
+/// on sockets: `Err` holds the reason, logged here once. `net.backend =
+/// "xdp"` makes an unusable AF_XDP a start error instead.
+pub(crate) type NetPath = Result<Arc<crate::net::xdp::XdpNode>, String>;
+
+fn open_net_path(
+    spec: &NodeSpec,
+    plan: &[(Option<usize>, Vec<super::config::GroupSpec>)],
+) -> Result<NetPath, StartError> {
+    use crate::net::xdp::{Backend, XdpNode};
+    if spec.net.backend == Backend::Sockets {
+        return Ok(Err("net.backend = \"sockets\"".into()));
+    }
+    // Loop i's groups arrive on receive queue i.
+    let routes: Vec<(u16, u32)> = plan
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, groups))| {
+            groups
+                .iter()
+                .map(move |g| ((u32::from(spec.udp.base_port) + g.group) as u16, i as u32))
+        })
+        .collect();
+    match XdpNode::open(
+        &spec.net,
+        spec.udp.bind_ip,
+        spec.transport.mtu_bytes,
+        &routes,
+    ) {
+        Ok(node) => {
+            log_info!(
+                "node {}: XDP program ({} instructions) attached to {} ({} XDP)",
+                spec.id,
+                node.program_insns,
+                node.iface.name,
+                node.attach_mode
+            );
+            Ok(Ok(Arc::new(node)))
+        }
+        Err(why) if spec.net.backend == Backend::Xdp => Err(StartError::Xdp(why)),
+        Err(why) => {
+            log_info!(
+                "node {}: datagrams go through sockets: AF_XDP unavailable: {why}",
+                spec.id
+            );
+            Ok(Err(format!("AF_XDP unavailable: {why}")))
+        }
     }
 }

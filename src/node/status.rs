@@ -183,6 +183,21 @@ pub struct NodeStatus {
     /// The node's own stalls (its loops paused or starved), which are not
     /// counted against its peers or timers.
     pub stalls: StallView,
+    /// Each loop's datagram path (AF_XDP or sockets, and why).
+    pub net: Vec<NetView>,
+}
+
+/// One loop's datagram path.
+#[derive(Clone, Debug, Default)]
+pub struct NetView {
+    /// The loop (0 is the first).
+    pub core_loop: usize,
+    /// True if its datagrams go through AF_XDP.
+    pub xdp: bool,
+    /// How it runs (interface, queue, mode), or why not on AF_XDP.
+    pub detail: String,
+    /// The AF_XDP counters (zero on sockets).
+    pub counters: crate::net::xdp::XdpStats,
 }
 
 /// A node's own stalls, summed over its loops.

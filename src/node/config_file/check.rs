@@ -3,7 +3,7 @@
 //! first fault, naming its key.
 
 use super::raw::{
-    RawClient, RawDisk, RawNode, RawPeer, RawSerial, RawSnapshot, RawStorage, RawTimers,
+    RawClient, RawDisk, RawNet, RawNode, RawPeer, RawSerial, RawSnapshot, RawStorage, RawTimers,
     RawTransport, RawUdp,
 };
 use super::{
@@ -252,6 +252,22 @@ pub(super) fn udp(raw: RawUdp, groups: &[GroupSpec]) -> Result<UdpConfig, Bad> {
     }
     udp.validate().map_err(|e| in_section("udp", e))?;
     Ok(udp)
+}
+
+/// `[net]`: the datagram path and the AF_XDP settings.
+pub(super) fn net(raw: RawNet) -> Result<crate::net::xdp::XdpConfig, Bad> {
+    let mut net = crate::net::xdp::XdpConfig::default();
+    if let Some(b) = &raw.backend {
+        net.backend = b.parse().map_err(|e: String| bad("net.backend", e))?;
+    }
+    if let Some(f) = raw.xdp_umem_frames {
+        net.umem_frames = f;
+    }
+    if let Some(z) = raw.xdp_zero_copy {
+        net.zero_copy = z;
+    }
+    net.validate().map_err(|e| bad("net.xdp_umem_frames", e))?;
+    Ok(net)
 }
 
 /// The same port twice, in any role (see [`collide`]).

@@ -30,6 +30,16 @@ pub(super) struct RawFile {
     pub(super) snapshot: RawSnapshot,
     #[serde(default)]
     pub(super) client: RawClient,
+    #[serde(default)]
+    pub(super) net: RawNet,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNet {
+    pub(super) backend: Option<String>,
+    pub(super) xdp_umem_frames: Option<u32>,
+    pub(super) xdp_zero_copy: Option<bool>,
 }
 
 #[derive(Default, Deserialize)]

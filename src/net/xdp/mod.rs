@@ -1,0 +1,443 @@
+//! The AF_XDP path of the UDP driver: the groups' datagrams bypass the
+//! kernel's network stack, in and out, on the interface that holds the
+//! node's UDP address.
+//!
+//! - **Per node** ([`XdpNode`]): one XDP program on the interface, which
+//!   redirects a group's UDP datagrams to the AF_XDP socket of the
+//!   receive queue they arrived on if that queue belongs to the loop that
+//!   owns the group, and passes everything else to the kernel; an XSKMAP
+//!   (queue -> socket); a BPF link that detaches the program when the
+//!   daemon exits, however it exits.
+//! - **Per loop** ([`XdpPort`]): an AF_XDP socket on the queue numbered
+//!   like the loop (loop 0: queue 0), with its UMEM. On a NIC with
+//!   several queues the operator steers each group's port to its loop's
+//!   queue (ethtool ntuple rules, HARDWARE.md); a datagram that lands on
+//!   another queue is passed to the kernel and still reaches the group's
+//!   socket, only not bypassing.
+//! - **Sending**: the driver writes Ethernet, IP and UDP headers itself;
+//!   the peer's MAC comes from the kernel's neighbour table. A peer
+//!   without an entry yet is sent to through the kernel socket, which also
+//!   makes the kernel resolve it (ARP or neighbour discovery).
+//! - **The kernel sockets stay bound**: they keep the ports ours, receive
+//!   whatever the program passes (fragments, IP options, other queues),
+//!   and carry what cannot go through the rings.
+//!
+//! [`XdpNode::open`] fails with the reason when AF_XDP cannot be used
+//! (no privileges, a loopback address, an MTU that does not fit a UMEM
+//! frame, a kernel without AF_XDP): the node then runs on sockets alone
+//! and says why (`net.backend = "auto"`), or refuses to start (`"xdp"`).
+
+pub mod bpf;
+pub mod frame;
+pub mod link;
+pub mod xsk;
+
+use frame::{FrameAddrs, Mac};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use xsk::{Mode, Xsk, XskSizes};
+
+/// UMEM frame size: room for a 1500-byte MTU frame and the kernel's
+/// 256-byte receive headroom, twice over.
+pub const XDP_FRAME_BYTES: u32 = 4096;
+/// Headroom the kernel keeps in front of a received frame in copy mode
+/// (XDP_PACKET_HEADROOM).
+const XDP_RX_HEADROOM_BYTES: usize = 256;
+/// Ethernet header and FCS-free framing the MTU does not count.
+const ETHERNET_HEADER_BYTES: usize = 14;
+/// How long a peer's MAC (or its absence) is trusted before the
+/// neighbour table is read again, ms.
+const NEIGHBOUR_REFRESH_MS: u64 = 1_000;
+/// How soon a peer without a MAC is looked up again, ms: the kernel
+/// resolves it within a round trip of the first datagram sent through
+/// the socket, and a lookup costs microseconds.
+const NEIGHBOUR_MISS_RETRY_MS: u64 = 1;
+/// Frames read from the rx ring per call.
+pub const RX_BATCH_FRAMES_MAX: usize = 64;
+
+/// Which path the node's datagrams take (`net.backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// AF_XDP where it works, sockets (with the reason logged) where not.
+    #[default]
+    Auto,
+    /// AF_XDP or refuse to start.
+    Xdp,
+    /// Kernel UDP sockets only.
+    Sockets,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "xdp" => Ok(Backend::Xdp),
+            "sockets" => Ok(Backend::Sockets),
+            other => Err(format!(
+                "unknown backend {other:?}: one of \"auto\", \"xdp\", \"sockets\""
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Auto => "auto",
+            Backend::Xdp => "xdp",
+            Backend::Sockets => "sockets",
+        })
+    }
+}
+
+/// The AF_XDP settings (`[net]` in the config file).
+#[derive(Clone, Debug)]
+pub struct XdpConfig {
+    /// Which path to take.
+    pub backend: Backend,
+    /// UMEM frames per loop (a power of two): half receive, half send.
+    pub umem_frames: u32,
+    /// Ask for zero-copy (falls back to copy mode, with the reason).
+    pub zero_copy: bool,
+}
+
+impl Default for XdpConfig {
+    fn default() -> Self {
+        XdpConfig {
+            backend: Backend::Auto,
+            umem_frames: 4096,
+            zero_copy: true,
+        }
+    }
+}
+
+impl XdpConfig {
+    /// Checks the values, naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.umem_frames.is_power_of_two() || !(64..=1 << 20).contains(&self.umem_frames) {
+            return Err(format!(
+                "net.xdp_umem_frames {}: a power of two in 64..=1048576",
+                self.umem_frames
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The node's XDP program on its interface, shared by its loops.
+pub struct XdpNode {
+    /// The interface.
+    pub iface: link::Interface,
+    /// The local address the program steers.
+    pub local: IpAddr,
+    /// Native (driver) or generic XDP.
+    pub attach_mode: &'static str,
+    /// Instructions of the loaded program.
+    pub program_insns: usize,
+    cfg: XdpConfig,
+    xskmap: OwnedFd,
+    _link: OwnedFd,
+    _program: bpf::Program,
+}
+
+impl XdpNode {
+    /// Loads and attaches the program for `routes`: (UDP port, receive
+    /// queue of the loop that owns the port's group). Fails with the
+    /// reason AF_XDP cannot be used here.
+    pub fn open(
+        cfg: &XdpConfig,
+        local: IpAddr,
+        mtu_bytes: usize,
+        routes: &[(u16, u32)],
+    ) -> Result<XdpNode, String> {
+        if local.is_unspecified() {
+            return Err(format!(
+                "the UDP address {local} is unspecified: AF_XDP needs the address of one interface"
+            ));
+        }
+        let iface = link::interface_of(local).map_err(|e| e.to_string())?;
+        if iface.loopback {
+            return Err(format!(
+                "{local} is on the loopback interface {}, which has no XDP path",
+                iface.name
+            ));
+        }
+        let frame_need = mtu_bytes + ETHERNET_HEADER_BYTES + XDP_RX_HEADROOM_BYTES;
+        if frame_need > XDP_FRAME_BYTES as usize {
+            return Err(format!(
+                "transport.mtu_bytes {mtu_bytes} does not fit a {XDP_FRAME_BYTES}-byte UMEM frame \
+                 with the kernel's {XDP_RX_HEADROOM_BYTES}-byte headroom (no multi-buffer XDP yet): \
+                 at most {} with AF_XDP",
+                XDP_FRAME_BYTES as usize - ETHERNET_HEADER_BYTES - XDP_RX_HEADROOM_BYTES
+            ));
+        }
+        if (iface.mtu as usize) < mtu_bytes {
+            return Err(format!(
+                "interface {} has MTU {}, below transport.mtu_bytes {mtu_bytes}",
+                iface.name, iface.mtu
+            ));
+        }
+        let queues = routes.iter().map(|r| r.1).max().map_or(1, |q| q + 1);
+        let xskmap = bpf::create_xskmap(queues.max(iface.queues)).map_err(|e| e.to_string())?;
+        let program = bpf::Program::load(
+            &bpf::Steering {
+                local,
+                routes: routes.to_vec(),
+            },
+            bpf::OnMatch::Redirect(xskmap.as_raw_fd()),
+        )
+        .map_err(|e| e.to_string())?;
+        // Native XDP where the driver has it; generic (after the skb is
+        // built, slower but everywhere) otherwise.
+        let (link, attach_mode) = match program.attach(iface.index, bpf::XDP_FLAGS_DRV_MODE) {
+            Ok(l) => (l, "native"),
+            Err(native) => match program.attach(iface.index, bpf::XDP_FLAGS_SKB_MODE) {
+                Ok(l) => (l, "generic"),
+                Err(generic) => {
+                    return Err(format!("{native}; generic XDP too: {generic}"));
+                }
+            },
+        };
+        Ok(XdpNode {
+            local,
+            attach_mode,
+            program_insns: program.insns,
+            cfg: cfg.clone(),
+            xskmap,
+            _link: link,
+            _program: program,
+            iface,
+        })
+    }
+
+    /// Opens loop `queue`'s socket (the loop numbered like the queue).
+    pub fn port(&self, queue: u32) -> Result<XdpPort, String> {
+        if queue >= self.iface.queues.max(1) {
+            return Err(format!(
+                "interface {} has {} receive queues; this loop would need queue {queue}",
+                self.iface.name, self.iface.queues
+            ));
+        }
+        let sizes = XskSizes {
+            frames: self.cfg.umem_frames,
+            frame_bytes: XDP_FRAME_BYTES,
+        };
+        let (xsk, zero_copy_refused) = xsk::open_in_map(
+            self.iface.index,
+            queue,
+            sizes,
+            self.cfg.zero_copy,
+            self.xskmap.as_raw_fd(),
+        )
+        .map_err(|e| e.to_string())?;
+        let neighbours = link::Neighbours::open().map_err(|e| e.to_string())?;
+        Ok(XdpPort {
+            xsk,
+            queue,
+            ifindex: self.iface.index,
+            iface: self.iface.name.clone(),
+            attach_mode: self.attach_mode,
+            local_ip: self.local,
+            local_mac: self.iface.mac,
+            neighbours,
+            macs: HashMap::new(),
+            zero_copy_refused,
+            stats: XdpStats::default(),
+        })
+    }
+}
+
+/// Counters of a loop's AF_XDP path.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct XdpStats {
+    /// Datagrams received through the rx ring.
+    pub rx_datagrams: u64,
+    /// Frames on the rx ring refused (not an IPv4/IPv6 UDP datagram to us,
+    /// bad IP checksum or lengths).
+    pub rx_rejected: u64,
+    /// Datagrams sent through the tx ring.
+    pub tx_datagrams: u64,
+    /// Datagrams sent through the kernel socket because the peer's MAC was
+    /// not known yet (or it is not on the link).
+    pub tx_via_kernel: u64,
+    /// Sends that waited for a free frame or tx slot.
+    pub tx_ring_full: u64,
+    /// Neighbour table reads.
+    pub neighbour_lookups: u64,
+}
+
+/// A datagram read from the rx ring: its source and payload (in the UMEM).
+pub type Received<'a> = (SocketAddr, &'a [u8]);
+
+/// What became of one datagram handed to [`XdpPort::send`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpSend {
+    /// On the tx ring.
+    Queued,
+    /// No MAC for the peer: send it through the kernel.
+    NoRoute,
+    /// No free frame or slot: wait for completions.
+    Full,
+}
+
+/// One loop's AF_XDP socket and what it needs to build frames.
+pub struct XdpPort {
+    xsk: Xsk,
+    queue: u32,
+    ifindex: u32,
+    iface: String,
+    attach_mode: &'static str,
+    local_ip: IpAddr,
+    local_mac: Mac,
+    neighbours: link::Neighbours,
+    /// Peer address -> (MAC if known, when looked up in ms).
+    macs: HashMap<IpAddr, (Option<Mac>, u64)>,
+    zero_copy_refused: Option<String>,
+    stats: XdpStats,
+}
+
+impl XdpPort {
+    /// The socket, for the driver's poll.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.xsk.fd()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> XdpStats {
+        XdpStats {
+            tx_ring_full: self.xsk.stats().tx_ring_full,
+            ..self.stats
+        }
+    }
+
+    /// One line for the log and `/status`: how the socket runs.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "AF_XDP on {} queue {} ({} mode, {} XDP)",
+            self.iface,
+            self.queue,
+            self.xsk.mode(),
+            self.attach_mode
+        );
+        if let Some(why) = &self.zero_copy_refused {
+            s.push_str(&format!("; {why}"));
+        }
+        s
+    }
+
+    /// True if bound in zero-copy mode.
+    pub fn zero_copy(&self) -> bool {
+        self.xsk.mode() == Mode::ZeroCopy
+    }
+
+    fn mac_of(&mut self, ip: IpAddr, now_ms: u64) -> Option<Mac> {
+        if let Some(&(mac, at)) = self.macs.get(&ip) {
+            let fresh = if mac.is_some() {
+                NEIGHBOUR_REFRESH_MS
+            } else {
+                NEIGHBOUR_MISS_RETRY_MS
+            };
+            if now_ms < at + fresh {
+                return mac;
+            }
+        }
+        self.stats.neighbour_lookups += 1;
+        let mac = self.neighbours.lookup(self.ifindex, ip).ok().flatten();
+        self.macs.insert(ip, (mac, now_ms));
+        mac
+    }
+
+    /// Puts one datagram from local port `src_port` to `dest` on the tx
+    /// ring (call [`XdpPort::kick`] after a batch).
+    pub fn send(
+        &mut self,
+        src_port: u16,
+        dest: SocketAddr,
+        payload: &[u8],
+        now_ms: u64,
+    ) -> XdpSend {
+        if dest.is_ipv4() != self.local_ip.is_ipv4() {
+            return XdpSend::NoRoute;
+        }
+        let Some(dst_mac) = self.mac_of(dest.ip(), now_ms) else {
+            self.stats.tx_via_kernel += 1;
+            return XdpSend::NoRoute;
+        };
+        let addrs = FrameAddrs {
+            src_mac: self.local_mac,
+            dst_mac,
+            src: SocketAddr::new(self.local_ip, src_port),
+            dst: dest,
+        };
+        let head = frame::headers_bytes(&self.local_ip);
+        if head + payload.len() > self.xsk.frame_bytes() {
+            self.stats.tx_via_kernel += 1;
+            return XdpSend::NoRoute;
+        }
+        let ok = self.xsk.send(|buf| {
+            buf[head..head + payload.len()].copy_from_slice(payload);
+            frame::seal_in_place(buf, &addrs, payload.len()).unwrap_or(0)
+        });
+        if ok {
+            self.stats.tx_datagrams += 1;
+            XdpSend::Queued
+        } else {
+            XdpSend::Full
+        }
+    }
+
+    /// Starts transmission of what was queued.
+    pub fn kick(&mut self) -> io::Result<()> {
+        self.xsk.kick()
+    }
+
+    /// Frames that can be queued now.
+    pub fn tx_free(&mut self) -> usize {
+        self.xsk.tx_free()
+    }
+
+    /// Reads up to `max` frames from the rx ring: `f` gets the datagrams
+    /// addressed to one of `ports` on this node as (source, payload), all
+    /// at once (the payloads are in the UMEM, valid during the call);
+    /// `rejected` gets each refused frame's reason. Returns frames read.
+    pub fn receive(
+        &mut self,
+        max: usize,
+        ports: &dyn Fn(u16) -> bool,
+        f: &mut dyn FnMut(&[Received<'_>]),
+        rejected: &mut dyn FnMut(String),
+    ) -> usize {
+        let local = self.local_ip;
+        let stats = &mut self.stats;
+        self.xsk.receive(max, |frames| {
+            let mut got: Vec<(SocketAddr, &[u8])> = Vec::with_capacity(frames.len());
+            for fr in frames {
+                // The UDP checksum is not verified: every datagram carries
+                // the transport's keyed BLAKE3 tag, which catches all a
+                // 16-bit sum would; and frames the kernel sent through a
+                // veth carry only the pseudo-header sum (CHECKSUM_PARTIAL).
+                match frame::parse_udp_with(fr, frame::UdpChecksum::Skip) {
+                    Ok(p) if p.dst.ip() == local && ports(p.dst.port()) => {
+                        got.push((p.src, p.payload));
+                    }
+                    Ok(p) => {
+                        stats.rx_rejected += 1;
+                        rejected(format!(
+                            "a frame from {} to {}, not one of this loop's ports",
+                            p.src, p.dst
+                        ));
+                    }
+                    Err(e) => {
+                        stats.rx_rejected += 1;
+                        rejected(format!("a frame refused: {e}"));
+                    }
+                }
+            }
+            stats.rx_datagrams += got.len() as u64;
+            f(&got);
+        })
+    }
+}
