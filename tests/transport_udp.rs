@@ -474,16 +474,10 @@ fn nftables_5_percent_loss_1_gib() {
 const NETNS_BASE_PORT: u16 = 7200;
 
 /// Two drivers in the two node namespaces of `net`, on their IPv4 (or
-/// IPv6) addresses, with the AF_XDP path attached if `xdp`; the XDP
-/// programs (which must outlive the exchange) come back with them.
-fn pair_in_namespaces(
-    spec: &Spec,
-    net: &TestNet,
-    xdp: bool,
-    v6: bool,
-) -> ([UdpDriver; 2], Vec<XdpNode>) {
+/// IPv6) addresses, with the AF_XDP path attached if `xdp` (each port
+/// keeps its node's XDP program attached).
+fn pair_in_namespaces(spec: &Spec, net: &TestNet, xdp: bool, v6: bool) -> [UdpDriver; 2] {
     let mut drivers = Vec::new();
-    let mut programs = Vec::new();
     for (i, &node) in NODES.iter().enumerate() {
         let ip = if v6 { net.nodes[i].v6 } else { net.nodes[i].v4 };
         let udp = UdpConfig {
@@ -492,11 +486,11 @@ fn pair_in_namespaces(
             groups: spec.groups.clone(),
             ..UdpConfig::default()
         };
-        let (d, p) = net
+        let d = net
             .in_node(i, || {
                 let mut d = driver(node, &udp, spec.seed);
                 if !xdp {
-                    return (d, None);
+                    return d;
                 }
                 let routes: Vec<(u16, u32)> = spec
                     .groups
@@ -508,16 +502,16 @@ fn pair_in_namespaces(
                     umem_frames: 4096,
                     zero_copy: true,
                 };
-                let program = XdpNode::open(&cfg, ip, 1500, &routes).expect("AF_XDP on a veth");
+                let program =
+                    Arc::new(XdpNode::open(&cfg, ip, 1500, &routes).expect("AF_XDP on a veth"));
                 let port = program.port(0).expect("an AF_XDP socket on queue 0");
                 say(&format!("node {node}: {}", port.describe()));
                 assert!(!port.zero_copy(), "a veth has no zero-copy AF_XDP");
                 d.attach_xdp(port);
-                (d, Some(program))
+                d
             })
             .expect("a thread in the namespace");
         drivers.push(d);
-        programs.extend(p);
     }
     for (i, d) in drivers.iter_mut().enumerate() {
         let peer = &net.nodes[1 - i];
@@ -528,7 +522,7 @@ fn pair_in_namespaces(
         }
     }
     let [a, b]: [UdpDriver; 2] = drivers.try_into().ok().unwrap();
-    ([a, b], programs)
+    [a, b]
 }
 
 /// The namespaces, or why this test is skipped.
@@ -588,7 +582,7 @@ fn xdp_lossless_between_namespaces_v4_and_v6() {
             groups: vec![0, 1],
             deadline: Duration::from_secs(60),
         };
-        let (drivers, _programs) = pair_in_namespaces(&spec, &net, true, v6);
+        let drivers = pair_in_namespaces(&spec, &net, true, v6);
         let (results, elapsed) = exchange(&spec, drivers);
         describe(&results, elapsed);
         for r in &results {
@@ -611,7 +605,7 @@ fn xdp_5_percent_loss_on_the_bridge() {
         groups: vec![0],
         deadline: Duration::from_secs(120),
     };
-    let (drivers, _programs) = pair_in_namespaces(&spec, &net, true, false);
+    let drivers = pair_in_namespaces(&spec, &net, true, false);
     let loss = net
         .loss(&[NETNS_BASE_PORT], 5)
         .expect("an nftables rule on the bridge");
@@ -647,7 +641,7 @@ fn sockets_between_namespaces_see_the_same_bridge_loss() {
         groups: vec![0],
         deadline: Duration::from_secs(120),
     };
-    let (drivers, _) = pair_in_namespaces(&spec, &net, false, false);
+    let drivers = pair_in_namespaces(&spec, &net, false, false);
     let loss = net
         .loss(&[NETNS_BASE_PORT], 5)
         .expect("an nftables rule on the bridge");

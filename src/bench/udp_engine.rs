@@ -70,10 +70,9 @@ pub struct UdpEngine {
     transport: TransportConfig,
     /// Where the ends run, for the report's note.
     place: String,
-    /// `net_backend`: the loss rule on the bridge, the XDP programs, and
-    /// the namespaces (dropped in this order, after the drivers stop).
+    /// `net_backend`: the loss rule on the bridge and the namespaces
+    /// (dropped in this order, after the drivers stop).
     bridge_loss: Option<BridgeRule>,
-    _programs: Vec<XdpNode>,
     _net: Option<TestNet>,
 }
 
@@ -100,7 +99,6 @@ impl UdpEngine {
             None => None,
         };
         let mut drivers = Vec::new();
-        let mut programs = Vec::new();
         let mut place = "127.0.0.1".to_string();
         for (i, node) in [SENDER, RECEIVER].into_iter().enumerate() {
             let ep = Endpoint::new(transport.clone(), key.clone(), node, node * 7919 + job.seed)
@@ -119,30 +117,30 @@ impl UdpEngine {
             };
             let xdp = job.net_backend == Some(NetBackend::Xdp);
             let mtu = transport.mtu_bytes;
-            let (d, program, how) = net
+            let (d, how) = net
                 .in_node(i, move || -> Result<_, String> {
                     let (mut d, _report) = UdpDriver::bind(udp, ep, PeerMap::new())
                         .map_err(|e| format!("binding UDP on {ip}: {e}"))?;
                     if !xdp {
-                        return Ok((d, None, "sockets".to_string()));
+                        return Ok((d, "sockets".to_string()));
                     }
                     let cfg = XdpConfig {
                         backend: Backend::Xdp,
                         ..XdpConfig::default()
                     };
                     let program = XdpNode::open(&cfg, ip, mtu, &[(NETNS_BASE_PORT, 0)])
+                        .map(std::sync::Arc::new)
                         .map_err(|e| format!("net_backend=xdp: {e}"))?;
                     let port = program
                         .port(0)
                         .map_err(|e| format!("net_backend=xdp: {e}"))?;
                     let how = port.describe();
                     d.attach_xdp(port);
-                    Ok((d, Some(program), how))
+                    Ok((d, how))
                 })
                 .map_err(|e| format!("entering a network namespace: {e}"))??;
             place = format!("two network namespaces on a bridge, {how}");
             drivers.push(d);
-            programs.extend(program);
         }
         let mut receiver = drivers.pop().expect("two drivers");
         let mut sender = drivers.pop().expect("two drivers");
@@ -229,7 +227,6 @@ impl UdpEngine {
             transport,
             place,
             bridge_loss,
-            _programs: programs,
             _net: net,
         })
     }

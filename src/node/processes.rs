@@ -45,6 +45,9 @@ pub struct NodeProcess {
     pub args: Vec<String>,
     /// Extra environment variables for its daemon; empty by default.
     pub env: Vec<(String, String)>,
+    /// The network namespace (a name under /var/run/netns) its daemon
+    /// runs in; `None`: this process's. The AF_XDP tests use it.
+    pub netns: Option<String>,
 }
 
 /// The cluster: its directory, nodes and cables.
@@ -199,6 +202,7 @@ impl LocalProcesses {
                     child: None,
                     args: Vec::new(),
                     env: Vec::new(),
+                    netns: None,
                 },
             );
         }
@@ -300,6 +304,22 @@ impl LocalProcesses {
         let is_quired = self.exe.file_name().is_some_and(|n| n == "quired");
         if !is_quired {
             cmd.arg("daemon");
+        }
+        if let Some(ns) = &node.netns {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let file = std::fs::File::open(format!("/var/run/netns/{ns}"))
+                .map_err(|e| format!("network namespace {ns}: {e}"))?;
+            // SAFETY: setns(2) is async-signal-safe; `file` stays open
+            // (moved into the closure) until the child execs.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let child = cmd
             .arg("--config")

@@ -5,6 +5,7 @@
 //! real host), so tests run the checks on fake /proc and /sys trees.
 
 pub mod disk;
+pub mod xdp;
 
 use crate::node::config_file::DaemonConfig;
 use serde_json::json;
@@ -85,7 +86,8 @@ impl Host {
     }
 
     /// Runs every check; `cfg` adds the node's own (buffers, disks, cores,
-    /// serial devices).
+    /// serial devices) and weighs the AF_XDP checks by `net.backend`
+    /// ([`xdp`]).
     pub fn check(&self, cfg: Option<&DaemonConfig>) -> Vec<Check> {
         let mut out = Vec::new();
         let rmem_want = cfg.map_or(16 << 20, |c| c.node.udp.recv_buffer_bytes) as u64;
@@ -120,6 +122,7 @@ impl Host {
             "sockets, segment files and client connections",
             "LimitNOFILE=1048576 in the systemd unit (tuning/quired.service)",
         ));
+        out.extend(self.xdp(cfg));
         if let Some(cfg) = cfg {
             out.extend(self.cores(cfg));
             for g in &cfg.node.groups {

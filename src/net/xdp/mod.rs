@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use xsk::{Mode, Xsk, XskSizes};
 
 /// UMEM frame size: room for a 1500-byte MTU frame and the kernel's
@@ -214,7 +215,9 @@ impl XdpNode {
     }
 
     /// Opens loop `queue`'s socket (the loop numbered like the queue).
-    pub fn port(&self, queue: u32) -> Result<XdpPort, String> {
+    /// The port holds the program: it stays attached while any port of
+    /// the node lives.
+    pub fn port(self: &Arc<Self>, queue: u32) -> Result<XdpPort, String> {
         if queue >= self.iface.queues.max(1) {
             return Err(format!(
                 "interface {} has {} receive queues; this loop would need queue {queue}",
@@ -235,6 +238,7 @@ impl XdpNode {
         .map_err(|e| e.to_string())?;
         let neighbours = link::Neighbours::open().map_err(|e| e.to_string())?;
         Ok(XdpPort {
+            _node: Arc::clone(self),
             xsk,
             queue,
             ifindex: self.iface.index,
@@ -285,6 +289,9 @@ pub enum XdpSend {
 
 /// One loop's AF_XDP socket and what it needs to build frames.
 pub struct XdpPort {
+    /// The program that steers datagrams to the socket (detached when
+    /// the last port and the node's own handle are gone).
+    _node: Arc<XdpNode>,
     xsk: Xsk,
     queue: u32,
     ifindex: u32,
