@@ -809,12 +809,14 @@ impl UdpDriver {
                 break;
             }
         }
-        if queued || result == Flushed::Blocked {
+        if queued || result == Flushed::Blocked || x.tx_pending() > 0 {
             if let Err(e) = x.kick() {
                 notices.push(format!("AF_XDP transmit kick failed: {e}"));
             }
         }
-        self.xdp_blocked = result == Flushed::Blocked;
+        // Frames left on the ring go with a kick soon, not with the next
+        // datagram (which may not come).
+        self.xdp_blocked = result == Flushed::Blocked || x.tx_pending() > 0;
         if self.xdp_blocked {
             self.stats.send_would_block += 1;
         }

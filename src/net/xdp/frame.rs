@@ -225,6 +225,18 @@ pub fn seal_in_place(
     addrs: &FrameAddrs,
     payload_len: usize,
 ) -> Result<usize, FrameError> {
+    seal_in_place_with(buf, addrs, payload_len, UdpChecksum::Verify)
+}
+
+/// [`seal_in_place`], leaving the UDP checksum out over IPv4 if `udp_checksum`
+/// is `Skip` (0, "none", RFC 768): a pass over the payload saved where the
+/// payload carries a stronger check of its own. IPv6 always has one.
+pub fn seal_in_place_with(
+    buf: &mut [u8],
+    addrs: &FrameAddrs,
+    payload_len: usize,
+    udp_checksum: UdpChecksum,
+) -> Result<usize, FrameError> {
     let headers = check_fits(buf.len(), addrs, payload_len)?;
     let frame_len = headers + payload_len;
     let frame = &mut buf[..frame_len];
@@ -258,6 +270,9 @@ pub fn seal_in_place(
     udp[2..4].copy_from_slice(&addrs.dst.port().to_be_bytes());
     udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
     udp[6..8].copy_from_slice(&[0, 0]);
+    if udp_checksum == UdpChecksum::Skip && addrs.src.is_ipv4() {
+        return Ok(frame_len);
+    }
     let checksum = !fold(pseudo_sum + sum_words(udp));
     // 0 on the wire means "no checksum" (and is refused over IPv6); its
     // ones'-complement twin 0xFFFF says the same sum (RFC 768).
@@ -662,6 +677,25 @@ mod tests {
                 assert_eq!(parsed.dst, addrs.dst);
                 assert_eq!(parsed.payload, &p[..], "len {len}");
             }
+        }
+    }
+
+    #[test]
+    fn an_ipv4_frame_sealed_without_a_udp_checksum_says_none_and_ipv6_keeps_it() {
+        for addrs in [addrs_v4(), addrs_v6()] {
+            let p = payload(300, 4);
+            let head = headers_bytes(&addrs.src.ip());
+            let mut buf = vec![0u8; head + p.len()];
+            buf[head..].copy_from_slice(&p);
+            let n = seal_in_place_with(&mut buf, &addrs, p.len(), UdpChecksum::Skip).unwrap();
+            let sum = u16::from_be_bytes([buf[head - 2], buf[head - 1]]);
+            if addrs.src.is_ipv4() {
+                assert_eq!(sum, 0, "none over IPv4");
+            } else {
+                assert_eq!(buf[..n], build(&addrs, &p)[..], "IPv6 always has one");
+            }
+            // Either way it parses, verified.
+            assert_eq!(parse_udp(&buf[..n]).unwrap().payload, &p[..]);
         }
     }
 

@@ -22,6 +22,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// `sendto` calls one [`Xsk::kick`] makes at most: a whole ring of 2048
+/// frames in the kernel's batches of 32, with room to spare.
+const KICKS_PER_CALL_MAX: usize = 128;
+
 /// How the socket was bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -582,38 +586,53 @@ impl Xsk {
     }
 
     /// Starts transmission of what was queued. In copy mode the kernel
-    /// sends only from within this call, so it is made every time; in
-    /// zero-copy mode only when the driver asks for it.
+    /// sends only from within this call, and at most a small batch per
+    /// call (32 frames in 6.x), so it repeats while the ring holds frames
+    /// the kernel has not taken and each call makes progress; in
+    /// zero-copy mode it calls only when the driver asks.
     pub fn kick(&mut self) -> io::Result<()> {
-        if self.mode == Mode::ZeroCopy && !self.tx.needs_wakeup() {
-            return Ok(());
-        }
-        self.stats.tx_kicks += 1;
-        // SAFETY: a zero-length non-blocking sendto on our socket.
-        let r = unsafe {
-            libc::sendto(
-                self.fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-        self.reap_completions();
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            // Busy or out of buffers: the frames stay on the ring and go
-            // with the next kick.
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN)
-            ) {
-                return Ok(());
+        for _ in 0..KICKS_PER_CALL_MAX {
+            let pending = self.tx_pending();
+            if pending == 0 || (self.mode == Mode::ZeroCopy && !self.tx.needs_wakeup()) {
+                break;
             }
-            return Err(e);
+            self.stats.tx_kicks += 1;
+            // SAFETY: a zero-length non-blocking sendto on our socket.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            self.reap_completions();
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                // Busy or out of buffers: the frames stay on the ring and
+                // go with the next kick.
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN)
+                ) {
+                    return Ok(());
+                }
+                return Err(e);
+            }
+            if self.tx_pending() >= pending {
+                break;
+            }
         }
         Ok(())
+    }
+
+    /// Frames on the tx ring the kernel has not taken yet.
+    pub fn tx_pending(&self) -> u32 {
+        self.tx
+            .local
+            .wrapping_sub(self.tx.consumer().load(Ordering::Acquire))
     }
 
     /// Frames sent and not yet completed.
