@@ -269,6 +269,14 @@ impl UdpDriver {
         self.xdp.as_ref().map(|x| (x.describe(), x.stats()))
     }
 
+    /// Reads the AF_XDP socket's kernel drop counters into its stats (a
+    /// syscall: call it for a status read, not per turn).
+    pub fn refresh_xdp_drops(&mut self) {
+        if let Some(x) = &mut self.xdp {
+            x.refresh_kernel_drops();
+        }
+    }
+
     /// The endpoint, to read its stats.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint

@@ -554,6 +554,11 @@ fn metrics_text_with(
             s.net.iter().map(|n| n.counters.tx_via_kernel).sum(),
         ),
         (
+            "xdp_rx_kernel_dropped",
+            "Frames the kernel dropped before the AF_XDP rx ring (ring full or no free frame: the loop fell behind)",
+            s.net.iter().map(|n| n.counters.rx_kernel_dropped).sum(),
+        ),
+        (
             "xdp_tx_ring_full",
             "Sends that found the AF_XDP tx ring or its frames all in use",
             s.net.iter().map(|n| n.counters.tx_ring_full).sum(),
@@ -742,6 +747,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "xdp_tx_datagrams": n.counters.tx_datagrams,
             "xdp_tx_via_kernel": n.counters.tx_via_kernel,
             "xdp_tx_ring_full": n.counters.tx_ring_full,
+            "xdp_rx_kernel_dropped": n.counters.rx_kernel_dropped,
         })).collect::<Vec<_>>(),
         "groups": s.groups.iter().map(|g| serde_json::json!({
             "group": g.group,

@@ -391,6 +391,7 @@ impl EventLoop {
         while let Ok(cmd) = self.commands.try_recv() {
             let group = match &cmd {
                 CoreCommand::Status(reply) => {
+                    self.udp.refresh_xdp_drops();
                     let _ = reply.send(self.status());
                     continue;
                 }

@@ -829,6 +829,14 @@ fn print_node_status(addr: &SocketAddr, v: &serde_json::Value) {
             g["disk"].as_str().unwrap_or("?")
         );
     }
+    for n in v["net"].as_array().into_iter().flatten() {
+        say!(
+            "  loop {} datagrams: {} ({})",
+            n["loop"],
+            n["backend"].as_str().unwrap_or("?"),
+            n["detail"].as_str().unwrap_or("")
+        );
+    }
     for g in v["groups"].as_array().into_iter().flatten() {
         say!("  group {} log: {}", g["group"], log_health(g));
         if let Some(line) = image_progress(g) {

@@ -271,6 +271,9 @@ pub struct XdpStats {
     pub tx_ring_full: u64,
     /// Neighbour table reads.
     pub neighbour_lookups: u64,
+    /// Frames the kernel dropped on the way to the rx ring (ring full,
+    /// no free frame on the fill ring): the loop did not keep up.
+    pub rx_kernel_dropped: u64,
 }
 
 /// A datagram read from the rx ring: its source and payload (in the UMEM).
@@ -316,8 +319,14 @@ impl XdpPort {
     pub fn stats(&self) -> XdpStats {
         XdpStats {
             tx_ring_full: self.xsk.stats().tx_ring_full,
+            rx_kernel_dropped: self.xsk.stats().rx_kernel_dropped,
             ..self.stats
         }
+    }
+
+    /// Reads the kernel's drop counters (a syscall: for status reads).
+    pub fn refresh_kernel_drops(&mut self) {
+        self.xsk.kernel_drops();
     }
 
     /// One line for the log and `/status`: how the socket runs.

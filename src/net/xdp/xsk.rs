@@ -171,6 +171,10 @@ pub struct XskStats {
     pub tx_kicks: u64,
     /// Sends refused because no frame or tx slot was free.
     pub tx_ring_full: u64,
+    /// Frames the kernel dropped before this side saw them (its
+    /// XDP_STATISTICS: rx ring full, fill ring empty, or dropped), as of
+    /// the last [`Xsk::kernel_drops`].
+    pub rx_kernel_dropped: u64,
 }
 
 /// An AF_XDP socket bound to one queue of one interface, with its UMEM.
@@ -440,6 +444,29 @@ impl Xsk {
     /// Counters.
     pub fn stats(&self) -> XskStats {
         self.stats
+    }
+
+    /// Reads the kernel's drop counters of this socket (one getsockopt;
+    /// for status reads, not the data path) into the stats.
+    pub fn kernel_drops(&mut self) -> u64 {
+        // SAFETY: xdp_statistics is plain data; the kernel fills it.
+        let mut st: libc::xdp_statistics = unsafe { zeroed() };
+        let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
+        // SAFETY: st and len are valid for writing.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd(),
+                libc::SOL_XDP,
+                libc::XDP_STATISTICS,
+                &mut st as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if r == 0 {
+            self.stats.rx_kernel_dropped =
+                st.rx_dropped + st.rx_ring_full + st.rx_fill_ring_empty_descs;
+        }
+        self.stats.rx_kernel_dropped
     }
 
     /// Bytes of a frame.
