@@ -5,8 +5,11 @@
 //! - the kernel has AF_XDP sockets;
 //! - the process may use them: CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF
 //!   (or CAP_SYS_ADMIN, which older kernels ask instead of CAP_BPF);
-//! - it may lock the UMEM: loops × `net.xdp_umem_frames` × 4096 bytes
-//!   within RLIMIT_MEMLOCK, unless it has CAP_IPC_LOCK;
+//! - it may lock the UMEMs, loops × `net.xdp_umem_frames` × 4096 bytes,
+//!   within RLIMIT_MEMLOCK (unless it has CAP_IPC_LOCK): twice that with
+//!   `net.xdp_zero_copy`, whose refused attempt stays charged for a
+//!   moment, and 1 MiB more for the WAL's io_uring rings, which the
+//!   kernel charges to the same limit;
 //! - `udp.bind` is the address of one interface that is not loopback;
 //! - that interface's MTU holds `transport.mtu_bytes`, and
 //!   `transport.mtu_bytes` fits a UMEM frame (at most 3826 bytes);
@@ -44,7 +47,7 @@ const CAP_BPF: u32 = 39;
 
 const WHY_KERNEL: &str = "the groups' datagrams bypass the kernel's stack through AF_XDP sockets; without them the node runs on UDP sockets";
 const WHY_PRIVILEGES: &str = "loading and attaching the XDP program needs CAP_BPF and CAP_NET_ADMIN, an AF_XDP socket CAP_NET_RAW";
-const WHY_MEMLOCK: &str = "each loop's UMEM (net.xdp_umem_frames × 4096 bytes) is locked memory, charged to RLIMIT_MEMLOCK of the daemon's user unless it has CAP_IPC_LOCK";
+const WHY_MEMLOCK: &str = "each loop's UMEM (net.xdp_umem_frames × 4096 bytes) is locked memory, charged to the daemon's user against RLIMIT_MEMLOCK unless it has CAP_IPC_LOCK; the WAL's io_uring rings are charged to the same limit";
 const WHY_INTERFACE: &str = "AF_XDP binds the receive queues of the one interface holding udp.bind; loopback has no XDP path";
 const WHY_MTU: &str = "a frame must fit one 4096-byte UMEM frame with the kernel's 256-byte headroom (no multi-buffer XDP), and the interface must carry transport.mtu_bytes";
 const WHY_QUEUES: &str =
@@ -90,6 +93,20 @@ pub fn umem_bytes(cfg: &DaemonConfig) -> u64 {
     loops(cfg) as u64 * u64::from(cfg.node.net.umem_frames) * u64::from(XDP_FRAME_BYTES)
 }
 
+/// Room left in RLIMIT_MEMLOCK for the WAL's io_uring rings, which the
+/// kernel charges to the same limit (a few pages per group): with none,
+/// the UMEMs take it all and the logs fall back to the portable backend.
+pub const IO_URING_MARGIN_BYTES: u64 = 1 << 20;
+
+/// The RLIMIT_MEMLOCK the config needs at start: the UMEMs, twice over
+/// with `net.xdp_zero_copy` (a driver that refuses zero-copy leaves the
+/// first UMEM charged until the kernel releases it, after the copy-mode
+/// one is registered), and [`IO_URING_MARGIN_BYTES`].
+pub fn memlock_needed(cfg: &DaemonConfig) -> u64 {
+    let times = if cfg.node.net.zero_copy { 2 } else { 1 };
+    umem_bytes(cfg) * times + IO_URING_MARGIN_BYTES
+}
+
 fn check(
     name: &str,
     status: Status,
@@ -125,7 +142,7 @@ impl Host {
             kernel(probe_af_xdp(), bad),
             privileges(caps, status.as_deref().and_then(euid), bad),
             memlock(
-                cfg.map(umem_bytes),
+                cfg.map(memlock_needed),
                 self.memlock_soft(),
                 caps.is_some_and(|c| has(c, CAP_IPC_LOCK)),
                 bad,
@@ -305,11 +322,14 @@ fn memlock(need: Option<u64>, soft: Option<u64>, ipc_lock: bool, bad: Status) ->
                 mib(default_loop)
             ),
         ),
-        (Some(n), Some(s)) if s >= n => (Status::Ok, format!("{} for {} of UMEM", mib(s), mib(n))),
+        (Some(n), Some(s)) if s >= n => (
+            Status::Ok,
+            format!("{} (the node needs {} at start)", mib(s), mib(n)),
+        ),
         (Some(n), Some(s)) => (
             bad,
             format!(
-                "{}, below the {} of UMEM the loops lock: {}",
+                "{}, below the {} the node locks at start (UMEMs and io_uring rings): {}, or its logs on the portable backend",
                 mib(s),
                 mib(n),
                 consequence(bad)
@@ -400,20 +420,23 @@ fn mtu(iface: &Interface, mtu_bytes: usize, bad: Status) -> Check {
 /// The interface's receive queues against the loops.
 fn queues(iface: &Interface, loops: usize, bad: Status) -> Check {
     let have = iface.queues.max(1) as usize;
+    let counted = format!(
+        "{} has {have} receive queue{} for {loops} loop{}",
+        iface.name,
+        if have == 1 { "" } else { "s" },
+        if loops == 1 { "" } else { "s" }
+    );
     let (status, found) = if have >= loops {
-        (
-            Status::Ok,
-            format!("{} has {have} receive queues for {loops} loops", iface.name),
-        )
+        (Status::Ok, counted)
     } else {
+        let without = if loops - have == 1 {
+            format!("loop {have} has")
+        } else {
+            format!("loops {have} to {} have", loops - 1)
+        };
         (
             bad,
-            format!(
-                "{} has {have} receive queues for {loops} loops: loops {have} to {} have no queue, {}",
-                iface.name,
-                loops - 1,
-                consequence(bad)
-            ),
+            format!("{counted}: {without} no queue: {}", consequence(bad)),
         )
     };
     check(
@@ -461,8 +484,21 @@ mod tests {
         assert_eq!(queues(&iface(1500, 6), 6, Status::Warn).status, Status::Ok);
         let c = queues(&iface(1500, 2), 6, Status::Warn);
         assert_eq!(c.status, Status::Warn);
-        assert!(c.found.contains("loops 2 to 5"), "{}", c.found);
+        assert!(
+            c.found
+                .contains("2 receive queues for 6 loops: loops 2 to 5 have no queue"),
+            "{}",
+            c.found
+        );
         assert!(c.fix.unwrap().contains("ethtool -L eth1 combined 6"));
+        let c = queues(&iface(1500, 1), 2, Status::Fail);
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.found
+                .contains("1 receive queue for 2 loops: loop 1 has no queue"),
+            "{}",
+            c.found
+        );
     }
 
     #[test]
@@ -497,6 +533,7 @@ mod tests {
         let c = memlock(Some(need), Some(8 << 20), false, Status::Warn);
         assert_eq!(c.status, Status::Warn);
         assert!(c.found.contains("8 MiB, below the 96 MiB"), "{}", c.found);
+        assert!(c.found.contains("portable backend"), "{}", c.found);
         assert!(c.fix.unwrap().contains("LimitMEMLOCK=infinity"));
         assert_eq!(
             memlock(Some(need), Some(need), false, Status::Warn).status,
@@ -587,6 +624,9 @@ mod tests {
         // Groups 0 and 2 on core 0, group 1 on core 1: two loops.
         assert_eq!(loops(&xdp), 2);
         assert_eq!(umem_bytes(&xdp), 2 * 1024 * 4096);
+        // Twice over: the refused zero-copy attempt's UMEM is still
+        // charged when the copy-mode one registers; and room for io_uring.
+        assert_eq!(memlock_needed(&xdp), 2 * 2 * 1024 * 4096 + (1 << 20));
         let checks = host.xdp(Some(&xdp));
         assert_eq!(status_of(&checks, "AF_XDP interface"), Status::Fail);
         // Loopback: no interface to check the MTU and queues of.
