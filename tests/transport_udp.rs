@@ -502,6 +502,11 @@ fn pair_in_namespaces(spec: &Spec, net: &TestNet, xdp: bool, v6: bool) -> [UdpDr
                     umem_frames: 4096,
                     zero_copy: true,
                 };
+                // A jumbo MTU does not fit a UMEM frame: refused, saying so.
+                let jumbo = XdpNode::open(&cfg, ip, 9000, &routes)
+                    .err()
+                    .expect("refused");
+                assert!(jumbo.contains("9000") && jumbo.contains("3826"), "{jumbo}");
                 let program =
                     Arc::new(XdpNode::open(&cfg, ip, 1500, &routes).expect("AF_XDP on a veth"));
                 let port = program.port(0).expect("an AF_XDP socket on queue 0");

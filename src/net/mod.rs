@@ -34,6 +34,12 @@
 //!   described in [`UdpDriver::take_notices`], a bounded number of times.
 //!   Only a failing `ppoll` is returned as an error.
 //!
+//! - **AF_XDP** ([`xdp`]): with `net.backend = "auto" | "xdp"` the groups'
+//!   datagrams bypass the kernel's stack through an AF_XDP socket per loop
+//!   and an XDP program per node; the sockets stay bound and carry the
+//!   rest. Where it cannot run, the reason is kept for the log and
+//!   `/status`.
+//!
 //! Nothing here reads configuration files or spawns threads; the node
 //! wiring does that. Only the owning thread touches a driver.
 

@@ -1,6 +1,6 @@
 //! Network namespaces joined by a bridge, for the AF_XDP tests and
-//! `quire-bench --netns`: the one way to run the XDP path on one host
-//! without touching its real interfaces (loopback has no XDP path).
+//! `quire-bench --net_backend`: the one way to run the XDP path on one
+//! host without touching its real interfaces (loopback has no XDP path).
 //!
 //! [`TestNet::create`] makes one namespace per node, each with a veth
 //! whose other end is a port of a bridge in a namespace of its own, and

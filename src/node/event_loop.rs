@@ -138,7 +138,17 @@ impl EventLoop {
             Err(why) if spec.net.backend == crate::net::xdp::Backend::Xdp => {
                 return Err(StartError::Xdp(why));
             }
-            Err(why) => why,
+            // The node's reason was logged once already; a loop's own
+            // (no queue for it) is logged here.
+            Err(why) if why.starts_with("AF_XDP unavailable") || why.starts_with("net.backend") => {
+                why
+            }
+            Err(why) => {
+                log_warn!(
+                    "node {id} loop {me}: datagrams go through sockets: AF_XDP unavailable: {why}"
+                );
+                format!("AF_XDP unavailable: {why}")
+            }
         };
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();

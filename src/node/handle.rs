@@ -587,16 +587,24 @@ fn open_net_path(
     if spec.net.backend == Backend::Sockets {
         return Ok(Err("net.backend = \"sockets\"".into()));
     }
+    let why_not = |why: String| match spec.net.backend {
+        Backend::Xdp => Err(StartError::Xdp(why)),
+        _ => Ok(Err(format!("AF_XDP unavailable: {why}"))),
+    };
+    if spec.udp.base_port == 0 {
+        // Kernel-chosen ports are known only after binding, per loop.
+        return why_not("udp.base_port is 0 (ports chosen by the kernel)".into());
+    }
     // Loop i's groups arrive on receive queue i.
-    let routes: Vec<(u16, u32)> = plan
-        .iter()
-        .enumerate()
-        .flat_map(|(i, (_, groups))| {
-            groups
-                .iter()
-                .map(move |g| ((u32::from(spec.udp.base_port) + g.group) as u16, i as u32))
-        })
-        .collect();
+    let mut routes: Vec<(u16, u32)> = Vec::new();
+    for (i, (_, groups)) in plan.iter().enumerate() {
+        for g in groups {
+            let Some(port) = u16::try_from(u32::from(spec.udp.base_port) + g.group).ok() else {
+                return why_not(format!("group {} has no UDP port below 65536", g.group));
+            };
+            routes.push((port, i as u32));
+        }
+    }
     match XdpNode::open(
         &spec.net,
         spec.udp.bind_ip,

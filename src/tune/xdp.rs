@@ -25,18 +25,10 @@
 
 use super::{Check, Host, Status};
 use crate::net::xdp::link::{self, Interface};
+pub use crate::net::xdp::XDP_MTU_MAX;
 use crate::net::xdp::{Backend, XDP_FRAME_BYTES};
 use crate::node::config_file::DaemonConfig;
 use std::net::IpAddr;
-
-/// The kernel's receive headroom in front of a frame in the UMEM
-/// (XDP_PACKET_HEADROOM), as `net::xdp` reserves it.
-const RX_HEADROOM_BYTES: usize = 256;
-/// The Ethernet header, which the MTU does not count.
-const ETHERNET_HEADER_BYTES: usize = 14;
-/// The largest `transport.mtu_bytes` the AF_XDP path takes: a frame and
-/// the headroom in one UMEM frame (3826).
-pub const XDP_MTU_MAX: usize = XDP_FRAME_BYTES as usize - ETHERNET_HEADER_BYTES - RX_HEADROOM_BYTES;
 
 /// Capability bits of `CapEff` (linux/capability.h).
 const CAP_NET_ADMIN: u32 = 12;

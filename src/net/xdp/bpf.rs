@@ -123,7 +123,10 @@ pub fn xskmap_insert(map: RawFd, queue: u32, xsk: RawFd) -> io::Result<()> {
 
 fn annotate(e: io::Error, what: &str) -> io::Error {
     let hint = match e.raw_os_error() {
-        Some(libc::EPERM) => " (needs CAP_BPF and CAP_NET_ADMIN, or root)",
+        Some(libc::EPERM) => {
+            " (needs CAP_BPF and CAP_NET_ADMIN, or root; or a seccomp filter, such as a \
+             systemd SystemCallFilter without `bpf`, forbids the call)"
+        }
         Some(libc::ENOSYS) => " (the kernel has no bpf(2): CONFIG_BPF_SYSCALL)",
         Some(libc::EINVAL) => " (the kernel does not know this map or program type)",
         _ => "",

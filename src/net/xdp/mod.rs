@@ -48,6 +48,10 @@ pub const XDP_FRAME_BYTES: u32 = 4096;
 const XDP_RX_HEADROOM_BYTES: usize = 256;
 /// Ethernet header and FCS-free framing the MTU does not count.
 const ETHERNET_HEADER_BYTES: usize = 14;
+/// The largest `transport.mtu_bytes` the AF_XDP path takes: a frame and
+/// the kernel's headroom in one UMEM frame (3826; no multi-buffer XDP).
+pub const XDP_MTU_MAX: usize =
+    XDP_FRAME_BYTES as usize - ETHERNET_HEADER_BYTES - XDP_RX_HEADROOM_BYTES;
 /// How long a peer's MAC (or its absence) is trusted before the
 /// neighbour table is read again, ms.
 const NEIGHBOUR_REFRESH_MS: u64 = 1_000;
@@ -120,7 +124,7 @@ impl XdpConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !self.umem_frames.is_power_of_two() || !(64..=1 << 20).contains(&self.umem_frames) {
             return Err(format!(
-                "net.xdp_umem_frames {}: a power of two in 64..=1048576",
+                "{}: a power of two in 64..=1048576",
                 self.umem_frames
             ));
         }
@@ -166,13 +170,11 @@ impl XdpNode {
                 iface.name
             ));
         }
-        let frame_need = mtu_bytes + ETHERNET_HEADER_BYTES + XDP_RX_HEADROOM_BYTES;
-        if frame_need > XDP_FRAME_BYTES as usize {
+        if mtu_bytes > XDP_MTU_MAX {
             return Err(format!(
                 "transport.mtu_bytes {mtu_bytes} does not fit a {XDP_FRAME_BYTES}-byte UMEM frame \
                  with the kernel's {XDP_RX_HEADROOM_BYTES}-byte headroom (no multi-buffer XDP yet): \
-                 at most {} with AF_XDP",
-                XDP_FRAME_BYTES as usize - ETHERNET_HEADER_BYTES - XDP_RX_HEADROOM_BYTES
+                 at most {XDP_MTU_MAX} with AF_XDP"
             ));
         }
         if (iface.mtu as usize) < mtu_bytes {
@@ -376,6 +378,7 @@ impl XdpPort {
         now_ms: u64,
     ) -> XdpSend {
         if dest.is_ipv4() != self.local_ip.is_ipv4() {
+            self.stats.tx_via_kernel += 1;
             return XdpSend::NoRoute;
         }
         let Some(dst_mac) = self.mac_of(dest.ip(), now_ms) else {
@@ -463,5 +466,50 @@ impl XdpPort {
             stats.rx_datagrams += got.len() as u64;
             f(&got);
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_names_round_trip_and_a_wrong_one_lists_the_right_ones() {
+        for b in [Backend::Auto, Backend::Xdp, Backend::Sockets] {
+            assert_eq!(b.to_string().parse::<Backend>(), Ok(b));
+        }
+        let e = "xpd".parse::<Backend>().unwrap_err();
+        assert!(e.contains("\"xpd\"") && e.contains("\"sockets\""), "{e}");
+    }
+
+    #[test]
+    fn umem_frames_are_a_bounded_power_of_two() {
+        let ok = |f| {
+            XdpConfig {
+                umem_frames: f,
+                ..Default::default()
+            }
+            .validate()
+        };
+        assert!(ok(4096).is_ok() && ok(64).is_ok() && ok(1 << 20).is_ok());
+        for bad in [0, 32, 1000, 1 << 21] {
+            assert!(ok(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn where_af_xdp_cannot_run_the_reason_says_why() {
+        let cfg = XdpConfig::default();
+        let routes = [(7000, 0)];
+        let why = |ip: &str, mtu| XdpNode::open(&cfg, ip.parse().unwrap(), mtu, &routes).err();
+        let unspecified = why("0.0.0.0", 1500).expect("refused");
+        assert!(unspecified.contains("unspecified"), "{unspecified}");
+        let lo = why("127.0.0.1", 1500).expect("refused");
+        assert!(lo.contains("loopback"), "{lo}");
+        let nobody = why("192.0.2.77", 1500).expect("refused");
+        assert!(nobody.contains("192.0.2.77"), "{nobody}");
+        // The MTU is judged on an interface that could run it: see the
+        // namespace tests (tests/transport_udp.rs).
+        assert_eq!(XDP_MTU_MAX, 3826);
     }
 }

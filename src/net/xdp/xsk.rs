@@ -238,20 +238,36 @@ impl Xsk {
                 format!("{}-byte UMEM frames: 2048 or 4096", sizes.frame_bytes),
             ));
         }
+        // One socket and UMEM for both attempts: a second UMEM would be
+        // charged to the locked-memory limit while the kernel still holds
+        // the first one's charge.
+        let mut xsk = Xsk::open_unbound(sizes)?;
         if zero_copy {
-            match Xsk::open_mode(ifindex, queue, sizes, Mode::ZeroCopy) {
-                Ok(x) => return Ok((x, None)),
+            match xsk.bind(ifindex, queue, Mode::ZeroCopy) {
+                Ok(()) => return Ok((xsk, None)),
                 Err(e) => {
                     let why = format!("zero-copy refused ({e}); copy mode");
-                    return Xsk::open_mode(ifindex, queue, sizes, Mode::Copy)
-                        .map(|x| (x, Some(why)));
+                    return match xsk.bind(ifindex, queue, Mode::Copy) {
+                        Ok(()) => Ok((xsk, Some(why))),
+                        // Some kernels free the rings with a refused
+                        // bind: then a fresh socket for copy mode.
+                        Err(_) => {
+                            drop(xsk);
+                            let mut fresh = Xsk::open_unbound(sizes)?;
+                            fresh.bind(ifindex, queue, Mode::Copy)?;
+                            Ok((fresh, Some(why)))
+                        }
+                    };
                 }
             }
         }
-        Xsk::open_mode(ifindex, queue, sizes, Mode::Copy).map(|x| (x, None))
+        xsk.bind(ifindex, queue, Mode::Copy)?;
+        Ok((xsk, None))
     }
 
-    fn open_mode(ifindex: u32, queue: u32, sizes: XskSizes, mode: Mode) -> io::Result<Xsk> {
+    /// A socket with its UMEM registered, rings mapped and the receive
+    /// half on the fill ring, not yet bound.
+    fn open_unbound(sizes: XskSizes) -> io::Result<Xsk> {
         // SAFETY: plain socket(2).
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
@@ -396,12 +412,17 @@ impl Xsk {
             to_refill: (0..n)
                 .map(|i| u64::from(i) * u64::from(sizes.frame_bytes))
                 .collect(),
-            mode,
+            mode: Mode::Copy,
             stats: XskStats::default(),
         };
         // The receive half goes to the kernel before binding, so the first
         // frames have somewhere to land.
         xsk.refill();
+        Ok(xsk)
+    }
+
+    /// Binds to `ifindex` queue `queue` in `mode`.
+    fn bind(&mut self, ifindex: u32, queue: u32, mode: Mode) -> io::Result<()> {
         // SAFETY: sockaddr_xdp is plain data.
         let mut sa: libc::sockaddr_xdp = unsafe { zeroed() };
         sa.sxdp_family = libc::AF_XDP as u16;
@@ -415,7 +436,7 @@ impl Xsk {
         // SAFETY: sa is a valid sockaddr_xdp.
         let r = unsafe {
             libc::bind(
-                xsk.fd.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 &sa as *const _ as *const libc::sockaddr,
                 size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
             )
@@ -427,7 +448,8 @@ impl Xsk {
                 format!("binding the AF_XDP socket to interface {ifindex} queue {queue} in {mode} mode: {e}"),
             ));
         }
-        Ok(xsk)
+        self.mode = mode;
+        Ok(())
     }
 
     /// The socket, to poll (readable: the rx ring has frames) and to put
