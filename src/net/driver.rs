@@ -24,6 +24,11 @@ const REJECTS_NOTICED_MAX: u64 = 16;
 const TX_BATCH_MAX: usize = 64;
 /// How soon a full AF_XDP tx ring is looked at again, µs.
 const XDP_FULL_RECHECK_US: u64 = 100;
+/// How long the kernel may take no frame from a non-empty AF_XDP tx ring
+/// before the loop gives the path up for its sockets, µs: far above any
+/// healthy pause (a ring drains in well under a millisecond), well below
+/// the failure detector's deadtime.
+const XDP_TX_STALL_US: u64 = 100_000;
 
 /// Whether an offload is in use, and if not, why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,6 +154,10 @@ pub struct UdpDriver {
     xdp: Option<XdpPort>,
     /// The tx ring was full at the last flush: wait for completions.
     xdp_blocked: bool,
+    /// The tx ring's consumer index last seen to move, and when (µs).
+    xdp_tx_seen: (u32, u64),
+    /// Why the AF_XDP path was given up at run time, if it was.
+    xdp_lost: Option<String>,
 }
 
 impl UdpDriver {
@@ -249,6 +258,8 @@ impl UdpDriver {
             rx_datagrams: Vec::new(),
             xdp: None,
             xdp_blocked: false,
+            xdp_tx_seen: (0, 0),
+            xdp_lost: None,
         };
         Ok((driver, report))
     }
@@ -259,9 +270,15 @@ impl UdpDriver {
     /// program passes to the kernel). GSO is off on this path: each
     /// datagram is its own frame.
     pub fn attach_xdp(&mut self, port: XdpPort) {
+        self.xdp_tx_seen = (port.tx_progress(), self.now_us());
         self.gso.segments_max = 1;
         self.gso.off_reason = Some("the AF_XDP path sends one frame per datagram".into());
         self.xdp = Some(port);
+    }
+
+    /// Why the AF_XDP path was given up at run time, if it was.
+    pub fn xdp_lost(&self) -> Option<&str> {
+        self.xdp_lost.as_deref()
     }
 
     /// The AF_XDP path's description and counters, if attached.
@@ -537,9 +554,19 @@ impl UdpDriver {
             let groups: Vec<u16> = self.sockets.iter().map(|s| s.local.port()).collect();
             let is_ours = |p: u16| groups.contains(&p);
             let now = self.now_us();
-            let mut rejected: Vec<String> = Vec::new();
+            // Described only while notices are left: a flood of garbage
+            // costs a count, not a formatted string per frame.
+            let describe =
+                std::cell::Cell::new(REJECTS_NOTICED_MAX.saturating_sub(self.rejects_noticed));
+            let texts = std::cell::RefCell::new(Vec::<String>::new());
+            let note = |text: &dyn Fn() -> String| {
+                if describe.get() > 0 {
+                    describe.set(describe.get() - 1);
+                    texts.borrow_mut().push(text());
+                }
+            };
+            let mut refused = 0u64;
             let (endpoint, stats) = (&mut self.endpoint, &mut self.stats);
-            let mut refused = Vec::new();
             let n = x.receive(
                 RX_BATCH_FRAMES_MAX.min(budget),
                 &is_ours,
@@ -550,18 +577,17 @@ impl UdpDriver {
                         stats.bytes_received += d.len() as u64;
                     }
                     endpoint.handle_datagrams(now, &datagrams, |i, why| {
-                        refused.push(format!("datagram from {} dropped: {why}", got[i].0));
+                        refused += 1;
+                        note(&|| format!("datagram from {} dropped: {why}", got[i].0));
                     });
                 },
-                &mut |why| rejected.push(why),
+                &mut |why| note(&|| why.to_string()),
             );
             self.xdp = Some(x);
-            self.stats.endpoint_rejected += refused.len() as u64;
-            for text in refused.into_iter().chain(rejected) {
-                if self.rejects_noticed < REJECTS_NOTICED_MAX {
-                    self.rejects_noticed += 1;
-                    self.notice(text);
-                }
+            self.stats.endpoint_rejected += refused;
+            for text in texts.into_inner() {
+                self.rejects_noticed += 1;
+                self.notice(text);
             }
             if n == 0 {
                 return;
@@ -817,21 +843,61 @@ impl UdpDriver {
                 break;
             }
         }
+        let mut kick_error = None;
         if queued || result == Flushed::Blocked || x.tx_pending() > 0 {
             if let Err(e) = x.kick() {
-                notices.push(format!("AF_XDP transmit kick failed: {e}"));
+                kick_error = Some(e);
             }
         }
         // Frames left on the ring go with a kick soon, not with the next
         // datagram (which may not come).
-        self.xdp_blocked = result == Flushed::Blocked || x.tx_pending() > 0;
+        let pending = x.tx_pending();
+        self.xdp_blocked = result == Flushed::Blocked || pending > 0;
         if self.xdp_blocked {
             self.stats.send_would_block += 1;
         }
-        self.xdp = Some(x);
+        // A ring the kernel stopped taking from (the interface went down
+        // or away, its queues were cut below ours) would hold the loop's
+        // datagrams for good: after a while the loop goes back to its
+        // sockets, which the kernel routes however the link changed.
+        let now_us = self.now_us();
+        let progress = x.tx_progress();
+        if pending == 0 || progress != self.xdp_tx_seen.0 {
+            self.xdp_tx_seen = (progress, now_us);
+        }
+        let stalled_us = now_us.saturating_sub(self.xdp_tx_seen.1);
         for n in notices {
             self.notice(n);
         }
+        if stalled_us >= XDP_TX_STALL_US
+            || kick_error
+                .as_ref()
+                .is_some_and(|e| e.raw_os_error() == Some(libc::ENXIO))
+        {
+            let why = match &kick_error {
+                Some(e) => format!("its transmit kick failed: {e}"),
+                None => format!(
+                    "the kernel took none of its {pending} queued frames for {} ms",
+                    stalled_us / 1000
+                ),
+            };
+            let reason = format!(
+                "AF_XDP path dropped ({}): {why}; datagrams go through the sockets from now on",
+                x.describe()
+            );
+            self.notice(reason.clone());
+            self.xdp_lost = Some(reason);
+            self.xdp_blocked = false;
+            drop(x);
+            return Flushed::All;
+        }
+        if let Some(e) = kick_error {
+            if self.stats.send_errors_noticed < REJECTS_NOTICED_MAX {
+                self.stats.send_errors_noticed += 1;
+                self.notice(format!("AF_XDP transmit kick failed: {e}"));
+            }
+        }
+        self.xdp = Some(x);
         result
     }
 

@@ -92,6 +92,11 @@ pub(crate) struct EventLoop {
     net_detail: String,
 }
 
+/// The node's AF_XDP program, shared by its loops, or why the loops run
+/// on sockets: `Err` holds the reason, logged once by the node's start.
+/// `net.backend = "xdp"` makes an unusable AF_XDP a start error instead.
+pub(crate) type NetPath = Result<std::sync::Arc<crate::net::xdp::XdpNode>, String>;
+
 impl EventLoop {
     /// Opens this loop's logs, binds its sockets and (control) opens the
     /// serial ports. `spec.groups` are this loop's groups; `started` is
@@ -107,7 +112,7 @@ impl EventLoop {
         waker: Waker,
         routing: Arc<Routing>,
         ports: Receiver<PortCommand>,
-        net: super::handle::NetPath,
+        net: NetPath,
     ) -> Result<Self, StartError> {
         let id = spec.id;
         let now = started.elapsed().as_millis() as u64;
@@ -802,7 +807,10 @@ impl EventLoop {
             net: vec![NetView {
                 core_loop: self.me,
                 xdp: self.udp.xdp().is_some(),
-                detail: self.net_detail.clone(),
+                detail: match self.udp.xdp_lost() {
+                    Some(lost) => lost.to_string(),
+                    None => self.net_detail.clone(),
+                },
                 counters: self.udp.xdp().map(|x| x.1).unwrap_or_default(),
             }],
             transport: self

@@ -5,7 +5,7 @@ use super::client_conns::{ClientPort, PortCommand};
 use super::command::{CoreCommand, ProposeError, QueryReply, ReadReply, Reply, StateReply};
 use super::config::NodeSpec;
 use super::errors::StartError;
-use super::event_loop::EventLoop;
+use super::event_loop::{EventLoop, NetPath};
 use super::log::{log_info, log_warn};
 use super::mesh::{CoreLink, CoreMailbox, CoreMsg, Routing, Wiring};
 use super::status::NodeStatus;
@@ -573,11 +573,6 @@ impl Drop for NodeHandle {
         self.stop_inner();
     }
 }
-
-/// The node's AF_XDP program, shared by its loops, or why the loops run
-/// on sockets: `Err` holds the reason, logged here once. `net.backend =
-/// "xdp"` makes an unusable AF_XDP a start error instead.
-pub(crate) type NetPath = Result<Arc<crate::net::xdp::XdpNode>, String>;
 
 fn open_net_path(
     spec: &NodeSpec,

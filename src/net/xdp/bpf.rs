@@ -370,8 +370,40 @@ impl Program {
     /// log is in the error if refused).
     pub fn load(steer: &Steering, on_match: OnMatch) -> io::Result<Program> {
         let insns = program(steer, on_match);
+        // Without a log first: a log that fills its buffer makes the
+        // kernel refuse even a valid program (ENOSPC). Only a refusal is
+        // loaded again, with the log, to say why.
+        match Program::load_insns(&insns, None) {
+            Ok(fd) => Ok(Program {
+                fd,
+                insns: insns.len(),
+            }),
+            Err(_) => {
+                let mut log = vec![0u8; VERIFIER_LOG_BYTES];
+                match Program::load_insns(&insns, Some(&mut log)) {
+                    Ok(fd) => Ok(Program {
+                        fd,
+                        insns: insns.len(),
+                    }),
+                    Err(e) => {
+                        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                        let text = String::from_utf8_lossy(&log[..end]);
+                        let tail: Vec<&str> = text.lines().rev().take(6).collect();
+                        let mut msg =
+                            annotate(e, "loading the XDP program (BPF_PROG_LOAD)").to_string();
+                        if !tail.is_empty() {
+                            let tail: Vec<&str> = tail.into_iter().rev().collect();
+                            msg.push_str(&format!("; verifier: {}", tail.join(" | ")));
+                        }
+                        Err(io::Error::other(msg))
+                    }
+                }
+            }
+        }
+    }
+
+    fn load_insns(insns: &[Insn], log: Option<&mut Vec<u8>>) -> io::Result<OwnedFd> {
         let license = CString::new("GPL").expect("no NUL");
-        let mut log = vec![0u8; VERIFIER_LOG_BYTES];
         let mut name = [0u8; 16];
         name[..10].copy_from_slice(b"quire_xdp\0");
         let mut attr = [0u64; 16];
@@ -379,9 +411,11 @@ impl Program {
         put_u32(&mut attr, 4, insns.len() as u32);
         put_u64(&mut attr, 8, insns.as_ptr() as u64);
         put_u64(&mut attr, 16, license.as_ptr() as u64);
-        put_u32(&mut attr, 24, 1); // log_level
-        put_u32(&mut attr, 28, log.len() as u32);
-        put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
+        if let Some(log) = log {
+            put_u32(&mut attr, 24, 1); // log_level
+            put_u32(&mut attr, 28, log.len() as u32);
+            put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
+        }
         // kern_version at 40, prog_flags at 44, prog_name at 48..64.
         for (i, chunk) in name.chunks(4).enumerate() {
             put_u32(
@@ -392,23 +426,7 @@ impl Program {
         }
         // prog_ifindex at 64, expected_attach_type at 68.
         put_u32(&mut attr, 68, BPF_XDP);
-        match sys_bpf(BPF_PROG_LOAD, &mut attr) {
-            Ok(fd) => Ok(Program {
-                fd: owned(fd),
-                insns: insns.len(),
-            }),
-            Err(e) => {
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                let tail: Vec<&str> = text.lines().rev().take(6).collect();
-                let mut msg = annotate(e, "loading the XDP program (BPF_PROG_LOAD)").to_string();
-                if !tail.is_empty() {
-                    let tail: Vec<&str> = tail.into_iter().rev().collect();
-                    msg.push_str(&format!("; verifier: {}", tail.join(" | ")));
-                }
-                Err(io::Error::other(msg))
-            }
-        }
+        sys_bpf(BPF_PROG_LOAD, &mut attr).map(owned)
     }
 
     /// Runs the program once on `frame` (`BPF_PROG_TEST_RUN`): its return
@@ -501,7 +519,7 @@ mod tests {
     #[test]
     fn the_program_steers_exactly_the_groups_datagrams() {
         if !root() {
-            println!("skipped: loading an XDP program needs root (CAP_BPF)");
+            eprintln!("skipped: loading an XDP program needs root (CAP_BPF)");
             return;
         }
         let steer = Steering {
@@ -540,7 +558,7 @@ mod tests {
     #[test]
     fn the_ipv6_program_steers_exactly_the_groups_datagrams() {
         if !root() {
-            println!("skipped: loading an XDP program needs root (CAP_BPF)");
+            eprintln!("skipped: loading an XDP program needs root (CAP_BPF)");
             return;
         }
         let us: std::net::Ipv6Addr = "fd00::ff02".parse().unwrap();
@@ -568,7 +586,7 @@ mod tests {
     #[test]
     fn the_redirecting_program_loads_and_passes_without_a_socket() {
         if !root() {
-            println!("skipped: loading an XDP program needs root (CAP_BPF)");
+            eprintln!("skipped: loading an XDP program needs root (CAP_BPF)");
             return;
         }
         let map = create_xskmap(4).unwrap();

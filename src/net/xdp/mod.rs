@@ -59,6 +59,9 @@ const NEIGHBOUR_REFRESH_MS: u64 = 1_000;
 /// resolves it within a round trip of the first datagram sent through
 /// the socket, and a lookup costs microseconds.
 const NEIGHBOUR_MISS_RETRY_MS: u64 = 1;
+/// Misses in a row looked up again that soon; then once a second (a peer
+/// off the link, or down, would cost a table dump a millisecond).
+const NEIGHBOUR_QUICK_MISSES: u32 = 20;
 /// Frames read from the rx ring per call.
 pub const RX_BATCH_FRAMES_MAX: usize = 64;
 
@@ -281,6 +284,47 @@ pub struct XdpStats {
 /// A datagram read from the rx ring: its source and payload (in the UMEM).
 pub type Received<'a> = (SocketAddr, &'a [u8]);
 
+/// A peer's entry in a port's neighbour cache.
+#[derive(Clone, Copy, Debug)]
+struct Neighbour {
+    /// Its MAC, if the kernel's table had a usable entry.
+    mac: Option<Mac>,
+    /// When the table was read, ms.
+    at_ms: u64,
+    /// Reads in a row that found nothing.
+    misses: u32,
+}
+
+/// A frame on the rx ring that is not a datagram for this loop.
+#[derive(Clone, Copy, Debug)]
+pub enum Refused {
+    /// A UDP datagram, but not to this node's address and a port of the
+    /// loop (the program steers only those; a kernel bug or a race with
+    /// a reconfiguration).
+    NotOurs {
+        /// Its source.
+        src: SocketAddr,
+        /// Its destination.
+        dst: SocketAddr,
+    },
+    /// Not a well-formed unfragmented UDP datagram.
+    Malformed(frame::FrameError),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::NotOurs { src, dst } => {
+                write!(
+                    f,
+                    "a frame from {src} to {dst}, not one of this loop's ports"
+                )
+            }
+            Refused::Malformed(e) => write!(f, "a frame refused: {e}"),
+        }
+    }
+}
+
 /// What became of one datagram handed to [`XdpPort::send`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpSend {
@@ -305,8 +349,8 @@ pub struct XdpPort {
     local_ip: IpAddr,
     local_mac: Mac,
     neighbours: link::Neighbours,
-    /// Peer address -> (MAC if known, when looked up in ms).
-    macs: HashMap<IpAddr, (Option<Mac>, u64)>,
+    /// What the kernel's table said of each peer address.
+    macs: HashMap<IpAddr, Neighbour>,
     zero_copy_refused: Option<String>,
     stats: XdpStats,
 }
@@ -351,21 +395,45 @@ impl XdpPort {
         self.xsk.mode() == Mode::ZeroCopy
     }
 
-    fn mac_of(&mut self, ip: IpAddr, now_ms: u64) -> Option<Mac> {
-        if let Some(&(mac, at)) = self.macs.get(&ip) {
-            let fresh = if mac.is_some() {
+    /// The MAC of `ip` from the cache, read again from the kernel's table
+    /// once a second (a few times a millisecond apart while the kernel
+    /// resolves a new peer, then once a second: an off-link peer never
+    /// resolves). `refreshed` is set when a known MAC was just read
+    /// again: that datagram then goes through the kernel, whose
+    /// neighbour state machine sees no traffic on the AF_XDP path and
+    /// would otherwise never confirm or re-probe the entry (a peer whose
+    /// MAC changes without a gratuitous ARP).
+    fn mac_of(&mut self, ip: IpAddr, now_ms: u64) -> (Option<Mac>, bool) {
+        let cached = self.macs.get(&ip).copied();
+        if let Some(n) = cached {
+            let fresh = if n.mac.is_some() || n.misses >= NEIGHBOUR_QUICK_MISSES {
                 NEIGHBOUR_REFRESH_MS
             } else {
                 NEIGHBOUR_MISS_RETRY_MS
             };
-            if now_ms < at + fresh {
-                return mac;
+            if now_ms < n.at_ms + fresh {
+                return (n.mac, false);
             }
         }
         self.stats.neighbour_lookups += 1;
         let mac = self.neighbours.lookup(self.ifindex, ip).ok().flatten();
-        self.macs.insert(ip, (mac, now_ms));
-        mac
+        let misses = match (mac, cached) {
+            (Some(_), _) => 0,
+            (None, Some(n)) => n.misses.saturating_add(1),
+            (None, None) => 1,
+        };
+        self.macs.insert(
+            ip,
+            Neighbour {
+                mac,
+                at_ms: now_ms,
+                misses,
+            },
+        );
+        (
+            mac,
+            mac.is_some() && cached.is_some_and(|n| n.mac.is_some()),
+        )
     }
 
     /// Puts one datagram from local port `src_port` to `dest` on the tx
@@ -381,7 +449,7 @@ impl XdpPort {
             self.stats.tx_via_kernel += 1;
             return XdpSend::NoRoute;
         }
-        let Some(dst_mac) = self.mac_of(dest.ip(), now_ms) else {
+        let (Some(dst_mac), false) = self.mac_of(dest.ip(), now_ms) else {
             self.stats.tx_via_kernel += 1;
             return XdpSend::NoRoute;
         };
@@ -396,24 +464,34 @@ impl XdpPort {
             self.stats.tx_via_kernel += 1;
             return XdpSend::NoRoute;
         }
-        let ok = self.xsk.send(|buf| {
+        let sent = self.xsk.send(|buf| {
             buf[head..head + payload.len()].copy_from_slice(payload);
             // No UDP checksum over IPv4: the transport's keyed tag covers
             // every byte, and the sum would cost a pass over the payload.
-            frame::seal_in_place_with(buf, &addrs, payload.len(), frame::UdpChecksum::Skip)
-                .unwrap_or(0)
+            frame::seal_in_place_with(buf, &addrs, payload.len(), frame::UdpChecksum::Skip).ok()
         });
-        if ok {
-            self.stats.tx_datagrams += 1;
-            XdpSend::Queued
-        } else {
-            XdpSend::Full
+        match sent {
+            xsk::Sent::Queued => {
+                self.stats.tx_datagrams += 1;
+                XdpSend::Queued
+            }
+            xsk::Sent::Full => XdpSend::Full,
+            xsk::Sent::Refused => {
+                self.stats.tx_via_kernel += 1;
+                XdpSend::NoRoute
+            }
         }
     }
 
     /// Starts transmission of what was queued.
     pub fn kick(&mut self) -> io::Result<()> {
         self.xsk.kick()
+    }
+
+    /// The tx ring's consumer index: it moves while the kernel takes
+    /// frames.
+    pub fn tx_progress(&self) -> u32 {
+        self.xsk.tx_consumed()
     }
 
     /// Frames on the tx ring the kernel has not taken yet (kick again).
@@ -435,7 +513,7 @@ impl XdpPort {
         max: usize,
         ports: &dyn Fn(u16) -> bool,
         f: &mut dyn FnMut(&[Received<'_>]),
-        rejected: &mut dyn FnMut(String),
+        rejected: &mut dyn FnMut(Refused),
     ) -> usize {
         let local = self.local_ip;
         let stats = &mut self.stats;
@@ -452,14 +530,14 @@ impl XdpPort {
                     }
                     Ok(p) => {
                         stats.rx_rejected += 1;
-                        rejected(format!(
-                            "a frame from {} to {}, not one of this loop's ports",
-                            p.src, p.dst
-                        ));
+                        rejected(Refused::NotOurs {
+                            src: p.src,
+                            dst: p.dst,
+                        });
                     }
                     Err(e) => {
                         stats.rx_rejected += 1;
-                        rejected(format!("a frame refused: {e}"));
+                        rejected(Refused::Malformed(e));
                     }
                 }
             }

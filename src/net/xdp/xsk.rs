@@ -26,6 +26,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// frames in the kernel's batches of 32, with room to spare.
 const KICKS_PER_CALL_MAX: usize = 128;
 
+/// What [`Xsk::send`] did with a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// On the tx ring.
+    Queued,
+    /// No free frame or tx slot.
+    Full,
+    /// The filler wrote no frame.
+    Refused,
+}
+
 /// How the socket was bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -530,8 +541,14 @@ impl Xsk {
             // SAFETY: a published slot of the completion ring.
             let addr =
                 unsafe { (self.completion.slot(start.wrapping_add(j), 8) as *const u64).read() };
-            self.free_tx
-                .push(addr & !(u64::from(self.sizes.frame_bytes) - 1));
+            let base = addr & !(u64::from(self.sizes.frame_bytes) - 1);
+            // Only frames of the send half come back; anything else (a
+            // kernel bug) is not trusted as an offset into the UMEM.
+            let send_half = u64::from(self.sizes.ring_entries()) * u64::from(self.sizes.frame_bytes)
+                ..self.sizes.umem_bytes() as u64;
+            if send_half.contains(&base) {
+                self.free_tx.push(base);
+            }
         }
         self.completion.local = start.wrapping_add(k);
         self.completion
@@ -594,15 +611,14 @@ impl Xsk {
     }
 
     /// Queues one frame for sending: `fill` writes it into the frame's
-    /// bytes (all `frame_bytes` of them) and returns its length. Returns
-    /// false (nothing queued) if no frame or tx slot is free. Call
-    /// [`Xsk::kick`] after a batch.
-    pub fn send(&mut self, fill: impl FnOnce(&mut [u8]) -> usize) -> bool {
+    /// bytes (all `frame_bytes` of them) and returns its length, or `None`
+    /// to send nothing. Call [`Xsk::kick`] after a batch.
+    pub fn send(&mut self, fill: impl FnOnce(&mut [u8]) -> Option<usize>) -> Sent {
         if self.free_tx.is_empty() || self.tx.free() == 0 {
             self.reap_completions();
             if self.free_tx.is_empty() || self.tx.free() == 0 {
                 self.stats.tx_ring_full += 1;
-                return false;
+                return Sent::Full;
             }
         }
         let addr = self.free_tx.pop().expect("checked non-empty");
@@ -613,7 +629,11 @@ impl Xsk {
                 self.sizes.frame_bytes as usize,
             )
         };
-        let len = fill(buf);
+        let Some(len) = fill(buf).filter(|&n| n > 0) else {
+            // Nothing to send: the frame goes back, the ring is untouched.
+            self.free_tx.push(addr);
+            return Sent::Refused;
+        };
         assert!(
             len <= self.sizes.frame_bytes as usize,
             "a frame fits its chunk"
@@ -631,7 +651,7 @@ impl Xsk {
         self.tx.local = slot.wrapping_add(1);
         self.tx.producer().store(self.tx.local, Ordering::Release);
         self.stats.tx_frames += 1;
-        true
+        Sent::Queued
     }
 
     /// Starts transmission of what was queued. In copy mode the kernel
@@ -660,21 +680,26 @@ impl Xsk {
             self.reap_completions();
             if r < 0 {
                 let e = io::Error::last_os_error();
-                // Busy or out of buffers: the frames stay on the ring and
-                // go with the next kick.
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN)
-                ) {
-                    return Ok(());
+                match e.raw_os_error() {
+                    // The kernel's batch is spent (EAGAIN after sending
+                    // some): go on while it takes frames.
+                    Some(libc::EAGAIN) if self.tx_pending() < pending => continue,
+                    // Busy or out of buffers: the frames stay on the ring
+                    // and go with the next kick.
+                    Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS) => return Ok(()),
+                    _ => return Err(e),
                 }
-                return Err(e);
             }
             if self.tx_pending() >= pending {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// The tx ring's consumer index (moves while the kernel takes frames).
+    pub fn tx_consumed(&self) -> u32 {
+        self.tx.consumer().load(Ordering::Acquire)
     }
 
     /// Frames on the tx ring the kernel has not taken yet.
