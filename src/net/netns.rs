@@ -182,18 +182,54 @@ impl TestNet {
         ))
     }
 
+    /// Sends a second copy of `percent`% of the UDP datagrams to `ports`
+    /// that node `from` sends, straight to node `to` (besides the
+    /// original, which crosses the bridge): duplicates, some arriving
+    /// before their original. Until the returned rule is dropped.
+    pub fn duplicate(
+        &self,
+        from: usize,
+        to: usize,
+        ports: &[u16],
+        percent: u32,
+    ) -> Result<BridgeRule, String> {
+        let set = ports
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.install(
+            "netdev quire_dup",
+            &format!("ingress {{ type filter hook ingress device qxp{from} priority 0; }}"),
+            &format!(
+                "meta l4proto udp udp dport {{ {set} }} numgen random mod 100 < {percent} \
+                 counter dup to qxp{to}"
+            ),
+        )
+    }
+
     fn rule(&self, rule: &str) -> Result<BridgeRule, String> {
-        let _ = nft(&self.bridge_ns, "delete table bridge quire_test");
+        self.install(
+            "bridge quire_test",
+            "forward { type filter hook forward priority 0; }",
+            rule,
+        )
+    }
+
+    /// Replaces `table` (`family name`) in the bridge namespace with one
+    /// chain (`name { hook }`) holding `rule`.
+    fn install(&self, table: &'static str, chain: &str, rule: &str) -> Result<BridgeRule, String> {
+        let _ = nft(&self.bridge_ns, &format!("delete table {table}"));
+        let chain_name = chain.split_whitespace().next().unwrap_or("");
         nft(
             &self.bridge_ns,
             &format!(
-                "add table bridge quire_test; \
-                 add chain bridge quire_test forward {{ type filter hook forward priority 0; }}; \
-                 add rule bridge quire_test forward {rule}"
+                "add table {table}; add chain {table} {chain}; add rule {table} {chain_name} {rule}"
             ),
         )?;
         Ok(BridgeRule {
             bridge_ns: self.bridge_ns.clone(),
+            table,
         })
     }
 
@@ -233,12 +269,14 @@ impl Drop for TestNet {
 /// [`TestNet`]).
 pub struct BridgeRule {
     bridge_ns: String,
+    /// `family name` of the rule's own table.
+    table: &'static str,
 }
 
 impl BridgeRule {
-    /// Packets the rule dropped so far.
+    /// Packets the rule matched (dropped or copied) so far.
     pub fn dropped(&self) -> Option<u64> {
-        let out = nft(&self.bridge_ns, "list table bridge quire_test").ok()?;
+        let out = nft(&self.bridge_ns, &format!("list table {}", self.table)).ok()?;
         let mut total = None;
         for w in out.split_whitespace().collect::<Vec<_>>().windows(2) {
             if w[0] == "packets" {
@@ -251,6 +289,6 @@ impl BridgeRule {
 
 impl Drop for BridgeRule {
     fn drop(&mut self) {
-        let _ = nft(&self.bridge_ns, "delete table bridge quire_test");
+        let _ = nft(&self.bridge_ns, &format!("delete table {}", self.table));
     }
 }
