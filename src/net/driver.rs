@@ -551,8 +551,9 @@ impl UdpDriver {
         let mut budget = self.cfg.recv_datagrams_per_run_max;
         while budget > 0 {
             let Some(mut x) = self.xdp.take() else { return };
-            let groups: Vec<u16> = self.sockets.iter().map(|s| s.local.port()).collect();
-            let is_ours = |p: u16| groups.contains(&p);
+            // The loop's own ports, read in place (no list built per batch).
+            let sockets = &self.sockets;
+            let is_ours = |p: u16| sockets.iter().any(|s| s.local.port() == p);
             let now = self.now_us();
             // Described only while notices are left: a flood of garbage
             // costs a count, not a formatted string per frame.

@@ -239,21 +239,7 @@ fn index_of(name: &str) -> io::Result<u32> {
 /// The MTU by SIOCGIFMTU: the ioctl answers for the caller's network
 /// namespace, which sysfs may not.
 fn mtu_of(name: &str) -> io::Result<u32> {
-    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(invalid_name(name));
-    }
-    // SAFETY: a plain socket call; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ifreq is plain data; all-zero is valid.
-    let mut req: libc::ifreq = unsafe { zeroed() };
-    for (dst, &src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *dst = src as libc::c_char;
-    }
+    let (fd, mut req) = ifreq_for(name)?;
     // SAFETY: SIOCGIFMTU reads the NUL-terminated name (shorter than
     // IFNAMSIZ, checked above) and writes ifru_mtu of `req`.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU as _, &mut req) } < 0 {
@@ -271,6 +257,27 @@ fn mtu_of(name: &str) -> io::Result<u32> {
             format!("{name} reports MTU {mtu}"),
         )
     })
+}
+
+/// A datagram socket for interface ioctls and an `ifreq` naming `name`
+/// (refused unless it fits IFNAMSIZ with its NUL).
+fn ifreq_for(name: &str) -> io::Result<(OwnedFd, libc::ifreq)> {
+    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return Err(invalid_name(name));
+    }
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; all-zero is valid.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = src as libc::c_char;
+    }
+    Ok((fd, req))
 }
 
 fn invalid_name(name: &str) -> io::Error {
@@ -320,25 +327,11 @@ struct EthtoolChannels {
 /// ETHTOOL_GCHANNELS). NICs report combined queues, veth reports rx and
 /// combined as the same queues: the larger of the two is the count.
 fn channels_of(name: &str) -> io::Result<Option<u32>> {
-    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(invalid_name(name));
-    }
-    // SAFETY: a plain socket call; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (fd, mut req) = ifreq_for(name)?;
     let mut ch = EthtoolChannels {
         cmd: ETHTOOL_GCHANNELS,
         ..Default::default()
     };
-    // SAFETY: ifreq is plain data; all-zero is valid.
-    let mut req: libc::ifreq = unsafe { zeroed() };
-    for (dst, &src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *dst = src as libc::c_char;
-    }
     req.ifr_ifru.ifru_data = &mut ch as *mut EthtoolChannels as *mut libc::c_char;
     // SAFETY: SIOCETHTOOL reads the name and fills `ch`, which outlives
     // the call.
