@@ -731,11 +731,21 @@ fn long() {
     check::assert_state(&ledgers, &queue);
 }
 
-/// Group 0's term on every node that answers, and the highest.
+/// Group 0's term on every live node, in id order. A node slow to
+/// answer (its `/status` waits half a second at most, and under the CPU
+/// hogs one can take longer) is asked again, up to 10 s: leaving it out
+/// would read as a term change.
 fn terms(c: &Cluster) -> Vec<u64> {
     c.live()
         .into_iter()
-        .filter_map(|id| c.group0(id).map(|g| g.1))
+        .map(|id| {
+            common::wait_for(
+                &format!("node {id}'s /status"),
+                Duration::from_secs(10),
+                || c.group0(id).map(|g| g.1),
+            )
+            .0
+        })
         .collect()
 }
 

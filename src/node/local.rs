@@ -100,7 +100,9 @@ impl LocalCluster {
     }
 
     /// The leader of the first group and its term, if every running node
-    /// agrees on it and it says it leads.
+    /// agrees on it and it says it leads, and it is the group's preferred
+    /// leader when that one runs (any other hands over to it after
+    /// `preferred_leader_hold_ms`: not a leader that lasts).
     pub fn agreed_leader(&self) -> Option<(NodeId, Term)> {
         self.agreed_leader_of(0)
     }
@@ -110,7 +112,11 @@ impl LocalCluster {
         let all = self.statuses();
         let leader = all.iter().find(|s| s.groups[i].role == Role::Leader)?;
         let (id, term) = (leader.id, leader.groups[i].term);
+        let preferred = leader.groups[i]
+            .preferred_leader
+            .filter(|p| self.nodes.contains_key(p));
         let agreed = all.len() == self.nodes.len()
+            && preferred.is_none_or(|p| p == id)
             && all
                 .iter()
                 .all(|s| s.groups[i].leader == Some(id) && s.groups[i].term == term);

@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Polls `f` until it returns a value or `limit` passes (then panics,
-/// naming `what`); returns the value and how long it took.
+/// naming `what`); returns the value and how long it took. Polls are
+/// [`POLL_INTERVAL`] apart: only `f` ends the wait, and the pause keeps
+/// a test that asks a daemon's `/status` in a loop from taking a core
+/// the daemons need on a 2-core host.
 pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
     let started = Instant::now();
     loop {
@@ -20,9 +23,12 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
             return (v, started.elapsed());
         }
         assert!(started.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::yield_now();
+        std::thread::sleep(POLL_INTERVAL);
     }
 }
+
+/// The pause between two polls of [`wait_for`].
+pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
 
 /// One HTTP/1.1 request with an empty body to an admin endpoint (extra
 /// `headers` are whole lines, each ending in CRLF): the status code and
@@ -70,13 +76,20 @@ pub fn group0_members(addr: SocketAddr, kind: &str, limit: Duration) -> Vec<u64>
 }
 
 /// The id of group 0's leader once every node of `c` names the same one
-/// in its `/status` (waiting up to `limit`).
+/// in its `/status` (waiting up to `limit`), and it is the group's
+/// preferred leader if the group has one: otherwise the leader hands
+/// over to it after `timers.preferred_leader_hold_ms`, a term change
+/// under a test that took the first leader for the lasting one.
 pub fn agreed_leader(c: &LocalProcesses, limit: Duration) -> u64 {
     wait_for("an agreed leader", limit, || {
         let mut leader = None;
         for n in c.nodes.values() {
-            let l = admin_status(n.admin, limit)?["groups"][0]["leader"].as_u64()?;
+            let g = &admin_status(n.admin, limit)?["groups"][0];
+            let l = g["leader"].as_u64()?;
             if leader.is_some_and(|x| x != l) {
+                return None;
+            }
+            if g["preferred_leader"].as_u64().is_some_and(|p| p != l) {
                 return None;
             }
             leader = Some(l);
