@@ -332,7 +332,7 @@ fn metrics_text_with(
             |s| s.unreadable_entries,
         ),
     ];
-    let repair_gauges: [RepairGauge; 7] = [
+    let repair_gauges: [RepairGauge; 8] = [
         (
             gauge(
                 &mut reg,
@@ -384,6 +384,14 @@ fn metrics_text_with(
         (
             gauge(&mut reg, "log_repair_requests", "Repair requests sent to peers"),
             |r| r.requests,
+        ),
+        (
+            gauge(
+                &mut reg,
+                "log_repair_store_refusals",
+                "Stores of repaired copies the log refused (disk full or the repaired-bytes cap); requests back off",
+            ),
+            |r| r.store_refusals,
         ),
     ];
     let scrub_gauges: [ScrubGauge; 5] = [
@@ -804,6 +812,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
                 "rejected": g.repair.rejected,
                 "served": g.repair.served,
                 "requests": g.repair.requests,
+                "store_refusals": g.repair.store_refusals,
             },
             "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
                 "peer": p,

@@ -72,6 +72,9 @@ pub struct RepairStats {
     pub served: u64,
     /// Requests sent.
     pub requests: u64,
+    /// Stores of repaired copies the log refused (disk full, or the cap
+    /// on repaired bytes), since start; requests back off meanwhile.
+    pub store_refusals: u64,
 }
 
 /// The background scrub of one group's log on this node.

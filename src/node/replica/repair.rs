@@ -48,6 +48,12 @@ use std::collections::{BTreeMap, BTreeSet};
 /// A repair request goes out at most this often (ms): one peer at a time.
 pub(crate) const REPAIR_RETRY_MS: u64 = 200;
 
+/// Times the request interval doubles at most while the log refuses to
+/// store repaired copies (disk full, or the cap on repaired bytes):
+/// 200 ms up to 12.8 s, so a node that cannot store what it asks for
+/// does not pull up to 32 MiB from a peer five times a second.
+const REPAIR_STORE_BACKOFF_DOUBLINGS_MAX: u32 = 6;
+
 /// Repair messages from peers kept for the next turn at most; more are
 /// dropped (their senders ask again): a peer cannot make a turn, or the
 /// memory it holds, unbounded.
@@ -87,6 +93,10 @@ pub(crate) struct Repair {
     /// index into the others, in id order).
     next_ask_ms: u64,
     next_peer: usize,
+    /// Stores of repaired copies the log refused in a row: the request
+    /// interval doubles with each, back to [`REPAIR_RETRY_MS`] once one
+    /// is stored.
+    store_refusals_in_a_row: u32,
     /// Counts, for the status.
     pub(crate) stats: RepairStats,
 }
@@ -105,6 +115,31 @@ impl Repair {
         self.lost.remove(&i);
         self.unverifiable.remove(&i);
         self.unreferenced.remove(&i);
+    }
+
+    /// How long after a request the next may go (ms): [`REPAIR_RETRY_MS`],
+    /// doubled for each store refused in a row, up to
+    /// [`REPAIR_STORE_BACKOFF_DOUBLINGS_MAX`] times.
+    fn ask_interval_ms(&self) -> u64 {
+        REPAIR_RETRY_MS
+            << self
+                .store_refusals_in_a_row
+                .min(REPAIR_STORE_BACKOFF_DOUBLINGS_MAX)
+    }
+
+    /// The log refused to store copies at `now_ms`: the next request
+    /// waits the longer interval. Returns that wait (ms).
+    fn store_refused(&mut self, now_ms: u64) -> u64 {
+        self.stats.store_refusals += 1;
+        self.store_refusals_in_a_row = self.store_refusals_in_a_row.saturating_add(1);
+        let wait = self.ask_interval_ms();
+        self.next_ask_ms = self.next_ask_ms.max(now_ms + wait);
+        wait
+    }
+
+    /// The log stored copies: requests go at the usual pace again.
+    fn store_succeeded(&mut self) {
+        self.store_refusals_in_a_row = 0;
     }
 
     /// True while an entry that could be repaired is missing.
@@ -230,7 +265,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     self.serve_repair(msg.from, indexes, out)
                 }
                 Body::RepairEntries { entries, not_held } => {
-                    self.take_repair(msg.from, entries, &not_held)
+                    self.take_repair(now_ms, msg.from, entries, &not_held)
                 }
                 _ => {}
             }
@@ -243,7 +278,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         if self.repair.missing.is_empty() || now_ms < self.repair.next_ask_ms {
             return;
         }
-        self.repair.next_ask_ms = now_ms + REPAIR_RETRY_MS;
+        self.repair.next_ask_ms = now_ms + self.repair.ask_interval_ms();
         // At most once a round: what acks and deletes released, and what
         // every other member said it lacks.
         self.mark_lost();
@@ -361,7 +396,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     /// Takes the copies `from` sent: each that the state's check vouches
     /// for is stored durably, then served; the rest are refused.
-    fn take_repair(&mut self, from: NodeId, entries: Vec<Entry>, not_held: &[Index]) {
+    fn take_repair(&mut self, now_ms: u64, from: NodeId, entries: Vec<Entry>, not_held: &[Index]) {
         let unverified = self.planted_workload == Some(WorkloadBug::RepairUnverified);
         let mut good = Vec::new();
         for e in entries {
@@ -403,6 +438,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         if !good.is_empty() {
             match self.wal.store_repaired(&good) {
                 Ok(()) => {
+                    self.repair.store_succeeded();
                     let n = good.len() as u64;
                     for e in &good {
                         self.repair.forget(e.index);
@@ -417,7 +453,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     self.refill_cold_waits();
                 }
                 Err(e @ WalError::Invalid(_)) | Err(e @ WalError::DiskFull) => {
-                    log_warn!("group {}: storing repaired entries: {e}", self.group)
+                    let wait = self.repair.store_refused(now_ms);
+                    log_warn!(
+                        "group {}: storing repaired entries: {e} (asking peers again in {wait} ms)",
+                        self.group
+                    )
                 }
                 Err(e) => self.stop(format!("{e}")),
             }
@@ -470,5 +510,32 @@ fn matches(e: &Entry, check: EntryCheck) -> bool {
     match &e.payload {
         Payload::Normal(p) => e.term == check.term && crc32c::crc32c(p) == check.crc,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refused stores back the requests off, doubling up to 12.8 s and
+    /// counted; one stored batch brings the pace back to 200 ms.
+    #[test]
+    fn refused_stores_back_requests_off_until_one_succeeds() {
+        let mut r = Repair::default();
+        assert_eq!(r.ask_interval_ms(), REPAIR_RETRY_MS);
+        let waits: Vec<u64> = (0..9).map(|k| r.store_refused(1_000 * k)).collect();
+        assert_eq!(
+            waits,
+            [400, 800, 1_600, 3_200, 6_400, 12_800, 12_800, 12_800, 12_800]
+        );
+        assert_eq!(r.stats.store_refusals, 9);
+        assert_eq!(r.next_ask_ms, 8_000 + 12_800, "the next request waits");
+        r.store_succeeded();
+        assert_eq!(r.ask_interval_ms(), REPAIR_RETRY_MS);
+        assert_eq!(r.stats.store_refusals, 9, "the count stays");
+        // A refusal never brings a later request forward.
+        r.next_ask_ms = 50_000;
+        r.store_refused(0);
+        assert_eq!(r.next_ask_ms, 50_000);
     }
 }
