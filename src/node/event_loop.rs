@@ -166,7 +166,17 @@ impl EventLoop {
             let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone()).map_err(log_failed)?;
             wal.notify_completions(waker.fd()).map_err(log_failed)?;
             log_info!("node {id} group {}: {report}", g.group);
-            let r = Replica::open(&spec, g, wal, report.restored, now, OsHost::new())?;
+            let r = Replica::open(
+                &spec,
+                g,
+                wal,
+                report.restored,
+                now,
+                OsHost::new(Some({
+                    let w = waker.clone();
+                    Arc::new(move || w.wake())
+                })),
+            )?;
             by_group.insert(g.group, replicas.len());
             replicas.push(r);
         }

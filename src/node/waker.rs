@@ -1,8 +1,9 @@
 //! A loop's wake-up: an eventfd in the loop's poll set. Whoever hands the
 //! loop work from another thread (a command, a message from another core)
-//! signals it after sending, and the loop's WAL signals it on every
-//! completed flush, so the loop sleeps in poll(2) until there is something
-//! to do instead of polling on a short timer.
+//! signals it after sending, the loop's WAL signals it on every completed
+//! flush, and a replica's offloaded job once its result is in, so the
+//! loop sleeps in poll(2) until there is something to do instead of
+//! polling on a short timer.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
