@@ -181,3 +181,39 @@ fn lower_priority() {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::waker::Waker;
+
+    /// A finished job wakes its loop (the eventfd becomes readable), and
+    /// its result is there when the loop looks.
+    #[test]
+    fn a_finished_job_wakes_the_loop_with_its_result_in() {
+        let waker = Waker::new().unwrap();
+        let w = waker.clone();
+        let host = OsHost::new(Some(Arc::new(move || w.wake())));
+        let (release, hold) = bounded::<()>(1);
+        let mut job = host
+            .offload("test-job".into(), false, move || {
+                hold.recv().unwrap();
+                42
+            })
+            .unwrap();
+        let readable = |timeout_ms: i32| {
+            let mut fd = libc::pollfd {
+                fd: waker.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut fd, 1, timeout_ms) == 1 }
+        };
+        assert!(!readable(0), "no wake before the job ends");
+        assert_eq!(job.try_take(), JobState::Running);
+        release.send(()).unwrap();
+        assert!(readable(10_000), "the job's end woke the loop");
+        assert_eq!(job.try_take(), JobState::Done(42));
+    }
+}
