@@ -749,6 +749,19 @@ fn terms(c: &Cluster) -> Vec<u64> {
         .collect()
 }
 
+/// Turns preferred leaders off on every node: a first leader other than
+/// the preferred voter hands over after the hold, a term change the
+/// tests that count terms would read as the fault's.
+fn no_preferred_leaders(p: &mut quire::node::processes::LocalProcesses) {
+    for node in p.nodes.values() {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&node.config)
+            .expect("the node config");
+        writeln!(f, "\n[timers]\npreferred_leaders = false").expect("write the node config");
+    }
+}
+
 /// Node `id`'s own stalls from `/status`: (count, longest ms).
 fn stalls(c: &Cluster, id: NodeId) -> (u64, u64) {
     let s = c.status(id).expect("the node answers");
@@ -766,7 +779,7 @@ fn stalls(c: &Cluster, id: NodeId) -> (u64, u64) {
 #[test]
 fn a_pause_of_every_node_at_once_changes_no_term() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start(3, |_| {});
+    let mut c = Cluster::start(3, no_preferred_leaders);
     c.wait_healthy("start");
     let before = terms(&c);
     let ids = c.ids();
@@ -820,17 +833,9 @@ fn elections_started(c: &Cluster, id: NodeId) -> u64 {
 #[test]
 fn a_paused_follower_changes_no_term_and_a_paused_leader_one() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start(3, |p| {
-        for node in p.nodes.values() {
-            // A handover back to the preferred voter once it answers again
-            // would be a term change of its own, not what is measured here.
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .open(&node.config)
-                .expect("the node config");
-            writeln!(f, "\n[timers]\npreferred_leaders = false").expect("write the node config");
-        }
-    });
+    // A handover back to the preferred voter once it answers again would
+    // be a term change of its own, not what is measured here.
+    let mut c = Cluster::start(3, no_preferred_leaders);
     c.wait_healthy("start");
     let leader = nemesis::leader(&c);
     let follower = c.ids().into_iter().find(|&id| id != leader).unwrap();
@@ -890,7 +895,7 @@ fn a_paused_follower_changes_no_term_and_a_paused_leader_one() {
 #[test]
 fn busy_cpus_change_no_term() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let c = Cluster::start(3, |_| {});
+    let c = Cluster::start(3, no_preferred_leaders);
     c.wait_healthy("start");
     let before = terms(&c);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -389,7 +389,7 @@ fn metrics_text_with(
             gauge(
                 &mut reg,
                 "log_repair_store_refusals",
-                "Stores of repaired copies the log refused (disk full or the repaired-bytes cap); requests back off",
+                "Stores of repaired copies the log refused (disk full, the repaired-bytes cap, or another refusal); requests back off",
             ),
             |r| r.store_refusals,
         ),

@@ -172,10 +172,10 @@ impl EventLoop {
                 wal,
                 report.restored,
                 now,
-                OsHost::new(Some({
+                OsHost::new({
                     let w = waker.clone();
                     Arc::new(move || w.wake())
-                })),
+                }),
             )?;
             by_group.insert(g.group, replicas.len());
             replicas.push(r);

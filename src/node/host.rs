@@ -61,32 +61,41 @@ pub(crate) enum JobState<T> {
 #[derive(Clone)]
 pub(crate) struct OsHost {
     origin: Instant,
-    /// Wakes the loop, called when an offloaded job finishes.
-    wake: Option<JobsDone>,
+    /// Called when an offloaded job ends.
+    wake: WakeLoop,
 }
 
-/// What an offloaded job calls once its result is in (on its thread).
-pub(crate) type JobsDone = Arc<dyn Fn() + Send + Sync>;
+/// Wakes a loop (its eventfd); called on a job's thread once the job's
+/// result is in, or once the job panicked.
+pub(crate) type WakeLoop = Arc<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for OsHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OsHost")
             .field("origin", &self.origin)
-            .field("wakes", &self.wake.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl OsHost {
-    /// A host whose clock starts now and whose finished jobs call `wake`
-    /// (the loop's eventfd): otherwise a result waits for the loop's next
-    /// turn, up to 10 ms when nothing else wakes it (an image transfer,
-    /// a read and a stage per chunk, spent most of its time there).
-    pub(crate) fn new(wake: Option<JobsDone>) -> Self {
+    /// A host whose clock starts now and whose jobs call `wake` as they
+    /// end: otherwise a result would wait for the loop's next turn, up
+    /// to 10 ms when nothing else wakes it (an image transfer, a read
+    /// and a stage per chunk, spent most of its time there).
+    pub(crate) fn new(wake: WakeLoop) -> Self {
         OsHost {
             origin: Instant::now(),
             wake,
         }
+    }
+}
+
+/// Wakes the loop when dropped: at a job's end, panic or not.
+struct WakeOnDrop(WakeLoop);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        (self.0)();
     }
 }
 
@@ -106,17 +115,19 @@ impl Host for OsHost {
         job: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<Box<dyn Offloaded<T>>> {
         let (tx, done) = bounded(1);
-        let wake = self.wake.clone();
+        let wake = Arc::clone(&self.wake);
         std::thread::Builder::new().name(name).spawn(move || {
+            // Declared first, so dropped last: the wake comes after the
+            // result is sent, or after the sender is gone (a panic: the
+            // loop sees the job lost at once).
+            let _wake = WakeOnDrop(wake);
+            let tx = tx;
             // Here, not in the job: a simulator runs the job on its own
             // thread, whose priority it must keep.
             if low_priority {
                 lower_priority();
             }
             let _ = tx.send(job());
-            if let Some(wake) = wake {
-                wake();
-            }
         })?;
         Ok(Box::new(Thread(done)))
     }
@@ -193,7 +204,7 @@ mod tests {
     fn a_finished_job_wakes_the_loop_with_its_result_in() {
         let waker = Waker::new().unwrap();
         let w = waker.clone();
-        let host = OsHost::new(Some(Arc::new(move || w.wake())));
+        let host = OsHost::new(Arc::new(move || w.wake()));
         let (release, hold) = bounded::<()>(1);
         let mut job = host
             .offload("test-job".into(), false, move || {
@@ -215,5 +226,14 @@ mod tests {
         release.send(()).unwrap();
         assert!(readable(10_000), "the job's end woke the loop");
         assert_eq!(job.try_take(), JobState::Done(42));
+        // A job that panics wakes the loop too, and is seen lost then.
+        waker.drain();
+        let mut job = host
+            .offload("test-panic".into(), false, || -> u32 {
+                panic!("a job that panics (expected by this test)")
+            })
+            .unwrap();
+        assert!(readable(10_000), "the panicked job woke the loop");
+        assert_eq!(job.try_take(), JobState::Lost);
     }
 }

@@ -72,8 +72,9 @@ pub struct RepairStats {
     pub served: u64,
     /// Requests sent.
     pub requests: u64,
-    /// Stores of repaired copies the log refused (disk full, or the cap
-    /// on repaired bytes), since start; requests back off meanwhile.
+    /// Stores of repaired copies the log refused (disk full, the cap on
+    /// repaired bytes, or another refusal), since start; requests back
+    /// off meanwhile.
     pub store_refusals: u64,
 }
 

@@ -7,7 +7,8 @@
 //! are never served, only carried), so that this node can send images.
 //! Each goes into `missing`; the replica asks its peers in turn, at most
 //! [`REPAIR_INDEXES_MAX`] indexes a request and one request every
-//! [`REPAIR_RETRY_MS`], for their committed copies; takes a copy only if
+//! [`REPAIR_RETRY_MS`] (doubling per store the log refused in a row, up
+//! to 12.8 s), for their committed copies; takes a copy only if
 //! its term and CRC32C are the ones the state recorded when it applied
 //! the entry ([`EntryCheck`]); stores it durably (`Wal::store_repaired`);
 //! and only then serves it (parked answers are filled again).
@@ -49,7 +50,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub(crate) const REPAIR_RETRY_MS: u64 = 200;
 
 /// Times the request interval doubles at most while the log refuses to
-/// store repaired copies (disk full, or the cap on repaired bytes):
+/// store repaired copies (disk full, the cap on repaired bytes, or any
+/// other refusal):
 /// 200 ms up to 12.8 s, so a node that cannot store what it asks for
 /// does not pull up to 32 MiB from a peer five times a second.
 const REPAIR_STORE_BACKOFF_DOUBLINGS_MAX: u32 = 6;
@@ -137,9 +139,11 @@ impl Repair {
         wait
     }
 
-    /// The log stored copies: requests go at the usual pace again.
-    fn store_succeeded(&mut self) {
+    /// The log stored copies at `now_ms`: requests go at the usual pace
+    /// again, the next one no later than [`REPAIR_RETRY_MS`] from now.
+    fn store_succeeded(&mut self, now_ms: u64) {
         self.store_refusals_in_a_row = 0;
+        self.next_ask_ms = self.next_ask_ms.min(now_ms + REPAIR_RETRY_MS);
     }
 
     /// True while an entry that could be repaired is missing.
@@ -219,7 +223,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 self.repair.unverifiable.insert(i);
             }
         }
-        self.repair.next_ask_ms = 0;
+        // Asked for at once, unless the log is refusing what it gets
+        // (the same lowest entries would come back and be refused again).
+        if self.repair.store_refusals_in_a_row == 0 {
+            self.repair.next_ask_ms = 0;
+        }
         self.repair_leadership();
     }
 
@@ -438,7 +446,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         if !good.is_empty() {
             match self.wal.store_repaired(&good) {
                 Ok(()) => {
-                    self.repair.store_succeeded();
+                    self.repair.store_succeeded(now_ms);
                     let n = good.len() as u64;
                     for e in &good {
                         self.repair.forget(e.index);
@@ -530,8 +538,13 @@ mod tests {
         );
         assert_eq!(r.stats.store_refusals, 9);
         assert_eq!(r.next_ask_ms, 8_000 + 12_800, "the next request waits");
-        r.store_succeeded();
+        r.store_succeeded(9_000);
         assert_eq!(r.ask_interval_ms(), REPAIR_RETRY_MS);
+        assert_eq!(
+            r.next_ask_ms,
+            9_000 + REPAIR_RETRY_MS,
+            "the next request comes sooner"
+        );
         assert_eq!(r.stats.store_refusals, 9, "the count stays");
         // A refusal never brings a later request forward.
         r.next_ask_ms = 50_000;
