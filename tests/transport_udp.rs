@@ -35,9 +35,9 @@
 //!   node's datagrams copied straight to the other (a copy can overtake
 //!   its original); every message once, in order.
 //! - `xdp_a_link_that_stops_taking_frames_falls_back_to_sockets`: the
-//!   sender's link goes down; after 100 ms the loop gives the AF_XDP path
-//!   up and, once the link is back, the message queued meanwhile and the
-//!   next arrive over the sockets.
+//!   sender's link goes down; after 100 ms and 5 unanswered kicks the
+//!   loop gives the AF_XDP path up and, once the link is back, the
+//!   message queued meanwhile and the next arrive over the sockets.
 //! - `sockets_between_namespaces_see_the_same_bridge_loss`: the control,
 //!   the socket driver over the same topology and rule.
 //!

@@ -30,6 +30,12 @@ const XDP_FULL_RECHECK_US: u64 = 100;
 /// the failure detector's deadtime.
 const XDP_TX_STALL_US: u64 = 100_000;
 
+/// Kicks in a row the kernel must also have answered by taking nothing
+/// from a non-empty tx ring before the path is given up: time alone would
+/// also count a stretch the host did not run this loop at all (one flush
+/// before it, one after), which says nothing of the ring.
+const XDP_TX_STALL_KICKS: u32 = 5;
+
 /// Whether an offload is in use, and if not, why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Offload {
@@ -156,6 +162,8 @@ pub struct UdpDriver {
     xdp_blocked: bool,
     /// The tx ring's consumer index last seen to move, and when (µs).
     xdp_tx_seen: (u32, u64),
+    /// Kicks since the tx ring last moved (or was empty).
+    xdp_kicks_unanswered: u32,
     /// Why the AF_XDP path was given up at run time, if it was.
     xdp_lost: Option<String>,
 }
@@ -259,6 +267,7 @@ impl UdpDriver {
             xdp: None,
             xdp_blocked: false,
             xdp_tx_seen: (0, 0),
+            xdp_kicks_unanswered: 0,
             xdp_lost: None,
         };
         Ok((driver, report))
@@ -271,6 +280,7 @@ impl UdpDriver {
     /// datagram is its own frame.
     pub fn attach_xdp(&mut self, port: XdpPort) {
         self.xdp_tx_seen = (port.tx_progress(), self.now_us());
+        self.xdp_kicks_unanswered = 0;
         self.gso.segments_max = 1;
         self.gso.off_reason = Some("the AF_XDP path sends one frame per datagram".into());
         self.xdp = Some(port);
@@ -845,7 +855,9 @@ impl UdpDriver {
             }
         }
         let mut kick_error = None;
+        let mut kicked = false;
         if queued || result == Flushed::Blocked || x.tx_pending() > 0 {
+            kicked = true;
             if let Err(e) = x.kick() {
                 kick_error = Some(e);
             }
@@ -865,12 +877,15 @@ impl UdpDriver {
         let progress = x.tx_progress();
         if pending == 0 || progress != self.xdp_tx_seen.0 {
             self.xdp_tx_seen = (progress, now_us);
+            self.xdp_kicks_unanswered = 0;
+        } else if kicked {
+            self.xdp_kicks_unanswered = self.xdp_kicks_unanswered.saturating_add(1);
         }
         let stalled_us = now_us.saturating_sub(self.xdp_tx_seen.1);
         for n in notices {
             self.notice(n);
         }
-        if stalled_us >= XDP_TX_STALL_US
+        if (stalled_us >= XDP_TX_STALL_US && self.xdp_kicks_unanswered >= XDP_TX_STALL_KICKS)
             || kick_error
                 .as_ref()
                 .is_some_and(|e| e.raw_os_error() == Some(libc::ENXIO))
@@ -878,8 +893,9 @@ impl UdpDriver {
             let why = match &kick_error {
                 Some(e) => format!("its transmit kick failed: {e}"),
                 None => format!(
-                    "the kernel took none of its {pending} queued frames for {} ms",
-                    stalled_us / 1000
+                    "the kernel took none of its {pending} queued frames for {} ms ({} kicks)",
+                    stalled_us / 1000,
+                    self.xdp_kicks_unanswered
                 ),
             };
             let reason = format!(
