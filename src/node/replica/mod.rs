@@ -152,6 +152,10 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     pub(crate) snapshot_stats: SnapshotStats,
     /// Leader: image chunks being read for followers, one per follower.
     image_reads: Vec<ImageReadJob>,
+    /// Leader: the chunk after the one last sent, read ahead while the
+    /// follower stages that one (one per follower): taken when Raft asks
+    /// for it, dropped when it asks for another position.
+    image_read_ahead: Vec<ImageReadJob>,
     /// The log index each recent snapshot's state refers to from (the
     /// current one's and the one before).
     keep_from_by_snapshot: BTreeMap<Index, Option<Index>>,
@@ -260,6 +264,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             snapshot_interval_ms: u64::MAX,
             snapshot_stats: SnapshotStats::default(),
             image_reads: Vec::new(),
+            image_read_ahead: Vec::new(),
             keep_from_by_snapshot: BTreeMap::new(),
             staged: None,
             stage_job: None,

@@ -32,8 +32,12 @@ pub(super) type SnapshotWritten = (crate::consensus::Snapshot, usize, Option<Ind
 pub(super) struct ImageReadJob {
     read: ImageRead,
     total: u64,
-    done: Box<dyn Offloaded<Result<Vec<u8>, WalError>>>,
+    done: Box<dyn Offloaded<Result<ChunkRead, WalError>>>,
 }
+
+/// A chunk of entries read for an image: its bytes, and how many entries
+/// (positions) it holds.
+type ChunkRead = (Vec<u8>, u64);
 
 /// Why a chunk was not staged.
 pub(super) enum StageError {
@@ -221,6 +225,16 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         Some(self.snapshot_stats.retained_from).filter(|&i| i > 0)
     }
 
+    /// The header of the image of the snapshot at `index` (the current
+    /// one, or one replaced while still being sent), if it is held.
+    fn image_header(&self, index: Index) -> Option<ImageHeader> {
+        let snap = self.raft.transfer_snapshot(index)?;
+        let &keep_from = self.keep_from_by_snapshot.get(&index)?;
+        let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutEntries);
+        let keep_from = keep_from.filter(|_| !leave_out);
+        Some(ImageHeader::new(index, snap.data.len() as u64, keep_from))
+    }
+
     /// Leader: reads the chunk of a snapshot image Raft asks for (a
     /// follower is behind the trimmed log). The header and the snapshot's
     /// data are in memory; entries are read from the segments (or taken
@@ -228,16 +242,13 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// worth at a time, so neither the loop nor memory carries the image.
     pub(super) fn read_image_chunk(&mut self, read: ImageRead) {
         let chunk_bytes = self.raft.snapshot_chunk_bytes().max(1);
-        let (Some(snap), Some(&keep_from)) = (
+        let (Some(header), Some(snap)) = (
+            self.image_header(read.index),
             self.raft.transfer_snapshot(read.index),
-            self.keep_from_by_snapshot.get(&read.index),
         ) else {
             self.raft.image_unavailable(read.to, read.index);
             return;
         };
-        let leave_out = self.planted_workload == Some(WorkloadBug::SnapshotWithoutEntries);
-        let keep_from = keep_from.filter(|_| !leave_out);
-        let header = ImageHeader::new(read.index, snap.data.len() as u64, keep_from);
         let (total, position) = (header.total(), read.position);
         if position < header.meta_end() {
             let end = header.meta_end().min(position + chunk_bytes as u64);
@@ -255,27 +266,61 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             self.snapshot_stats.image_chunks_sent += 1;
             self.raft
                 .send_image_chunk(read.to, read.index, position, total, out);
+            if end == header.meta_end() {
+                self.read_ahead(read, end, total);
+            }
             return;
         }
-        let Some(first) = header.entry_at(position) else {
+        if header.entry_at(position).is_none() {
             return; // past the end: a confused follower, dropped
-        };
-        let located =
-            match self
-                .wal
-                .locate_with_repaired_bytes(first, read.index, chunk_bytes as u64)
-            {
-                Ok(l) => l,
-                Err(e) => {
-                    log_warn!(
-                        "group {}: locating entry {first} for an image of the snapshot at {}: {e}",
-                        self.group,
-                        read.index
-                    );
-                    self.raft.image_unavailable(read.to, read.index);
-                    return;
-                }
-            };
+        }
+        // The chunk read ahead for this follower, if it is this one;
+        // one for another position is of no use now.
+        let ahead = self
+            .image_read_ahead
+            .iter()
+            .position(|j| j.read.to == read.to);
+        if let Some(job) = ahead.map(|i| self.image_read_ahead.swap_remove(i)) {
+            if job.read == read {
+                self.image_reads.retain(|j| j.read.to != read.to);
+                self.image_reads.push(job);
+                // Most often read already: sent now, in this Ready round
+                // (its wake-up came and went before it was wanted).
+                self.poll_image_reads();
+                return;
+            }
+        }
+        match self.start_image_read(read, &header) {
+            Ok(job) => {
+                // One read per follower: a newer ask replaces an older one.
+                self.image_reads.retain(|j| j.read.to != read.to);
+                self.image_reads.push(job);
+            }
+            Err(()) => self.raft.image_unavailable(read.to, read.index),
+        }
+    }
+
+    /// Starts reading the entries of the image chunk `read` asks for (at
+    /// an entry's position of the image `header` describes) on a helper
+    /// thread; `Err` (logged) if the entries cannot be located.
+    fn start_image_read(
+        &mut self,
+        read: ImageRead,
+        header: &ImageHeader,
+    ) -> Result<ImageReadJob, ()> {
+        let chunk_bytes = self.raft.snapshot_chunk_bytes().max(1);
+        let total = header.total();
+        let first = header.entry_at(read.position).ok_or(())?;
+        let located = self
+            .wal
+            .locate_with_repaired_bytes(first, read.index, chunk_bytes as u64)
+            .map_err(|e| {
+                log_warn!(
+                    "group {}: locating entry {first} for an image of the snapshot at {}: {e}",
+                    self.group,
+                    read.index
+                )
+            })?;
         let name = format!("quire-image-g{}", self.group);
         let dir = self.wal.dir().clone();
         let last = read.index;
@@ -296,17 +341,44 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 .max(1);
             let mut out = Vec::with_capacity(bytes.min(chunk_bytes));
             encode_entries(&entries[..fit], &mut out);
-            Ok(out)
+            Ok((out, fit as u64))
         });
-        if let Ok(done) = offloaded {
-            // One read per follower: a newer ask replaces an older one.
-            self.image_reads.retain(|j| j.read.to != read.to);
-            self.image_reads.push(ImageReadJob { read, total, done });
+        let done = offloaded.map_err(|_| ())?;
+        Ok(ImageReadJob { read, total, done })
+    }
+
+    /// Leader: reads the chunk after one just sent (ending at `end`) for
+    /// the same follower, so that it is ready when the follower's ack
+    /// asks for it: the read then overlaps the follower's staging instead
+    /// of following it. At most one per follower, dropped if Raft asks
+    /// for another position, or once the transfer or leadership is gone.
+    fn read_ahead(&mut self, read: ImageRead, end: u64, total: u64) {
+        self.image_read_ahead.retain(|j| j.read.to != read.to);
+        let Some(header) = self.image_header(read.index) else {
+            return;
+        };
+        if end >= total || header.total() != total {
+            return;
+        }
+        let next = ImageRead {
+            position: end,
+            ..read
+        };
+        if let Ok(job) = self.start_image_read(next, &header) {
+            self.image_read_ahead.push(job);
         }
     }
 
     /// Hands finished image chunks to Raft to send.
     pub(super) fn poll_image_reads(&mut self) {
+        // Chunks read ahead for a transfer that is over, or by a leader
+        // no more, are dropped (each holds a chunk's bytes).
+        if !self.image_read_ahead.is_empty() {
+            let leads = self.raft.role() == crate::consensus::Role::Leader;
+            let raft = &self.raft;
+            self.image_read_ahead
+                .retain(|j| leads && raft.transfer_snapshot(j.read.index).is_some());
+        }
         let mut i = 0;
         while i < self.image_reads.len() {
             let job = &mut self.image_reads[i];
@@ -317,7 +389,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 JobState::Done(r) => {
                     self.image_reads.swap_remove(i);
                     match r {
-                        Ok(chunk) => {
+                        Ok((chunk, entries)) => {
                             self.snapshot_stats.image_chunks_sent += 1;
                             self.raft.send_image_chunk(
                                 read.to,
@@ -326,6 +398,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                                 total,
                                 chunk,
                             );
+                            self.read_ahead(read, read.position + entries, total);
                         }
                         Err(e) => {
                             log_warn!(
