@@ -177,7 +177,8 @@ impl Raft {
     /// The leader's caller read the chunk at `position` of the image of
     /// the snapshot at `index` (of `total` positions) for follower `to`,
     /// as [`super::Ready::image_reads`] asked: it is sent, unless the
-    /// follower moved on meanwhile (a stale read is dropped).
+    /// follower moved on meanwhile (a stale read is dropped). Returns
+    /// whether it was sent.
     pub fn send_image_chunk(
         &mut self,
         to: NodeId,
@@ -185,13 +186,13 @@ impl Raft {
         position: u64,
         total: u64,
         data: Vec<u8>,
-    ) {
+    ) -> bool {
         let expected = self.progress.get(&to).is_some_and(|pr| {
             matches!(pr.state, ReplicationState::Snapshot { index: i, acked, .. }
                 if i == index && acked == position)
         });
         let Some((s, _)) = self.transfer_of(index).filter(|_| expected) else {
-            return;
+            return false;
         };
         let chunk = Snapshot {
             index,
@@ -206,6 +207,7 @@ impl Raft {
             total,
         };
         self.send(to, body);
+        true
     }
 
     /// The leader's caller cannot read the image of the snapshot at

@@ -263,10 +263,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     &snap.data[(position.max(h) - h) as usize..(end - h) as usize],
                 );
             }
-            self.snapshot_stats.image_chunks_sent += 1;
-            self.raft
+            self.image_read_ahead.retain(|j| j.read.to != read.to);
+            let sent = self
+                .raft
                 .send_image_chunk(read.to, read.index, position, total, out);
-            if end == header.meta_end() {
+            self.snapshot_stats.image_chunks_sent += u64::from(sent);
+            if sent && end == header.meta_end() {
                 self.read_ahead(read, end, total);
             }
             return;
@@ -280,14 +282,25 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             .image_read_ahead
             .iter()
             .position(|j| j.read.to == read.to);
-        if let Some(job) = ahead.map(|i| self.image_read_ahead.swap_remove(i)) {
+        if let Some(mut job) = ahead.map(|i| self.image_read_ahead.swap_remove(i)) {
             if job.read == read {
                 self.image_reads.retain(|j| j.read.to != read.to);
-                self.image_reads.push(job);
-                // Most often read already: sent now, in this Ready round
-                // (its wake-up came and went before it was wanted).
-                self.poll_image_reads();
-                return;
+                match job.done.try_take() {
+                    // Still reading: sent when done, like any read.
+                    JobState::Running => {
+                        self.image_reads.push(job);
+                        return;
+                    }
+                    // Most often read already: sent now, in this Ready
+                    // round (its wake-up came before it was wanted).
+                    JobState::Done(Ok(chunk)) => {
+                        self.image_read_done(read, job.total, Ok(chunk));
+                        return;
+                    }
+                    // Read before a repair, say: read again now rather
+                    // than fail the ask with an old answer.
+                    JobState::Done(Err(_)) | JobState::Lost => {}
+                }
             }
         }
         match self.start_image_read(read, &header) {
@@ -351,7 +364,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// the same follower, so that it is ready when the follower's ack
     /// asks for it: the read then overlaps the follower's staging instead
     /// of following it. At most one per follower, dropped if Raft asks
-    /// for another position, or once the transfer or leadership is gone.
+    /// for another position, or once the snapshot's transfer is no
+    /// longer held or the leadership is gone (a follower that caught up
+    /// otherwise leaves its one until then).
     fn read_ahead(&mut self, read: ImageRead, end: u64, total: u64) {
         self.image_read_ahead.retain(|j| j.read.to != read.to);
         let Some(header) = self.image_header(read.index) else {
@@ -388,29 +403,33 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 JobState::Lost => drop(self.image_reads.swap_remove(i)),
                 JobState::Done(r) => {
                     self.image_reads.swap_remove(i);
-                    match r {
-                        Ok((chunk, entries)) => {
-                            self.snapshot_stats.image_chunks_sent += 1;
-                            self.raft.send_image_chunk(
-                                read.to,
-                                read.index,
-                                read.position,
-                                total,
-                                chunk,
-                            );
-                            self.read_ahead(read, read.position + entries, total);
-                        }
-                        Err(e) => {
-                            log_warn!(
-                                "group {}: reading an image of the snapshot at {} at position {}: {e}",
-                                self.group,
-                                read.index,
-                                read.position
-                            );
-                            self.raft.image_unavailable(read.to, read.index);
-                        }
-                    }
+                    self.image_read_done(read, total, r);
                 }
+            }
+        }
+    }
+
+    /// A chunk of entries read for `read`: sent (and the next one read
+    /// ahead, if Raft took it), or the failure told to Raft.
+    fn image_read_done(&mut self, read: ImageRead, total: u64, r: Result<ChunkRead, WalError>) {
+        match r {
+            Ok((chunk, entries)) => {
+                let sent =
+                    self.raft
+                        .send_image_chunk(read.to, read.index, read.position, total, chunk);
+                self.snapshot_stats.image_chunks_sent += u64::from(sent);
+                if sent {
+                    self.read_ahead(read, read.position + entries, total);
+                }
+            }
+            Err(e) => {
+                log_warn!(
+                    "group {}: reading an image of the snapshot at {} at position {}: {e}",
+                    self.group,
+                    read.index,
+                    read.position
+                );
+                self.raft.image_unavailable(read.to, read.index);
             }
         }
     }
