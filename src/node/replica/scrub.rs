@@ -84,14 +84,31 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.start_scrub_read(now_ms);
     }
 
+    /// Starts the next read once it is due and the rate allows a whole
+    /// one. It decides before it locates anything: the loop turns up to
+    /// a thousand times a second, and locating a read's batches costs a
+    /// walk of the index (thousands of batches for a 4 MiB read).
     fn start_scrub_read(&mut self, now_ms: u64) {
         let s = &mut self.scrub;
         if s.job.is_some() {
             return;
         }
-        let chunk = s.budget_bytes.min(SCRUB_READ_BYTES_MAX);
-        let batches = self.wal.batches_from(s.cursor, chunk);
-        let Some((_, last)) = batches.last() else {
+        if s.cursor == 0 {
+            let due = s
+                .pass_started_ms
+                .map_or(0, |t| t.saturating_add(SCRUB_PASS_PERIOD_MIN_MS));
+            if now_ms < due {
+                return;
+            }
+        }
+        // A read waits for a whole read's budget (or the rate's second,
+        // if smaller), so it is located once per read, not per turn.
+        let read_bytes = s.stats.bytes_per_s.min(SCRUB_READ_BYTES_MAX);
+        if s.budget_bytes < read_bytes {
+            return;
+        }
+        let batches = self.wal.batches_from(s.cursor, read_bytes);
+        let Some(last) = batches.last() else {
             // Past the durable end: a pass is whole.
             if s.cursor > 0 {
                 s.stats.passes += 1;
@@ -102,21 +119,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
             return;
         };
-        let bytes: u64 = batches.iter().map(|(_, l)| l.disk_bytes).sum();
-        if bytes > s.budget_bytes {
-            return; // the rate has not allowed this much yet
-        }
-        if s.cursor == 0 {
-            let due = s
-                .pass_started_ms
-                .map_or(0, |t| t.saturating_add(SCRUB_PASS_PERIOD_MIN_MS));
-            if now_ms < due {
-                return;
-            }
-            s.pass_started_ms = Some(now_ms);
-        }
-        s.budget_bytes -= bytes;
         let next = last.first_index + last.count.max(1);
+        // One batch larger than a read goes as a read of its own, the
+        // budget spent to nothing: it must not stop the pass.
+        let bytes: u64 = batches.iter().map(|l| l.disk_bytes).sum();
         let dir = self.wal.dir().clone();
         let name = format!("quire-scrub-g{}", self.group);
         let job = self.host.offload(name, true, move || {
@@ -124,7 +130,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         });
         // A job that could not start is tried again next turn.
         if let Ok(job) = job {
-            self.scrub.job = Some((job, next));
+            let s = &mut self.scrub;
+            if s.cursor == 0 {
+                s.pass_started_ms = Some(now_ms);
+            }
+            s.budget_bytes = s.budget_bytes.saturating_sub(bytes);
+            s.job = Some((job, next));
         }
     }
 

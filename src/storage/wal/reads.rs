@@ -129,8 +129,9 @@ impl<D: LogDir> Wal<D> {
     /// reads next. Empty past the last durable batch. (A durable index is
     /// not enough: a rewrite of the log's end after a truncation sits in
     /// the index before it is durable, at indexes durable in their old
-    /// version; batches are durable in sequence order.)
-    pub fn batches_from(&self, from: Index, bytes_max: u64) -> Vec<(String, BatchLocation)> {
+    /// version; batches are durable in sequence order.) Locations only:
+    /// the reader names their files on its own thread.
+    pub fn batches_from(&self, from: Index, bytes_max: u64) -> Vec<BatchLocation> {
         let start = self
             .index
             .partition_point(|b| b.first_index + b.count <= from);
@@ -142,7 +143,7 @@ impl<D: LogDir> Wal<D> {
                 break;
             }
             bytes += loc.disk_bytes;
-            out.push((segment_name(loc.segment), *loc));
+            out.push(*loc);
         }
         out
     }
@@ -491,12 +492,12 @@ pub struct ScrubResult {
 /// record's checksum, and that it is the batch that was located), on any
 /// thread: a scrub's read. A file that cannot be opened or read counts
 /// against each of its batches.
-pub fn scrub_located<D: LogDir>(dir: &D, located: &[(String, BatchLocation)]) -> ScrubResult {
+pub fn scrub_located<D: LogDir>(dir: &D, located: &[BatchLocation]) -> ScrubResult {
     let mut r = ScrubResult::default();
     let mut reader = BatchReader::new(dir);
-    for (name, loc) in located {
+    for loc in located {
         r.bytes += loc.disk_bytes;
-        match reader.read(name, loc) {
+        match reader.read(&segment_name(loc.segment), loc) {
             Ok(_) => r.good_batches += 1,
             Err(e) => r.damaged.push((*loc, e.to_string())),
         }

@@ -400,7 +400,7 @@ mod tests {
         let (mut damaged, mut good, mut from) = (Vec::new(), 0, 0);
         loop {
             let batches = wal.batches_from(from, 1);
-            let Some((_, last)) = batches.last() else {
+            let Some(last) = batches.last() else {
                 break;
             };
             from = last.first_index + last.count;
