@@ -413,6 +413,17 @@ impl UdpDriver {
         self.wake_fds.extend_from_slice(fds);
     }
 
+    /// True if the last wait found `fd`, one of the wake descriptors,
+    /// readable (or hung up). They are level-triggered: one not read now
+    /// is reported again by the next wait, so the caller reads only
+    /// those reported, not every descriptor every turn.
+    pub fn wake_fd_ready(&self, fd: std::os::fd::RawFd) -> bool {
+        let first = self.sockets.len() + usize::from(self.xdp.is_some());
+        self.pollfds
+            .get(first..)
+            .is_some_and(|w| w.iter().any(|p| p.fd == fd && p.revents != 0))
+    }
+
     fn wait(&mut self, wait_us: u64) -> io::Result<()> {
         self.pollfds.clear();
         for s in &self.sockets {

@@ -107,11 +107,19 @@ impl Control {
 
     /// Reads and writes the serial lines; the fresh, authentic heartbeats
     /// that arrived on them.
-    pub(crate) fn serve_serial(&mut self, now: u64) -> Vec<Heartbeat> {
+    pub(crate) fn serve_serial(
+        &mut self,
+        now: u64,
+        readable: impl Fn(std::os::fd::RawFd) -> bool,
+    ) -> Vec<Heartbeat> {
         let mut heard = Vec::new();
         for (peer, port) in &mut self.serial {
             port.poll_open(now);
-            port.receive(now);
+            // A port the wait did not find readable has nothing to read
+            // (or was opened since: the next wait reports it).
+            if port.raw_fd().is_some_and(&readable) {
+                port.receive(now);
+            }
             while let Some(frame) = port.next_frame() {
                 // Frame errors are counted by the port's decoder.
                 if let Ok(hb) = frame {

@@ -289,7 +289,12 @@ impl EventLoop {
                 log_error!("node {}: waiting on the sockets failed: {e}", self.spec.id);
             }
             self.note_wake(self.real_ms());
-            self.waker.drain();
+            // Each read below is a syscall, and the loop turns several
+            // times per append at light load: only what the wait found
+            // readable is read (level-triggered, so nothing is missed).
+            if self.udp.wake_fd_ready(self.waker.fd()) {
+                self.waker.drain();
+            }
             // Commands are served after the drain and before the drive:
             // one that arrives later wakes the next wait at once, and what
             // these propose goes out in this turn, not after the next
@@ -363,7 +368,8 @@ impl EventLoop {
             routing: &self.routing,
             now_ms: now,
         };
-        clients.serve(&mut parts);
+        let ready = self.udp.wake_fd_ready(clients.wake_fd());
+        clients.serve(&mut parts, ready);
         self.clients = Some(clients);
     }
 
@@ -659,7 +665,8 @@ impl EventLoop {
         let Some(c) = self.control.as_mut() else {
             return;
         };
-        for hb in c.serve_serial(now) {
+        let udp = &self.udp;
+        for hb in c.serve_serial(now, |fd| udp.wake_fd_ready(fd)) {
             self.heartbeat_heard(now, &hb, Channel::Serial);
         }
     }
