@@ -100,7 +100,10 @@ impl Default for TransportConfig {
             nack_ranges_max: 64,
             rexmit_batch_max: 256,
             rexmit_min_interval_ms: 2,
-            ack_delay_us: 200,
+            // Below `probe_interval_ms`, so an ack comes before a probe;
+            // long enough for the next datagram to the peer to carry it
+            // at light load (a standalone ack wakes the peer's loop).
+            ack_delay_us: 2000,
             ack_every_bytes: 512 << 10,
             probe_interval_ms: 5,
             peers_max: 16,
