@@ -1047,6 +1047,36 @@ fn reader_demo(cluster: &LocalProcesses, first: u64) -> Result<(), String> {
     }
 }
 
+/// Asks the nodes in turn until one names a leader of group 0: that
+/// node, and how long it took.
+fn wait_for_leader(
+    c: &mut Client,
+    nodes: usize,
+    within: Duration,
+) -> Result<(u64, Duration), String> {
+    let started = Instant::now();
+    let mut last_error = String::from("no node answered yet");
+    for i in (0..nodes).cycle() {
+        match c.leaders(i) {
+            Ok(groups) => {
+                if let Some(g) = groups.iter().find(|g| g.group == 0 && g.leader != 0) {
+                    return Ok((g.leader, started.elapsed()));
+                }
+            }
+            // A node still starting refuses connections: ask the next.
+            Err(e) => last_error = e.to_string(),
+        }
+        if started.elapsed() > within {
+            return Err(format!(
+                "no leader of group 0 within {} ({last_error})",
+                human::duration(within)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10)); // a poll's pause
+    }
+    unreachable!("cycle never ends")
+}
+
 /// `quire up`.
 fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Result<(), String> {
     clear_up_dir(&dir, force)?;
@@ -1075,6 +1105,13 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         c = c.with_tls(tls);
     }
     c.deadline = Duration::from_secs(20);
+    // The election apart from the appends: timed together, the first
+    // number a newcomer reads would be mostly the processes' start.
+    let (leader, elected_in) = wait_for_leader(&mut c, addrs.len(), Duration::from_secs(20))?;
+    say!(
+        "group 0 elected node {leader} its leader {} after the nodes started",
+        human::duration(elected_in)
+    );
     let started = Instant::now();
     let mut indexes = Vec::new();
     for i in 1..=5 {
@@ -1086,7 +1123,7 @@ fn up(nodes: u64, groups: u32, dir: PathBuf, demo_only: bool, force: bool) -> Re
         say!("appended {record:?} at index {index}");
     }
     say!(
-        "5 appends confirmed in {} (durable on a majority)",
+        "5 appends confirmed in {} (durable on a majority; the first one connects to the leader)",
         human::duration(started.elapsed())
     );
     // Every node applies them: read each node's copy back.
