@@ -23,32 +23,7 @@ cargo build --release --bins >&2
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/quire-throughput.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
-# One quire-bench run: "iops cpu_us_per_op client_cpu_us_per_op p50_us".
-bench() {
-  local exe=$1 depth=$2 jobs=$3
-  "$exe" --name=a --ioengine=cluster --embedded --directory="$dir" --rw=append --bs=1k \
-    --iodepth="$depth" --numjobs="$jobs" --group_reporting --runtime="$secs" --time_based \
-    --output-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-j = json.load(sys.stdin)["jobs"][0]
-w = j["write"]
-print("%d %.2f %.2f %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_per_op"],
-      w["clat_ns"]["percentile"]["50.000000"] // 1000))'
-}
-
-# fio's p50 of a 4 KiB write + fdatasync (psync), in µs, with $1 jobs
-# at once (3: as the three replicas of a local cluster fsync one disk).
-fio_p50() {
-  fio --name=lat --directory="$dir" --ioengine=psync --rw=write --bs=4k --fdatasync=1 \
-    --size=64m --runtime="$secs" --time_based --numjobs="${1:-1}" --group_reporting \
-    --output-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-j = json.load(sys.stdin)["jobs"][0]
-print(j["sync"]["lat_ns"]["percentile"]["50.000000"] // 1000)'
-  rm -f "$dir"/lat.*
-}
+. bench/lib.sh
 
 cells=("this:256:1" "this:256:$nj" "this:1:1")
 [ -n "$baseline" ] && cells+=("base:256:1" "base:256:$nj" "base:1:1")
@@ -58,8 +33,8 @@ for r in $(seq "$rounds"); do
     IFS=: read -r who depth jobs <<<"$c"
     exe=target/release/quire-bench
     [ "$who" = base ] && exe="$baseline/quire-bench"
-    out=$(bench "$exe" "$depth" "$jobs")
-    echo "round $r $who depth $depth numjobs $jobs: $out (appends/s, daemon us/op, client us/op, p50 us)"
+    out=$(bench_cluster "$exe" "$depth" "$jobs")
+    echo "round $r $who depth $depth numjobs $jobs: $out (appends/s, daemon us/op, client us/op, p50 us, p99 us)"
     runs[$c]+="$out"$'\n'
   done
   f=$(fio_p50 1)
@@ -71,10 +46,5 @@ for r in $(seq "$rounds"); do
 done
 echo "medians of $rounds:"
 for c in "${cells[@]}" fio fio3; do
-  printf '%s\n' "${runs[$c]}" | python3 -c '
-import statistics, sys
-name = sys.argv[1]
-rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
-cols = list(zip(*rows))
-print(name, " ".join("%g" % statistics.median(c) for c in cols))' "$c"
+  printf '%s\n' "${runs[$c]}" | median_cols "$c"
 done
