@@ -126,12 +126,11 @@ impl IoBackend for UringBackend {
         self.next_slot += 1;
         let slot = self.next_slot;
         let n = req.ops.len();
-        // A chain that ends in an fdatasync runs whole on an io_uring
-        // worker (IOSQE_ASYNC on its first op): the worker issues each
-        // linked op when the one before completes. Issued inline, the
-        // write's completion interrupts the loop's wait to issue the
-        // fdatasync, one more wake-up of the loop per flush.
-        let to_worker = matches!(req.ops.last(), Some(IoOp::Fdatasync { .. }));
+        // The write is issued inline, not handed whole to an io_uring
+        // worker (IOSQE_ASYNC): that spared the loop one wake-up per
+        // flush, but the worker's wake-up delayed every write, and the
+        // WAL alone lost 10-25% of its throughput (bench/README.md,
+        // "Light load").
         let mut p = Pending {
             token: req.token,
             bufs: Vec::new(),
@@ -174,9 +173,6 @@ impl IoBackend for UringBackend {
                 if self.skip_success {
                     flags |= squeue::Flags::SKIP_SUCCESS;
                 }
-            }
-            if i == 0 && to_worker {
-                flags |= squeue::Flags::ASYNC;
             }
             entries.push(e.flags(flags).user_data(user_data));
         }
