@@ -625,6 +625,7 @@ impl Engine for ClusterEngine {
                 max_ns: None,
                 records_per_flush_p50: None,
                 bytes_per_flush: None,
+                disk_bytes_per_s: None,
             });
         }
         report.notes.push(

@@ -74,6 +74,10 @@ pub struct FsyncBlock {
     /// Mean bytes written per flush, padding included, where known: the
     /// `--bs` to give fio for the same bytes per fdatasync.
     pub bytes_per_flush: Option<u64>,
+    /// Bytes written to the disk per second (headers and padding
+    /// included) from the first write to the end, where known: the
+    /// figure to set beside fio's at `--bs` = `bytes_per_flush`.
+    pub disk_bytes_per_s: Option<f64>,
 }
 
 /// The transport's counters over a udp run.

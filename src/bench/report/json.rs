@@ -60,6 +60,7 @@ pub fn json(run: &RunResult) -> Value {
                         "flushes": f.flushes,
                         "records_per_flush_p50": f.records_per_flush_p50,
                         "bytes_per_flush": f.bytes_per_flush,
+                        "disk_bytes_per_s": f.disk_bytes_per_s,
                         "lat_ns": { "mean": f.mean_ns, "max": f.max_ns, "percentile": p },
                     })
                 })

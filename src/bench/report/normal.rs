@@ -166,6 +166,9 @@ pub fn normal(run: &RunResult) -> String {
             if let Some(b) = f.bytes_per_flush {
                 let _ = write!(out, ", bytes/flush={b}");
             }
+            if let Some(b) = f.disk_bytes_per_s {
+                let _ = write!(out, ", disk={:.1}MB/s", b / 1e6);
+            }
             let _ = writeln!(out);
             percentile_rows(&mut out, &f.percentiles_ns, div);
         }
