@@ -150,6 +150,7 @@ fn udp_from_the_lossless_job_file() {
 fn wal_from_flags_and_from_job_files() {
     let dir = tempfile::tempdir().unwrap();
     let d = format!("--directory={}", dir.path().display());
+    let started = std::time::Instant::now();
     let doc = ok_json(&[
         "--name=wal-flags",
         "--ioengine=wal",
@@ -167,6 +168,17 @@ fn wal_from_flags_and_from_job_files() {
     assert!(fsync[0]["flushes"].as_u64().unwrap() > 0);
     assert!(fsync[0]["lat_ns"]["percentile"].is_object());
     assert!(fsync[0]["bytes_per_flush"].as_u64().unwrap() >= 4096);
+    // Every flush's bytes reached the disk within the process's life:
+    // the rate over the run is at least their sum over that time.
+    let wall = started.elapsed().as_secs_f64();
+    let written =
+        fsync[0]["flushes"].as_f64().unwrap() * fsync[0]["bytes_per_flush"].as_f64().unwrap();
+    let disk_rate = fsync[0]["disk_bytes_per_s"].as_f64().unwrap();
+    assert!(written >= 500.0 * 4096.0, "{written}");
+    assert!(
+        disk_rate * wall >= written,
+        "{disk_rate} B/s over at most {wall} s, {written} B"
+    );
 
     let doc = ok_json(&[
         "bench/jobs/disk-group-commit.fio",
