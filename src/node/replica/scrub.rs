@@ -28,8 +28,10 @@ pub(crate) const SCRUB_PASS_PERIOD_MIN_MS: u64 = 10_000;
 /// What the scrub of one replica's log is doing and has done.
 #[derive(Default)]
 pub(super) struct Scrub {
-    /// Bytes it may read now, and when (loop ms) that was reckoned.
-    budget_bytes: u64,
+    /// Bytes it may read now, and when (loop ms) that was reckoned;
+    /// below zero after a batch larger than a read (a debt the rate
+    /// pays off before the next read).
+    budget_bytes: i64,
     budget_at_ms: Option<u64>,
     /// The next index to check from (0: a pass starts).
     cursor: Index,
@@ -64,12 +66,11 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // a turn a millisecond, each turn's share would round to nothing.
         if earned > 0 {
             s.budget_at_ms = Some(now_ms);
-            // Saved up: a second's worth, or one read, at most (the rate
-            // is a ceiling, not an average to catch up on).
-            s.budget_bytes = s
-                .budget_bytes
-                .saturating_add(earned)
-                .min(rate.max(SCRUB_READ_BYTES_MAX));
+            // Saved up: a second's worth at most (the rate is a ceiling,
+            // not an average to catch up on); that always holds a read.
+            let cap = i64::try_from(rate).unwrap_or(i64::MAX);
+            let earned = i64::try_from(earned).unwrap_or(i64::MAX);
+            s.budget_bytes = s.budget_bytes.saturating_add(earned).min(cap);
         }
         if let Some((job, _)) = &mut s.job {
             match job.try_take() {
@@ -104,7 +105,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         // A read waits for a whole read's budget (or the rate's second,
         // if smaller), so it is located once per read, not per turn.
         let read_bytes = s.stats.bytes_per_s.min(SCRUB_READ_BYTES_MAX);
-        if s.budget_bytes < read_bytes {
+        if s.budget_bytes < i64::try_from(read_bytes).unwrap_or(i64::MAX) {
             return;
         }
         let batches = self.wal.batches_from(s.cursor, read_bytes);
@@ -120,8 +121,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             return;
         };
         let next = last.first_index + last.count.max(1);
-        // One batch larger than a read goes as a read of its own, the
-        // budget spent to nothing: it must not stop the pass.
+        // One batch larger than a read goes as a read of its own (it
+        // must not stop the pass), and puts the budget in debt: the
+        // rate holds over time.
         let bytes: u64 = batches.iter().map(|l| l.disk_bytes).sum();
         let dir = self.wal.dir().clone();
         let name = format!("quire-scrub-g{}", self.group);
@@ -134,7 +136,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             if s.cursor == 0 {
                 s.pass_started_ms = Some(now_ms);
             }
-            s.budget_bytes = s.budget_bytes.saturating_sub(bytes);
+            s.budget_bytes = s
+                .budget_bytes
+                .saturating_sub(i64::try_from(bytes).unwrap_or(i64::MAX));
             s.job = Some((job, next));
         }
     }

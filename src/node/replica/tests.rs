@@ -260,3 +260,37 @@ fn a_produce_records_the_check_of_its_entry_and_an_ack_drops_it() {
     );
     assert!(r.machine.check_of(second).is_some());
 }
+
+/// The scrub holds its rate even where one batch is larger than a
+/// second's worth (a read of one batch leaves the budget in debt), and
+/// still goes through the whole log pass after pass.
+#[test]
+fn the_scrub_holds_its_rate_when_a_batch_outweighs_a_second_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = ManualHost::default();
+    let mut r = leader_with(dir.path(), &host, 0);
+    let mut out = Vec::new();
+    // 40 entries of 3,000 bytes, each flushed alone: 40 batches, each
+    // about three seconds of the rate.
+    for i in 0..40u8 {
+        r.propose(vec![i; 3000], Box::new(|res| assert!(res.is_ok())));
+        settle(&mut r, 0, &mut out);
+    }
+    let rate: u64 = 1024;
+    r.set_scrub_rate(rate);
+    let secs = 60;
+    for ms in 0..=secs * 1000 {
+        r.drive(ms, &mut out);
+        while host.run_next().is_some() {}
+        out.clear();
+    }
+    let s = r.scrub_stats();
+    let batch_max = 8 << 10; // one entry of 3,000 bytes, padded
+    assert!(
+        s.bytes_verified <= rate * secs + batch_max,
+        "{} bytes read in {secs} s at {rate} B/s",
+        s.bytes_verified
+    );
+    assert!(s.bytes_verified >= rate * secs / 2, "{s:?}");
+    assert!(s.batches_verified > 0, "{s:?}");
+}
