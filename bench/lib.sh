@@ -1,7 +1,20 @@
 # Shared by the cluster benchmark scripts (sourced, not run): one
 # quire-bench run against an embedded cluster, and fio's fdatasync
 # latency on the same disk. The caller sets `dir` (a scratch directory
-# on the disk under test) and `secs` (seconds a run).
+# on the disk under test) and `secs` (seconds a run). A run that fails
+# prints its error output and fails the function (bash ignores `set -e`
+# inside `$(...)`: callers check the status).
+
+# Prints the JSON file $1 through the python program $2; on a failure,
+# the tool's error output ($3) and status.
+_bench_report() {
+  local json=$1 program=$2 err=$3
+  if ! python3 -c "$program" <"$json"; then
+    echo "bench: no result; its error output:" >&2
+    cat "$err" >&2
+    return 1
+  fi
+}
 
 # One quire-bench cluster append run:
 #   bench_cluster EXE IODEPTH NUMJOBS [more quire-bench options]
@@ -11,14 +24,14 @@ bench_cluster() {
   shift 3
   "$exe" --name=a --ioengine=cluster --embedded --directory="$dir" --rw=append --bs=1k \
     --iodepth="$depth" --numjobs="$jobs" --group_reporting --runtime="$secs" --time_based \
-    --output-format=json "$@" 2>/dev/null |
-    python3 -c '
+    --output-format=json "$@" >"$dir/bench.json" 2>"$dir/bench.err" || true
+  _bench_report "$dir/bench.json" '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
 w = j["write"]
 p = w["clat_ns"]["percentile"]
 print("%d %.2f %.2f %d %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_per_op"],
-      p["50.000000"] // 1000, p["99.000000"] // 1000))'
+      p["50.000000"] // 1000, p["99.000000"] // 1000))' "$dir/bench.err"
 }
 
 # fio's p50 of a 4 KiB write + fdatasync (psync), in µs, with $1 jobs at
@@ -27,12 +40,12 @@ print("%d %.2f %.2f %d %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_pe
 fio_p50() {
   fio --name=lat --directory="$dir" --ioengine=psync --rw=write --bs=4k --fdatasync=1 \
     --size=64m --runtime="${2:-$secs}" --time_based --numjobs="${1:-1}" --group_reporting \
-    --output-format=json 2>/dev/null |
-    python3 -c '
+    --output-format=json >"$dir/fio.json" 2>"$dir/fio.err" || true
+  rm -f "$dir"/lat.*
+  _bench_report "$dir/fio.json" '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
-print(j["sync"]["lat_ns"]["percentile"]["50.000000"] // 1000)'
-  rm -f "$dir"/lat.*
+print(j["sync"]["lat_ns"]["percentile"]["50.000000"] // 1000)' "$dir/fio.err"
 }
 
 # Medians of whitespace-separated columns on stdin, one row a run:

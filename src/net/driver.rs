@@ -143,6 +143,8 @@ pub struct UdpDriver {
     /// Other descriptors whose readability ends a wait (the caller's
     /// wake-up eventfd, serial ports); the caller reads them.
     wake_fds: Vec<std::os::fd::RawFd>,
+    /// Where the wake descriptors start in `pollfds` (as of the last wait).
+    wake_fds_at: usize,
     /// Scratch: sockets with datagrams waiting.
     ready: Vec<usize>,
     /// Scratch: (receive time, slot) of the messages of a round.
@@ -259,6 +261,7 @@ impl UdpDriver {
             unroutable_noticed: BTreeSet::new(),
             pollfds: Vec::new(),
             wake_fds: Vec::new(),
+            wake_fds_at: 0,
             ready: Vec::new(),
             order: Vec::new(),
             flushing: false,
@@ -403,9 +406,6 @@ impl UdpDriver {
         Ok(())
     }
 
-    /// Blocks in ppoll (µs precision; poll's ms would make 200 µs ack
-    /// delays 1 ms) until a socket is readable, a blocked one writable,
-    /// or `wait_us` passed.
     /// Descriptors that also end `run_once`'s wait when readable (after the
     /// sockets in the poll set; the caller reads or drains them).
     pub fn set_wake_fds(&mut self, fds: &[std::os::fd::RawFd]) {
@@ -418,12 +418,14 @@ impl UdpDriver {
     /// is reported again by the next wait, so the caller reads only
     /// those reported, not every descriptor every turn.
     pub fn wake_fd_ready(&self, fd: std::os::fd::RawFd) -> bool {
-        let first = self.sockets.len() + usize::from(self.xdp.is_some());
         self.pollfds
-            .get(first..)
+            .get(self.wake_fds_at..)
             .is_some_and(|w| w.iter().any(|p| p.fd == fd && p.revents != 0))
     }
 
+    /// Blocks in ppoll (µs precision; poll's ms would make a 100 µs NACK
+    /// delay 1 ms) until a socket is readable, a blocked one writable,
+    /// a wake descriptor readable, or `wait_us` passed.
     fn wait(&mut self, wait_us: u64) -> io::Result<()> {
         self.pollfds.clear();
         for s in &self.sockets {
@@ -446,6 +448,7 @@ impl UdpDriver {
                 revents: 0,
             });
         }
+        self.wake_fds_at = self.pollfds.len();
         for &fd in &self.wake_fds {
             self.pollfds.push(libc::pollfd {
                 fd,

@@ -1056,6 +1056,9 @@ fn wait_for_leader(
 ) -> Result<(u64, Duration), String> {
     let started = Instant::now();
     let mut last_error = String::from("no node answered yet");
+    if nodes == 0 {
+        return Err("no nodes to ask for a leader".into());
+    }
     for i in (0..nodes).cycle() {
         match c.leaders(i) {
             Ok(groups) => {
