@@ -298,6 +298,149 @@ fn failover_time_over_twenty_leader_kills() {
     check_everything(&c, &h);
 }
 
+/// Appends `probe` (client 800) until one is confirmed: the outcome, and
+/// how long the last append waited.
+fn append_until_confirmed(
+    h: &History,
+    probe: &mut quire::client::Client,
+    seq: &mut u64,
+    since: Instant,
+) -> (Outcome, Duration) {
+    loop {
+        *seq += 1;
+        let asked = Instant::now();
+        let o = h.append(probe, 800, *seq, history::value(800, *seq, 0));
+        if matches!(o, Outcome::Ok(_)) || since.elapsed() > cluster::SERVE_BOUND {
+            return (o, asked.elapsed());
+        }
+    }
+}
+
+/// A leader that loses its leadership alive (issue 54): its UDP path to
+/// both followers cut by nftables while its serial cables stay up, so it
+/// steps down by check-quorum and a follower is elected. From the cut to
+/// the first append the probe sees confirmed, over `FAILOVER_TRIALS`
+/// trials: the requests the old leader held are answered as it steps
+/// down, so the probe goes to the new leader at once instead of waiting
+/// out its 2 s read timeout. Preferred leaders are off so that no
+/// hand-back lands inside a trial. Needs root (nftables).
+#[test]
+fn failover_time_over_twenty_leader_ip_isolations() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(3, no_preferred_leaders);
+    let h = History::new();
+    let mut m = Measurements::default();
+    let mut probe = c.client(800, Duration::from_secs(20));
+    let mut seq = 0;
+    let what = "failover: leader IP-isolated (serial up) to first confirmed append";
+    for trial in 0..FAILOVER_TRIALS {
+        c.wait_healthy("an isolation trial");
+        let leader = nemesis::leader(&c);
+        seq += 1;
+        let warm = h.append(&mut probe, 800, seq, history::value(800, seq, 0));
+        assert!(matches!(warm, Outcome::Ok(_)), "{warm:?}");
+        let mut cuts = Vec::new();
+        for other in c.ids().into_iter().filter(|&x| x != leader) {
+            match quire::net::nft::NftCut::install(c.udp_port(leader), c.udp_port(other)) {
+                Ok(cut) => cuts.push(cut),
+                Err(why) => return skipped(what, Err(why)),
+            }
+        }
+        let cut = Instant::now();
+        let (outcome, _) = append_until_confirmed(&h, &mut probe, &mut seq, cut);
+        assert!(
+            matches!(outcome, Outcome::Ok(_)),
+            "trial {trial}: no append confirmed after the leader's isolation: {outcome:?}"
+        );
+        m.time(what, cut.elapsed());
+        drop(cuts);
+    }
+    c.wait_healthy("the last trial");
+    m.print("failover over 20 leader IP isolations (serial up), 3 nodes");
+    check_everything(&c, &h);
+}
+
+/// A leadership transfer under load (issue 54): three appending clients
+/// and the probe run while `POST /leader` hands the leadership to the
+/// next voter, over `FAILOVER_TRIALS` transfers. Measured: the longest
+/// any probe append waited, from the request until the probe's first
+/// append confirmed after the new leader answered the request. The
+/// requests the old leader held are sent to the new one as it steps down.
+#[test]
+fn leader_change_time_over_twenty_transfers_under_load() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(3, no_preferred_leaders);
+    c.wait_healthy("start");
+    let h = History::new();
+    let w = Workload::start(
+        &c,
+        &h,
+        1,
+        3,
+        Duration::from_secs(3),
+        Duration::from_millis(5),
+    );
+    let mut m = Measurements::default();
+    let mut probe = c.client(800, Duration::from_secs(20));
+    let mut seq = 0;
+    let auth = format!(
+        "Authorization: Bearer {}\r\n",
+        String::from_utf8_lossy(&c.procs.admin_token)
+    );
+    for trial in 0..FAILOVER_TRIALS {
+        c.wait_healthy("a transfer trial");
+        let leader = nemesis::leader(&c);
+        let to = nemesis::follower(&c, leader);
+        seq += 1;
+        let warm = h.append(&mut probe, 800, seq, history::value(800, seq, 0));
+        assert!(matches!(warm, Outcome::Ok(_)), "{warm:?}");
+        let admin = c.procs.nodes[&leader].admin;
+        let path = format!("/leader?group=0&node={to}");
+        let asked = Instant::now();
+        let (auth, limit) = (auth.clone(), Duration::from_secs(15));
+        let mut post = Some(std::thread::spawn(move || {
+            let answer = common::http(admin, "POST", &path, &auth, limit);
+            (answer, Instant::now())
+        }));
+        // The probe appends throughout; the trial ends at its first
+        // append asked after the new leader answered the request.
+        let mut longest = Duration::ZERO;
+        let mut answered_at = None;
+        loop {
+            let started = Instant::now();
+            let (outcome, waited) = append_until_confirmed(&h, &mut probe, &mut seq, asked);
+            assert!(
+                matches!(outcome, Outcome::Ok(_)),
+                "trial {trial}: no append confirmed after the transfer: {outcome:?}"
+            );
+            longest = longest.max(waited);
+            if let Some(p) = post.take_if(|p| p.is_finished()) {
+                let (answer, at) = p.join().expect("the POST thread");
+                let (code, body) = answer.expect("the admin endpoint answers");
+                assert_eq!(code, 200, "trial {trial}: transfer to node {to}: {body}");
+                answered_at = Some(at);
+                continue;
+            }
+            if answered_at.is_some_and(|at| started >= at) {
+                break;
+            }
+            assert!(
+                asked.elapsed() < cluster::SERVE_BOUND,
+                "trial {trial}: the transfer never ended"
+            );
+        }
+        m.time(
+            "transfer: request to the first append confirmed by the new leader",
+            asked.elapsed(),
+        );
+        m.time("transfer: the longest a probe append waited", longest);
+    }
+    w.stop();
+    c.wait_healthy("the last trial");
+    m.print("leader change over 20 transfers under load, 3 nodes");
+    check_everything(&c, &h);
+}
+
 /// The planted fault for "no confirmed append lost": every node runs with
 /// `--unsafe-ack-before-fsync`, so followers acknowledge entries they
 /// have only queued. The followers' disks are frozen (fsfreeze on their

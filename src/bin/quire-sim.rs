@@ -39,7 +39,7 @@ struct Args {
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
     /// snapshot-without-entries, repair-unverified; in the production glue: release-before-durable,
     /// truncate-on-corruption, adopt-unsynced-snapshot, retry-applied-twice,
-    /// retry-wrong-index (the last two with --workload log).
+    /// retry-wrong-index (the last two with --workload log), step-down-answers-ok.
     #[arg(long)]
     bug: Option<String>,
     /// How Raft messages and heartbeats cross the simulated network:
@@ -342,8 +342,8 @@ impl Totals {
         );
         let c = self.glue;
         println!(
-            "glue:        {} log recoveries ({} torn tails discarded, {} damaged batches found for repair), {} group commits, {} appends refused for a full disk, {} snapshots installed ({} image chunks staged, {} staged images resumed after a crash), {} adopted, {} cold reads, {} entries repaired from peers ({} wrong copies refused), {} batches scrubbed ({} found damaged)",
-            c.recoveries, c.torn_tails, c.corruptions_found, c.flushes, c.disk_full_refusals, c.snapshots_installed, c.image_chunks_staged, c.images_resumed, c.snapshots_adopted, c.cold_reads, c.entries_repaired, c.repair_copies_rejected, c.scrub_batches_verified, c.scrub_damaged_batches
+            "glue:        {} log recoveries ({} torn tails discarded, {} damaged batches found for repair), {} group commits, {} appends refused for a full disk, {} snapshots installed ({} image chunks staged, {} staged images resumed after a crash), {} adopted, {} cold reads, {} entries repaired from peers ({} wrong copies refused), {} batches scrubbed ({} found damaged), {} step-downs answered {} waiting requests",
+            c.recoveries, c.torn_tails, c.corruptions_found, c.flushes, c.disk_full_refusals, c.snapshots_installed, c.image_chunks_staged, c.images_resumed, c.snapshots_adopted, c.cold_reads, c.entries_repaired, c.repair_copies_rejected, c.scrub_batches_verified, c.scrub_damaged_batches, c.step_downs_with_waiters, c.step_down_answers
         );
         if opts.net == Net::Endpoint {
             println!(

@@ -915,13 +915,52 @@ fn membership_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
     }
 }
 
+/// `POST /leader?group=G&node=N`: hands group G's leadership to voter N
+/// (on the group's leader), answered once this node hears from N as
+/// leader; logged with who asked.
+fn leader_transfer(node: &NodeHandle, query: &str, peer: &str, who: &str) -> (u16, String) {
+    let (code, body) = leader_transfer_outcome(node, query);
+    log_info!(
+        "quired: admin: leadership transfer {query:?} from {peer} as {who}: {code} {}",
+        body.trim_end()
+    );
+    (code, body)
+}
+
+fn leader_transfer_outcome(node: &NodeHandle, query: &str) -> (u16, String) {
+    const USAGE: &str = "want group=G&node=N (a voter of the group)";
+    let arg = |k: &str| query_arg(query, k);
+    let (Some(group), Some(to)) = (
+        arg("group").and_then(|g| g.parse::<u32>().ok()),
+        arg("node").and_then(|n| n.parse::<u64>().ok()),
+    ) else {
+        return (400, format!("{USAGE}\n"));
+    };
+    if to == 0 {
+        return (400, "node 0 is reserved: no node has that id\n".into());
+    }
+    if !node.groups().any(|g| g == group) {
+        return (404, format!("group {group} is not on this node\n"));
+    }
+    use super::ProposeError as E;
+    match node.transfer_leadership(group, to, std::time::Duration::from_secs(10)) {
+        Ok(term) => (
+            200,
+            format!("node {to} leads group {group} in term {term}\n"),
+        ),
+        Err(e @ E::Invalid(_)) => (400, format!("{e}\n")),
+        Err(e @ (E::NotLeader(_) | E::Busy(_))) => (409, format!("{e}\n")),
+        Err(e) => (503, format!("{e}\n")),
+    }
+}
+
 /// A running admin endpoint; stops when dropped.
 pub struct AdminServer {
     http: HttpServer,
 }
 
 impl AdminServer {
-    /// Serves `/metrics`, `/status` and `/membership` for `node` on
+    /// Serves `/metrics`, `/status`, `/membership` and `/leader` for `node` on
     /// `listen`, over HTTPS only if given `tls`. Requests other than GET
     /// need an admin: the token in `admin_token_file` (read again for
     /// each, so replacing the file rotates it), or a principal of
@@ -999,6 +1038,10 @@ fn answer(
             let (code, body) = membership(node, query, &peer, &who);
             (code, "text/plain", body)
         }
+        ("POST", "/leader") => {
+            let (code, body) = leader_transfer(node, query, &peer, &who);
+            (code, "text/plain", body)
+        }
         ("GET" | "HEAD", "/metrics") => match node.status() {
             Some(st) => {
                 let refusals = gate().counts();
@@ -1014,7 +1057,7 @@ fn answer(
         _ => (
             404,
             "text/plain",
-            "try GET /metrics, GET /status or POST /membership\n".into(),
+            "try GET /metrics, GET /status, POST /membership or POST /leader\n".into(),
         ),
     };
     HttpResponse {

@@ -268,7 +268,9 @@ fn request_group(req: &Request) -> Option<GroupId> {
 /// client addresses, for the leader a `NotLeader` names.
 pub fn error_response(e: ProposeError, addrs: &BTreeMap<NodeId, String>) -> Response {
     let (code, leader) = match &e {
-        ProposeError::NotLeader(l) => (
+        // A leader that stepped down sends its clients on at once: the
+        // retry carries the same (client, seq), so it applies once.
+        ProposeError::NotLeader(l) | ProposeError::SteppedDown(l) => (
             ErrorCode::NotLeader,
             l.map(|l| (l, addrs.get(&l).cloned().unwrap_or_default())),
         ),
@@ -609,6 +611,13 @@ mod tests {
             other => panic!("not an error: {other:?}"),
         };
         assert_eq!(code(ProposeError::Lost), ErrorCode::Unavailable);
+        // A leader that stepped down redirects, naming the new one.
+        let r = error_response(ProposeError::SteppedDown(Some(2)), &addrs());
+        assert!(
+            matches!(&r, Response::Error { code: ErrorCode::NotLeader, leader: Some((2, a)), .. } if a == "10.0.0.2:7000"),
+            "{r:?}"
+        );
+        assert_eq!(code(ProposeError::SteppedDown(None)), ErrorCode::NotLeader);
         assert_eq!(
             code(ProposeError::SeqForgotten {
                 client_id: 1,

@@ -20,6 +20,13 @@ pub enum ProposeError {
     NotLeader(Option<NodeId>),
     /// The entry was replaced by another leader's: it will never apply.
     Lost,
+    /// This node stopped leading (a majority fell silent, a leadership
+    /// transfer, a higher term, its own disk stalled) before the entry
+    /// applied; the leader it knows, if any. The entry may still commit
+    /// under the new leader: the outcome is unknown, and a retry with the
+    /// same (client id, seq) is answered from the dedup table, so nothing
+    /// applies twice.
+    SteppedDown(Option<NodeId>),
     /// No space for the log: appends are refused until space returns.
     DiskFull,
     /// The group's log stopped on this node (a write or sync error, a
@@ -96,6 +103,16 @@ impl std::fmt::Display for ProposeError {
             ProposeError::NotLeader(Some(l)) => write!(f, "not the leader; node {l} is"),
             ProposeError::NotLeader(None) => write!(f, "not the leader; no leader known"),
             ProposeError::Lost => write!(f, "replaced by another leader's entry"),
+            ProposeError::SteppedDown(l) => {
+                write!(
+                    f,
+                    "not the leader any more: this node stopped leading before the request applied; outcome unknown, retry with the same sequence number"
+                )?;
+                match l {
+                    Some(l) => write!(f, " (node {l} leads)"),
+                    None => write!(f, " (no leader known yet)"),
+                }
+            }
             ProposeError::DiskFull => write!(f, "disk full"),
             ProposeError::LogStopped(why) => {
                 write!(f, "unavailable: the group's log stopped on this node: {why}")
@@ -198,6 +215,13 @@ pub(crate) enum CoreCommand {
         force: bool,
         reply: Reply,
     },
+    /// Hand the group's leadership to voter `to`; `reply` gets the term
+    /// it leads once this node hears from it as leader.
+    Transfer {
+        group: GroupId,
+        to: NodeId,
+        reply: Reply,
+    },
     Read {
         group: GroupId,
         from: Index,
@@ -237,7 +261,8 @@ impl CoreCommand {
             CoreCommand::ClientAppends { .. } => {}
             CoreCommand::Propose { reply, .. }
             | CoreCommand::Append { reply, .. }
-            | CoreCommand::Membership { reply, .. } => reply(Err(why)),
+            | CoreCommand::Membership { reply, .. }
+            | CoreCommand::Transfer { reply, .. } => reply(Err(why)),
             CoreCommand::Read { reply, .. } => reply(Err(why)),
             CoreCommand::State { reply, .. } => reply(Err(why)),
             CoreCommand::Query { reply, .. } => reply(Err(why)),

@@ -440,6 +440,7 @@ impl EventLoop {
                 CoreCommand::Propose { group, .. }
                 | CoreCommand::Append { group, .. }
                 | CoreCommand::Membership { group, .. }
+                | CoreCommand::Transfer { group, .. }
                 | CoreCommand::Read { group, .. }
                 | CoreCommand::State { group, .. }
                 | CoreCommand::Query { group, .. } => *group,
@@ -467,6 +468,7 @@ impl EventLoop {
                     reply,
                     ..
                 } => r.propose_membership(change, force, reply),
+                CoreCommand::Transfer { to, reply, .. } => r.transfer_leadership(to, reply),
                 CoreCommand::Read {
                     from,
                     max_entries,
@@ -475,7 +477,7 @@ impl EventLoop {
                     stale: true,
                     reply,
                     ..
-                } => r.read_or_wait(from, max_entries, max_bytes, wait_ms, now, reply),
+                } => r.read_or_wait_stale(from, max_entries, max_bytes, wait_ms, now, reply),
                 CoreCommand::Read {
                     from,
                     max_entries,

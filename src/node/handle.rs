@@ -399,6 +399,25 @@ impl NodeHandle {
         })
     }
 
+    /// Hands `group`'s leadership to voter `to` and waits up to `timeout`
+    /// for this node to hear from it as leader: the term it leads. Only
+    /// the leader takes it (`NotLeader` otherwise); `Busy` if `to` did not
+    /// take over within an election timeout (this node still leads) or
+    /// another node won. The clients this node had waiting are sent to
+    /// `to` at once (`ProposeError::SteppedDown`).
+    pub fn transfer_leadership(
+        &self,
+        group: GroupId,
+        to: NodeId,
+        timeout: Duration,
+    ) -> Result<Term, ProposeError> {
+        self.call(group, timeout, |reply| CoreCommand::Transfer {
+            group,
+            to,
+            reply,
+        })
+    }
+
     /// Committed entries of `group` from `from` on (at most `max_entries`,
     /// about `max_bytes`), without waiting: `reply` gets them. Linearizable
     /// unless `stale`: the leader answers after a read-index round (every

@@ -6,7 +6,8 @@
 //! - append-applied-once: no (client id, seq) is served at two indexes of
 //!   one group, however often it was retried;
 //! - confirmed-append-at-its-index: an `Appended { index }` answer names
-//!   the index where the replicas serve that (client id, seq).
+//!   the index where the replicas serve that (client id, seq), and never
+//!   one where they applied another record.
 
 use super::checker::Violation;
 use crate::consensus::Index;
@@ -19,6 +20,9 @@ pub(crate) struct AppendCheck {
     served: HashMap<(usize, u64, u64), Index>,
     /// Entries the dedup table caught as retries, by (group, index).
     deduplicated: BTreeSet<(usize, Index)>,
+    /// Per (group, address): the (client id, seq) of the record applied
+    /// there, served or not (apply is the same on every replica).
+    applied_at: HashMap<(usize, Index), (u64, u64)>,
 }
 
 impl AppendCheck {
@@ -42,6 +46,12 @@ impl AppendCheck {
         Ok(())
     }
 
+    /// A replica of `group` applied the record of (client, seq) at
+    /// `address` (served, or kept out of reads as a retry).
+    pub(crate) fn applied(&mut self, group: usize, client: u64, seq: u64, address: Index) {
+        self.applied_at.insert((group, address), (client, seq));
+    }
+
     /// A replica of `group` noted the entry at `index` as a retry.
     pub(crate) fn deduplicated(&mut self, group: usize, index: Index) {
         self.deduplicated.insert((group, index));
@@ -53,7 +63,9 @@ impl AppendCheck {
     }
 
     /// Checks an answer `Appended { index }` to (client, seq) against
-    /// where a replica's read path served it: `Ok(false)` if none did yet.
+    /// where a replica's read path served it, or what a replica applied
+    /// at `index` (another record there: the answer confirmed an entry
+    /// that was replaced): `Ok(false)` if none did yet.
     pub(crate) fn confirmed(
         &self,
         group: usize,
@@ -62,7 +74,15 @@ impl AppendCheck {
         index: Index,
     ) -> Result<bool, Violation> {
         match self.served.get(&(group, client, seq)) {
-            None => Ok(false),
+            None => match self.applied_at.get(&(group, index)) {
+                Some(&(other, other_seq)) if (other, other_seq) != (client, seq) => Err(Violation {
+                    invariant: "confirmed-append-at-its-index",
+                    detail: format!(
+                        "group {group}: client {client} seq {seq} was answered at {index}, which holds client {other} seq {other_seq}; it is served nowhere"
+                    ),
+                }),
+                _ => Ok(false),
+            },
             Some(&at) if at == index => Ok(true),
             Some(&at) => Err(Violation {
                 invariant: "confirmed-append-at-its-index",

@@ -18,7 +18,10 @@
 //!   machine has the same snapshot bytes at the same applied index, whether
 //!   it applied each entry or resumed from a snapshot.
 //! - append applied once and confirmed append at its index (log clients,
-//!   `append_check`).
+//!   `append_check`);
+//! - stepped down holds no request (production glue): a replica that does
+//!   not lead has answered every client request it took as leader, in
+//!   the turn it stopped leading.
 //!
 //! Prefixes are compared by chain hash (see `trace::chain`), so each check
 //! is one comparison, not a log walk.
@@ -59,7 +62,7 @@ pub const WORKLOAD_INVARIANTS: [&str; 10] = [
 /// Names of the invariants, for reports (then three of the production
 /// glue's log checks, against the device, and the log clients' two dedup
 /// checks, `append_check`).
-pub const INVARIANTS: [&str; 13] = [
+pub const INVARIANTS: [&str; 14] = [
     "persisted-before-sent",
     "election-safety",
     "log-matching",
@@ -73,6 +76,7 @@ pub const INVARIANTS: [&str; 13] = [
     "snapshot-installed-after-sync",
     "append-applied-once",
     "confirmed-append-at-its-index",
+    "stepped-down-holds-no-request",
 ];
 
 pub(crate) struct Checker {

@@ -163,6 +163,10 @@ pub struct GlueCounts {
     /// Damaged batches the scrub found (the faults damage a log only at
     /// a crash, where recovery finds it: any here is a false alarm).
     pub scrub_damaged_batches: u64,
+    /// Times a leader stopped leading with client requests waiting on it.
+    pub step_downs_with_waiters: u64,
+    /// Client requests a leader answered (sent on) as it stopped leading.
+    pub step_down_answers: u64,
 }
 
 impl GlueCounts {
@@ -182,6 +186,8 @@ impl GlueCounts {
         self.scrub_batches_verified += o.scrub_batches_verified;
         self.scrub_damaged_batches += o.scrub_damaged_batches;
         self.cold_reads += o.cold_reads;
+        self.step_downs_with_waiters += o.step_downs_with_waiters;
+        self.step_down_answers += o.step_down_answers;
     }
 
     /// The counters one replica's life kept itself (its WAL's, its
@@ -680,6 +686,17 @@ impl World {
         }
         let mut out = Vec::new();
         h.replica.drive(now, &mut out);
+        let held = h.replica.requests_held();
+        if h.replica.raft.role() != Role::Leader && held > 0 {
+            return Err(Violation {
+                invariant: "stepped-down-holds-no-request",
+                detail: format!(
+                    "group {g}: n{} no longer leads (term {}) and still holds {held} client requests it took as leader",
+                    n + 1,
+                    h.replica.raft.term()
+                ),
+            });
+        }
         let became_leader =
             h.replica.raft.role() == Role::Leader && h.led_term != h.replica.raft.term();
         if became_leader {
@@ -730,6 +747,13 @@ impl World {
                                 "group {g}: n{id}'s state refers to log entry {index}, which its log does not hold ({found:?})"
                             ),
                         });
+                    }
+                }
+                Note::SteppedDown { term, answered } => {
+                    self.record(n, g, What::SteppedDown { term, answered });
+                    if answered > 0 {
+                        self.glue.step_downs_with_waiters += 1;
+                        self.glue.step_down_answers += answered;
                     }
                 }
                 Note::Repaired { entries } => {
@@ -1010,6 +1034,7 @@ impl World {
             // The read path's own decision, without a log read: a read
             // here would be I/O the run did not ask for.
             let served = h.replica.serves(address);
+            self.checker.appends.applied(g, client, seq, address);
             if served {
                 self.checker.appends.served(g, client, seq, address)?;
             }
@@ -1094,10 +1119,11 @@ fn client_addrs(nodes: usize) -> std::collections::BTreeMap<crate::consensus::No
 }
 
 /// The planted glue bugs by their command-line names.
-pub const GLUE_BUGS: [(&str, GlueBug); 5] = [
+pub const GLUE_BUGS: [(&str, GlueBug); 6] = [
     ("release-before-durable", GlueBug::ReleaseBeforeDurable),
     ("truncate-on-corruption", GlueBug::TruncateOnCorruption),
     ("adopt-unsynced-snapshot", GlueBug::AdoptUnsyncedSnapshot),
     ("retry-applied-twice", GlueBug::RetryAppliedTwice),
     ("retry-wrong-index", GlueBug::RetryWrongIndex),
+    ("step-down-answers-ok", GlueBug::StepDownAnswersOk),
 ];

@@ -64,6 +64,12 @@ pub(crate) enum What {
     BecameLeader {
         term: u64,
     },
+    /// A leader stopped leading `term` and answered the client requests
+    /// it held.
+    SteppedDown {
+        term: u64,
+        answered: u64,
+    },
     /// The failure detector saw a link change state.
     Link {
         peer: u64,
@@ -132,6 +138,10 @@ impl fmt::Display for Record {
             What::Fault(name) => write!(f, "fault {name}"),
             What::Confirm { index } => write!(f, "client confirmed index {index}"),
             What::BecameLeader { term } => write!(f, "became leader of term {term}"),
+            What::SteppedDown { term, answered } => write!(
+                f,
+                "stopped leading term {term}, answering the {answered} client requests it held"
+            ),
             What::Link {
                 peer,
                 channel,
@@ -220,6 +230,7 @@ impl Trace {
             What::Fault(name) => fold(fold(h, 8), name.len() as u64),
             What::Confirm { index } => fold(fold(h, 10), index),
             What::BecameLeader { term } => fold(fold(h, 11), term),
+            What::SteppedDown { term, answered } => fold(fold(fold(h, 20), term), answered),
             What::Link {
                 peer,
                 channel,

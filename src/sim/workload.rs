@@ -501,6 +501,13 @@ impl World {
                 return Ok(());
             }
             Heard::Redirect(leader) => {
+                // A leader that stepped down with the command proposed
+                // redirects too (`ProposeError::SteppedDown`): it may
+                // still commit, so the same request goes again, as the
+                // production client's does.
+                if matches!(p.request, StateRequest::Command(_)) {
+                    p.maybe_applied = true;
+                }
                 self.state_clients[c].guess = match leader {
                     Some(l) => l,
                     None => self.rng.gen_range(0..self.nodes.len()),

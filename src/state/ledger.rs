@@ -301,6 +301,26 @@ impl Ledgers {
         Some(at as u64)
     }
 
+    /// Why an add of `len` bytes by `token` to ledger `id` is refused now,
+    /// if it is. Every refusal of an add lasts (a ledger never comes
+    /// back, nor unfences, nor reopens, nor shrinks), so for a retried add
+    /// whose first application added nothing, this is a refusal it met.
+    pub fn add_refusal(&self, id: u64, token: u64, len: usize) -> Option<Error> {
+        let Some(l) = self.ledgers.get(&id) else {
+            return Some(Error::NoSuchLedger);
+        };
+        if let Err(e) = l.writable(token) {
+            return Some(e);
+        }
+        if len > ENTRY_BYTES_MAX {
+            return Some(Error::Limit("entry bytes"));
+        }
+        if l.entries.len() as u64 >= LEDGER_ENTRIES_MAX {
+            return Some(Error::Limit("ledger entries"));
+        }
+        (l.bytes + len as u64 > LEDGER_BYTES_MAX).then_some(Error::Limit("ledger bytes"))
+    }
+
     /// The id of the ledger created by the command at log `index`.
     pub fn created_at(&self, index: u64) -> Option<u64> {
         self.ledgers

@@ -256,6 +256,27 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Hand a group's leadership to another voter, through the admin
+    /// endpoint of the group's leader (before taking a node down, or to
+    /// move load): waits until that node leads. The clients waiting on
+    /// the old leader are sent to the new one at once.
+    Leader {
+        /// The current leader's admin address (node.admin_listen).
+        #[arg(long)]
+        admin: SocketAddr,
+        /// The group.
+        #[arg(long, default_value_t = 0)]
+        group: u32,
+        /// The voter to hand the leadership to.
+        #[arg(long)]
+        to: u64,
+        /// File holding the admin token, as for `quire member`.
+        #[arg(long, required_unless_present = "cert")]
+        admin_token_file: Option<PathBuf>,
+        /// With --ca: HTTPS to an endpoint with node.admin_tls = true.
+        #[command(flatten)]
+        tls: TlsArgs,
+    },
     /// Ledgers: a single writer, dense entry ids, LAC, close, fencing.
     Ledger {
         #[command(subcommand)]
@@ -514,6 +535,19 @@ fn main() -> ExitCode {
                 println!("{answer}");
             }
         }),
+        Cmd::Leader {
+            admin,
+            group,
+            to,
+            admin_token_file,
+            tls,
+        } => admin_post(
+            admin,
+            &format!("/leader?group={group}&node={to}"),
+            admin_token_file.as_deref(),
+            &tls,
+        )
+        .map(|answer| println!("{answer}")),
         Cmd::Append {
             target,
             group,
@@ -645,13 +679,27 @@ struct MemberChange<'a> {
 trait Duplex: std::io::Read + std::io::Write {}
 impl<T: std::io::Read + std::io::Write> Duplex for T {}
 
-/// `quire member`: one POST to the admin endpoint (over HTTPS with
-/// `tls`), with the admin token in `token_file` or as the principal of
-/// `tls`'s certificate; the leader's answer once the change applied, or
-/// why not.
+/// `quire member`: the leader's answer once the change applied, or why
+/// not.
 fn member(
     admin: SocketAddr,
     m: &MemberChange,
+    token_file: Option<&std::path::Path>,
+    tls: &TlsArgs,
+) -> Result<String, String> {
+    let force = if m.force { "&force=1" } else { "" };
+    let (group, change, node) = (m.group, m.change, m.node);
+    let path = format!("/membership?group={group}&change={change}&node={node}{force}");
+    admin_post(admin, &path, token_file, tls)
+}
+
+/// One POST of `path` (with its query) to the admin endpoint (over HTTPS
+/// with `tls`), with the admin token in `token_file` or as the principal
+/// of `tls`'s certificate: the body of a 200 answer, or the status and
+/// why.
+fn admin_post(
+    admin: SocketAddr,
+    path: &str,
     token_file: Option<&std::path::Path>,
     tls: &TlsArgs,
 ) -> Result<String, String> {
@@ -689,11 +737,9 @@ fn member(
         let why = quire::tls::tls_failure(&e).unwrap_or_else(|| e.to_string());
         format!("{admin}: {why}")
     };
-    let force = if m.force { "&force=1" } else { "" };
-    let (group, change, node) = (m.group, m.change, m.node);
     write!(
         s,
-        "POST /membership?group={group}&change={change}&node={node}{force} HTTP/1.1\r\nHost: quire\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: quire\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .and_then(|()| s.flush())
     .map_err(io_failed)?;

@@ -340,6 +340,10 @@ pub(super) fn up(
         "     {quire} member --admin {leader_admin} --admin-token-file {} --group 0 CHANGE --node N   (CHANGE: learner, voter or remove)",
         shell_word(&dir.join("admin.token").to_string_lossy())
     );
+    say!(
+        "     {quire} leader --admin {leader_admin} --admin-token-file {} --group 0 --to N   (hand the leadership to node N; its clients follow at once)",
+        shell_word(&dir.join("admin.token").to_string_lossy())
+    );
     let admins: Vec<String> = cluster
         .nodes
         .values()

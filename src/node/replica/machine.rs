@@ -49,7 +49,7 @@ fn command_fingerprint(command: &Command, bytes: &[u8]) -> u64 {
 
 /// A client waiting for its entry to be applied.
 pub(super) struct Waiter {
-    term: Term,
+    pub(super) term: Term,
     pub(super) reply: WaiterReply,
 }
 
@@ -77,6 +77,28 @@ impl WaiterReply {
                     r.fail(why.clone(), done);
                 }
             }
+        }
+    }
+
+    /// How many client requests (records) this answers.
+    pub(super) fn count(&self) -> u64 {
+        match self {
+            WaiterReply::Records(rs) => rs.iter().map(WaiterReply::count).sum(),
+            _ => 1,
+        }
+    }
+
+    /// The planted `StepDownAnswersOk`: answers success for an entry at
+    /// `index` that has not applied (and may never).
+    pub(super) fn planted_ok(self, index: Index, done: &mut Vec<TicketDone>) {
+        match self {
+            WaiterReply::State(r) => r(Ok(Outcome::Done)),
+            WaiterReply::Records(rs) => {
+                for (slot, r) in rs.into_iter().enumerate() {
+                    r.answer(Ok(record_address(index, slot)), done);
+                }
+            }
+            r => r.answer(Ok(record_address(index, 0)), done),
         }
     }
 
@@ -499,9 +521,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 .apply(client, seq, address, command_fingerprint(&command, bytes))
             {
                 Applied::New => {}
-                Applied::Duplicate(at) => {
-                    return Ok(self.retry_outcome(&command, address_index(at)))
-                }
+                Applied::Duplicate(at) => return self.retry_outcome(&command, address_index(at)),
                 Applied::Conflict(at) => {
                     return Err(ProposeError::Conflict {
                         applied_at: address_index(at),
@@ -521,14 +541,25 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     /// The outcome of a retried command first applied at `at`, rebuilt
     /// from the state (no outcome is stored): an add answers the entry id
-    /// it got, a create the ledger's id; a consume answers no messages (the
-    /// first handed some out; they return after their visibility timeout).
-    fn retry_outcome(&self, command: &Command, at: Index) -> Outcome {
+    /// it got (or, if it added nothing, the refusal it met: refusals of an
+    /// add last), a create the ledger's id; a consume answers no messages
+    /// (the first handed some out; they return after their visibility
+    /// timeout).
+    fn retry_outcome(&self, command: &Command, at: Index) -> Result<Outcome, ProposeError> {
         let ledgers = self.machine.ledgers();
-        match command {
-            Command::AddEntry { ledger, .. } => match ledgers.entry_added_at(*ledger, at) {
+        Ok(match command {
+            Command::AddEntry {
+                ledger,
+                writer_token,
+                data,
+            } => match ledgers.entry_added_at(*ledger, at) {
                 Some(id) => Outcome::EntryAdded(id),
-                None => Outcome::Done,
+                None => {
+                    let refusal = ledgers.add_refusal(*ledger, *writer_token, data.len());
+                    return Err(ProposeError::Refused(
+                        refusal.unwrap_or(StateError::Invalid),
+                    ));
+                }
             },
             Command::CreateLedger { .. } => match ledgers.created_at(at) {
                 Some(id) => Outcome::LedgerCreated(id),
@@ -552,7 +583,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             | Command::DeleteLedger { .. }
             | Command::CreateQueue { .. }
             | Command::DeleteQueue { .. } => Outcome::Done,
-        }
+        })
     }
 
     /// Restores the state machine from a snapshot's data: the applied

@@ -41,7 +41,7 @@ mod tests;
 pub(crate) use machine::payload_at;
 pub use machine::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 
-use super::command::{ProposeError, QueryReply, ReadReply};
+use super::command::{ProposeError, QueryReply};
 use super::config::{GroupSpec, NodeSpec, SpecError};
 use super::errors::StartError;
 use super::host::{Host, OsHost};
@@ -102,6 +102,19 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// The ledgers and queues, applied from committed command entries.
     pub(crate) machine: StateMachine,
     waiters: BTreeMap<Index, Waiter>,
+    /// The term this replica led at the last `drive` (`None`: it did not
+    /// lead): when that changes, what clients wait on here is answered
+    /// (`answer_lost_leadership`).
+    led_term: Option<Term>,
+    /// While leading, the node a leadership transfer goes to, if one is
+    /// on: the hint for the clients sent on if the transfer ends this
+    /// leadership before the new leader is heard from.
+    transfer_target: Option<NodeId>,
+    /// Client requests answered because this replica stopped leading.
+    pub(crate) step_down_answers: u64,
+    /// An operator's leadership transfer: to whom, the term it was asked
+    /// in, and who waits for its outcome (`settle_transfer`).
+    transfer_asked: Option<(NodeId, Term, super::command::Reply)>,
     /// Client appends gathered since the last `drive`, encoded as one
     /// client batch entry (empty: none), and who waits for each record:
     /// `drive` proposes them as one entry.
@@ -121,9 +134,8 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// poll): answered as soon as an applied entry moves the LAC past
     /// what they ask, or with nothing at their deadline (node ms).
     tails: Vec<(u64, Query, QueryReply)>,
-    /// Raw-log reads that found nothing committed and wait (a tail):
-    /// (deadline in node ms, from, max entries, max bytes, reply).
-    log_tails: Vec<(u64, Index, usize, usize, ReadReply)>,
+    /// Raw-log reads that found nothing committed and wait (a tail).
+    log_tails: Vec<reads::LogTail>,
     next_read_id: u64,
     /// Answers waiting for cold reads (`cold`), and the WAL's count of
     /// finished cold reads when they were last filled.
@@ -242,6 +254,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             not_applied: BTreeSet::new(),
             machine: StateMachine::new(),
             waiters: BTreeMap::new(),
+            led_term: None,
+            transfer_target: None,
+            step_down_answers: 0,
+            transfer_asked: None,
             gathered: Vec::new(),
             gathered_replies: Vec::new(),
             gathered_bytes_last: 0,
@@ -310,6 +326,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         if self.stopped.is_some() {
             return;
         }
+        // After applying: what the old leader learnt committed is answered
+        // with its outcome, only the rest is sent on.
+        self.answer_lost_leadership();
+        self.settle_transfer();
         self.drop_overtaken_stage();
         self.drive_repair(now_ms, out);
         self.drive_scrub(now_ms);
@@ -520,6 +540,129 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         }
     }
 
+    /// Once this replica stops leading the term it led (a majority fell
+    /// silent, a leadership transfer, a higher term, its disk stalled),
+    /// answers at once everything a client waits on here for that
+    /// leadership: proposals not yet applied, reads waiting for their
+    /// read-index round, long polls. Each gets `SteppedDown` (or
+    /// `NotLeader`) with the leader it knows, which clients take as a
+    /// redirect: an old leader cut off from the majority learns neither
+    /// that its entries committed nor that they were replaced until the
+    /// cut heals, and its clients would wait out their timeouts. A retry
+    /// carries the same (client, seq): an entry that does commit under
+    /// the new leader is answered from the dedup table with its first
+    /// index, so nothing applies twice.
+    fn answer_lost_leadership(&mut self) {
+        let leading = (self.raft.role() == Role::Leader).then(|| self.raft.term());
+        // Held by a node that does not lead (it took them and lost the
+        // leadership before a `drive` saw it lead): answered as well.
+        let held = self.requests_held() > 0
+            || !self.tails.is_empty()
+            || self.log_tails.iter().any(reads::LogTail::is_linear);
+        if leading == self.led_term && (leading.is_some() || !held) {
+            if leading.is_some() {
+                self.transfer_target = self.raft.transfer_target();
+            }
+            return;
+        }
+        let led = self.led_term.unwrap_or(self.raft.term());
+        self.led_term = leading;
+        // Leading again in a later term, it names itself: the retry comes
+        // back here and is answered from the dedup table.
+        let leader = self.raft.leader().or(self.transfer_target.take());
+        self.transfer_target = None;
+        let mut answered = 0u64;
+        let waiting = std::mem::take(&mut self.waiters);
+        let planted_ok = self.planted == Some(GlueBug::StepDownAnswersOk);
+        for (index, w) in waiting {
+            if w.term > led {
+                // Proposed in the term it leads now: still its own.
+                self.waiters.insert(index, w);
+                continue;
+            }
+            answered += w.reply.count();
+            if planted_ok {
+                w.reply.planted_ok(index, &mut self.client_done);
+            } else {
+                w.reply
+                    .fail(ProposeError::SteppedDown(leader), &mut self.client_done);
+            }
+        }
+        // Reads that came through the leadership: read-index rounds (the
+        // core dropped them as it stepped down) and the long polls they
+        // vouched for.
+        for (_, read) in std::mem::take(&mut self.reads_pending) {
+            read.fail(ProposeError::NotLeader(leader));
+            answered += 1;
+        }
+        for (_, _, reply) in std::mem::take(&mut self.tails) {
+            reply(Err(ProposeError::NotLeader(leader)));
+            answered += 1;
+        }
+        let tails = self.log_tails.len();
+        self.fail_linear_log_tails(&ProposeError::NotLeader(leader));
+        answered += (tails - self.log_tails.len()) as u64;
+        self.step_down_answers += answered;
+        self.note(|| Note::SteppedDown {
+            term: led,
+            answered,
+        });
+    }
+
+    /// Client requests waiting on this replica's leadership: proposals
+    /// not yet applied and reads waiting for their read-index round.
+    pub(crate) fn requests_held(&self) -> usize {
+        self.waiters.len() + self.reads_pending.len()
+    }
+
+    /// Hands this group's leadership to voter `to` (an operator's ask:
+    /// draining a node, handing a group back). `reply` gets the term `to`
+    /// leads once this node hears from it, or why not (`settle_transfer`).
+    /// Proposals are refused (`Busy`) while the transfer is on, at most
+    /// an election timeout.
+    pub(crate) fn transfer_leadership(&mut self, to: NodeId, reply: super::command::Reply) {
+        self.propose_gathered();
+        if let Some(why) = &self.stopped {
+            reply(Err(ProposeError::LogStopped(why.clone())));
+            return;
+        }
+        if let Err(e) = self.raft.transfer_leadership(to) {
+            reply(Err(refused_by_raft(e)));
+            return;
+        }
+        if let Some((_, _, older)) = self.transfer_asked.take() {
+            older(Err(ProposeError::Busy(format!(
+                "superseded by a transfer to node {to}"
+            ))));
+        }
+        self.transfer_asked = Some((to, self.raft.term(), reply));
+        self.settle_transfer();
+    }
+
+    /// Answers the operator's transfer once its outcome is known here:
+    /// `to` leads (the term it leads), the transfer gave up with this
+    /// node still leading, or another node won; while nobody is known to
+    /// lead, it waits (the caller's timeout is the last resort).
+    fn settle_transfer(&mut self) {
+        let Some(&(to, asked_in, _)) = self.transfer_asked.as_ref() else {
+            return;
+        };
+        let still_leading = self.raft.role() == Role::Leader && self.raft.term() == asked_in;
+        let outcome = match self.raft.leader() {
+            Some(l) if l == to => Ok(self.raft.term()),
+            _ if still_leading && self.raft.transfer_target() == Some(to) => return,
+            _ if still_leading => Err(ProposeError::Busy(format!(
+                "node {to} did not take the leadership within an election timeout; this node still leads"
+            ))),
+            Some(l) => Err(ProposeError::Busy(format!(
+                "node {l} leads now, not node {to}"
+            ))),
+            None => return,
+        };
+        let (_, _, reply) = self.transfer_asked.take().expect("checked above");
+        reply(outcome);
+    }
+
     /// True while writes are pending.
     pub(crate) fn writes_pending(&self) -> bool {
         self.pending_since_ms.is_some()
@@ -542,6 +685,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             w.reply
                 .fail(ProposeError::LogStopped(why.clone()), &mut self.client_done);
         }
+        if let Some((_, _, reply)) = self.transfer_asked.take() {
+            reply(Err(ProposeError::LogStopped(why.clone())));
+        }
         for (_, read) in std::mem::take(&mut self.reads_pending) {
             read.fail(ProposeError::LogStopped(why.clone()));
         }
@@ -551,8 +697,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         for (_, _, reply) in std::mem::take(&mut self.tails) {
             reply(Err(ProposeError::LogStopped(why.clone())));
         }
-        for (_, _, _, _, reply) in std::mem::take(&mut self.log_tails) {
-            reply(Err(ProposeError::LogStopped(why.clone())));
+        for tail in std::mem::take(&mut self.log_tails) {
+            tail.fail(ProposeError::LogStopped(why.clone()));
         }
         self.fail_cold_waits(&ProposeError::LogStopped(why.clone()));
         self.held.clear();

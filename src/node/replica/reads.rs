@@ -9,7 +9,7 @@
 use super::super::command::{ProposeError, QueryReply, ReadReply};
 use super::super::host::Host;
 use super::{refused_by_raft, Replica};
-use crate::consensus::{Index, Payload, Role, Term};
+use crate::consensus::{Index, Payload, Term};
 use crate::state::dedup::{address_index, client_records, record_address};
 use crate::state::query::decode_command_entry;
 use crate::state::{Answer, Query};
@@ -40,6 +40,31 @@ impl LinearRead {
             LinearRead::Query { reply, .. } => reply(Err(why)),
             LinearRead::Log { reply, .. } => reply(Err(why)),
         }
+    }
+}
+
+/// A raw-log read that found nothing committed and waits (a tail).
+pub(super) struct LogTail {
+    /// When the wait ends with an empty answer, in node ms.
+    deadline_ms: u64,
+    from: Index,
+    max_entries: usize,
+    max_bytes: usize,
+    /// Came through a read-index round on this node as leader: once it
+    /// stops leading, the tail is sent on to the new leader
+    /// (`answer_lost_leadership`). A stale tail stays on any node.
+    linear: bool,
+    reply: ReadReply,
+}
+
+impl LogTail {
+    /// Whether it came through this node's leadership.
+    pub(super) fn is_linear(&self) -> bool {
+        self.linear
+    }
+
+    pub(super) fn fail(self, why: ProposeError) {
+        (self.reply)(Err(why));
     }
 }
 
@@ -107,8 +132,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     /// Serves the confirmed queries the applied state has caught up with,
     /// and the waiting ledger reads it now has entries for (or whose wait
-    /// ended); fails the unconfirmed and the waiting ones once this node
-    /// no longer leads.
+    /// ended).
     pub(super) fn serve_reads(&mut self, now_ms: u64) {
         while self
             .reads_confirmed
@@ -129,7 +153,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     wait_ms,
                     reply,
                 } => {
-                    self.read_or_wait(from, max_entries, max_bytes, wait_ms, now_ms, reply);
+                    let tail = (from, max_entries, max_bytes);
+                    self.read_or_wait(tail, wait_ms, now_ms, true, reply);
                     continue;
                 }
             };
@@ -153,17 +178,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             let (_, _, reply) = self.tails.swap_remove(i);
             self.answer_query(answer, reply);
         }
-        if self.raft.role() != Role::Leader
-            && !(self.reads_pending.is_empty() && self.tails.is_empty())
-        {
-            let leader = self.raft.leader();
-            for (_, read) in std::mem::take(&mut self.reads_pending) {
-                read.fail(ProposeError::NotLeader(leader));
-            }
-            for (_, _, reply) in std::mem::take(&mut self.tails) {
-                reply(Err(ProposeError::NotLeader(leader)));
-            }
-        }
+        // Once this node no longer leads, the unconfirmed reads and the
+        // long polls are sent on by `answer_lost_leadership`, in the same
+        // `drive`.
     }
 
     /// Reads waiting: for an entry (ledger reads and raw-log tails), or
@@ -176,14 +193,17 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// wakes for it.
     pub(crate) fn next_tail_deadline(&self) -> Option<u64> {
         let ledger = self.tails.iter().map(|(d, _, _)| *d);
-        ledger.chain(self.log_tails.iter().map(|t| t.0)).min()
+        ledger
+            .chain(self.log_tails.iter().map(|t| t.deadline_ms))
+            .min()
     }
 
     /// `read`, except that finding nothing from `from` on, it waits up
     /// to `wait_ms` (node ms from `now_ms`) for an entry to be applied
     /// here, and is answered then (or empty at the end): a tail of the raw
-    /// log, with no thread waiting and nothing polled.
-    pub(crate) fn read_or_wait(
+    /// log, with no thread waiting and nothing polled. A stale read: it
+    /// waits here whoever leads.
+    pub(crate) fn read_or_wait_stale(
         &mut self,
         from: Index,
         max_entries: usize,
@@ -192,13 +212,44 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         now_ms: u64,
         reply: ReadReply,
     ) {
+        let tail = (from, max_entries, max_bytes);
+        self.read_or_wait(tail, wait_ms, now_ms, false, reply);
+    }
+
+    /// Answers a read of (from, max entries, max bytes) now if the log has
+    /// entries for it (or it may not wait), else parks it as a tail until
+    /// it has or `wait_ms` from `now_ms` passed; `linear`: it came through
+    /// a read-index round on this node.
+    fn read_or_wait(
+        &mut self,
+        (from, max_entries, max_bytes): (Index, usize, usize),
+        wait_ms: u32,
+        now_ms: u64,
+        linear: bool,
+        reply: ReadReply,
+    ) {
         match self.read(from, max_entries, max_bytes) {
-            Ok(v) if v.is_empty() && wait_ms > 0 => {
-                let deadline = now_ms.saturating_add(u64::from(wait_ms));
-                self.log_tails
-                    .push((deadline, from, max_entries, max_bytes, reply));
-            }
+            Ok(v) if v.is_empty() && wait_ms > 0 => self.log_tails.push(LogTail {
+                deadline_ms: now_ms.saturating_add(u64::from(wait_ms)),
+                from,
+                max_entries,
+                max_bytes,
+                linear,
+                reply,
+            }),
             r => reply(r),
+        }
+    }
+
+    /// Sends on, with `why`, the raw-log tails that came through this
+    /// node's leadership (a stale tail stays).
+    pub(super) fn fail_linear_log_tails(&mut self, why: &ProposeError) {
+        let (linear, stale) = std::mem::take(&mut self.log_tails)
+            .into_iter()
+            .partition(|t| t.linear);
+        self.log_tails = stale;
+        for tail in linear {
+            LogTail::fail(tail, why.clone());
         }
     }
 
@@ -207,14 +258,15 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     pub(super) fn serve_log_tails(&mut self, now_ms: u64) {
         let mut i = 0;
         while i < self.log_tails.len() {
-            let (deadline, from, max_entries, max_bytes, _) = self.log_tails[i];
+            let t = &self.log_tails[i];
+            let (deadline, from, max_entries, max_bytes) =
+                (t.deadline_ms, t.from, t.max_entries, t.max_bytes);
             let r = self.read(from, max_entries, max_bytes);
             if matches!(&r, Ok(v) if v.is_empty()) && now_ms < deadline {
                 i += 1;
                 continue;
             }
-            let (_, _, _, _, reply) = self.log_tails.swap_remove(i);
-            reply(r);
+            (self.log_tails.swap_remove(i).reply)(r);
         }
     }
 

@@ -3,7 +3,7 @@
 //! replica asked of its log and what it applied, so an oracle can hold it
 //! to what the device really made durable without asking the WAL.
 
-use crate::consensus::{Entry, HardState, Index, Snapshot};
+use crate::consensus::{Entry, HardState, Index, Snapshot, Term};
 use crate::storage::Ticket;
 
 /// One thing a replica did, in the order it did it.
@@ -35,6 +35,9 @@ pub(crate) enum Note {
     Missing { index: Index, found: MissingFound },
     /// Copies of entries from a peer passed their checks and are stored.
     Repaired { entries: Vec<Entry> },
+    /// This replica stopped leading `term` and answered at once the
+    /// `answered` client requests that waited on that leadership.
+    SteppedDown { term: Term, answered: u64 },
 }
 
 /// When a replica found a referenced entry missing (a simulator tells
@@ -71,6 +74,10 @@ pub enum GlueBug {
     /// The snapshot writer skips its fsync: the log adopts (names in its
     /// superblock, trims the segments below) a snapshot a crash can lose.
     AdoptUnsyncedSnapshot,
+    /// A leader that stops leading answers its waiting proposals "ok"
+    /// (at the index proposed) instead of sending them on: an entry the
+    /// new leader replaces was confirmed.
+    StepDownAnswersOk,
 }
 
 /// The bugs a simulator plants in a replica's state-machine policy (its

@@ -294,3 +294,192 @@ fn the_scrub_holds_its_rate_when_a_batch_outweighs_a_second_of_it() {
     assert!(s.bytes_verified >= rate * secs / 2, "{s:?}");
     assert!(s.batches_verified > 0, "{s:?}");
 }
+
+/// What the step-down tests' clients heard: one line per answer.
+type Heard = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Node 1 of a three-voter group, leading term 1 by node 2's vote (no
+/// pre-vote, so one round), with its tap on; no follower ever acks, so
+/// nothing it proposes commits.
+fn leader_of_three(dir: &Path, host: &ManualHost) -> Replica<OsDir, ManualHost> {
+    let (wal, report) = Wal::open(dir, wal_config()).expect("open the log");
+    let mut cfg = RaftConfig::new(1, vec![1, 2, 3]);
+    cfg.pre_vote = false;
+    let raft = Raft::restore(cfg, 1, 0, report.restored).expect("raft");
+    let mut r = Replica::new(GROUP, raft, wal, 0, 1 << 20, host.clone());
+    r.tap = Some(Vec::new());
+    let mut out = Vec::new();
+    r.raft.campaign();
+    settle(&mut r, 0, &mut out);
+    let grant = Body::VoteResponse { granted: true };
+    r.raft.step(
+        0,
+        Message {
+            from: 2,
+            to: 1,
+            term: 1,
+            body: grant,
+        },
+    );
+    settle(&mut r, 0, &mut out);
+    assert_eq!(r.raft.role(), Role::Leader);
+    r
+}
+
+/// Gives `r` requests to hold: three client appends, a state command and
+/// a linearizable read, each answer written to `heard`.
+fn hold_requests(r: &mut Replica<OsDir, ManualHost>, heard: &Heard) {
+    for seq in 1..=3u64 {
+        let h = heard.clone();
+        let reply = move |res: Result<u64, super::ProposeError>| {
+            h.lock().unwrap().push(format!("append {seq}: {res:?}"));
+        };
+        r.propose_client(9, seq, b"payload", Box::new(reply));
+    }
+    let h = heard.clone();
+    let command = crate::state::Command::CreateQueue {
+        name: "q".into(),
+        max_deliveries: 3,
+    };
+    r.propose_command(
+        9,
+        4,
+        command,
+        0,
+        Box::new(move |res| {
+            h.lock().unwrap().push(format!("command: {:?}", res.err()));
+        }),
+    );
+    let h = heard.clone();
+    r.read_log(
+        1,
+        10,
+        1 << 20,
+        0,
+        Box::new(move |res| {
+            h.lock().unwrap().push(format!("read: {:?}", res.err()));
+        }),
+    );
+    let mut out = Vec::new();
+    settle(r, 0, &mut out);
+    assert!(
+        heard.lock().unwrap().is_empty(),
+        "answered while leading: {heard:?}"
+    );
+    assert_eq!(r.requests_held(), 3);
+}
+
+/// The step-down notes `r`'s tap took.
+fn step_downs(r: &mut Replica<OsDir, ManualHost>) -> Vec<(u64, u64)> {
+    let notes = std::mem::take(r.tap.as_mut().expect("tap on"));
+    notes
+        .into_iter()
+        .filter_map(|n| match n {
+            super::tap::Note::SteppedDown { term, answered } => Some((term, answered)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_leader_cut_off_from_its_majority_answers_what_it_holds_as_it_steps_down() {
+    let host = ManualHost::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut r = leader_of_three(dir.path(), &host);
+    let heard = Heard::default();
+    hold_requests(&mut r, &heard);
+    step_downs(&mut r);
+    // No follower answers: check-quorum steps it down after an election
+    // timeout. Each tick is followed by a drive, as on the loop.
+    let mut out = Vec::new();
+    let mut now = 0;
+    while r.raft.role() == Role::Leader {
+        now += 10;
+        assert!(now < 10_000, "it never stepped down");
+        r.raft.tick(now);
+        r.drive(now, &mut out);
+    }
+    // Answered in the drive of the turn it stopped leading, at the node
+    // time it did: no request waits on an old leader.
+    let heard = heard.lock().unwrap().clone();
+    assert_eq!(heard.len(), 5, "{heard:?}");
+    for h in &heard {
+        assert!(
+            h.contains("SteppedDown(None)") || h.contains("NotLeader(None)"),
+            "{h}"
+        );
+    }
+    assert_eq!(step_downs(&mut r), [(1, 5)]);
+    assert_eq!(r.step_down_answers, 5);
+    assert_eq!(r.requests_held(), 0);
+}
+
+#[test]
+fn a_leadership_transfer_sends_the_clients_to_the_new_leader_and_answers_the_operator() {
+    let host = ManualHost::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut r = leader_of_three(dir.path(), &host);
+    let heard = Heard::default();
+    hold_requests(&mut r, &heard);
+    let operator = Heard::default();
+    let o = operator.clone();
+    r.transfer_leadership(
+        2,
+        Box::new(move |res| o.lock().unwrap().push(format!("{res:?}"))),
+    );
+    let mut out = Vec::new();
+    r.drive(1, &mut out);
+    assert!(
+        operator.lock().unwrap().is_empty(),
+        "answered before node 2 took over"
+    );
+    // Node 2 campaigns at once (TimeoutNow), in term 2: node 1 follows it
+    // before it knows who won.
+    let vote = Body::Vote {
+        last_index: r.raft.last_index(),
+        last_term: 1,
+        transfer: true,
+    };
+    r.raft.step(
+        2,
+        Message {
+            from: 2,
+            to: 1,
+            term: 2,
+            body: vote,
+        },
+    );
+    r.drive(2, &mut out);
+    assert_ne!(r.raft.role(), Role::Leader);
+    let answers = heard.lock().unwrap().clone();
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    for h in &answers {
+        // The clients go to the transfer's target at once.
+        assert!(
+            h.contains("SteppedDown(Some(2))") || h.contains("NotLeader(Some(2))"),
+            "{h}"
+        );
+    }
+    assert!(
+        operator.lock().unwrap().is_empty(),
+        "no leader heard from yet"
+    );
+    // Node 2's first append as leader: the operator hears it leads term 2.
+    let append = Body::Append {
+        prev_index: 0,
+        prev_term: 0,
+        entries: Vec::new(),
+        commit: 0,
+    };
+    r.raft.step(
+        3,
+        Message {
+            from: 2,
+            to: 1,
+            term: 2,
+            body: append,
+        },
+    );
+    r.drive(3, &mut out);
+    assert_eq!(operator.lock().unwrap().clone(), ["Ok(2)"]);
+}
