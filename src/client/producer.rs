@@ -30,8 +30,13 @@
 //! **Retries** follow the client's retry policy (`retry::Attempts`: the
 //! same `NotLeader` redirects, backoffs and deadline as the blocking
 //! `Client`), and every retry carries the same (client id, seq), so the
-//! node's dedup table applies each record once. A batch that fails in
-//! any way but the deadline is split: each of its records is retried as
+//! node's dedup table applies each record once. A request answered
+//! `NotLeader` (a leader that stepped down answers so every request it
+//! holds) is sent again whole to the leader named, or after a backoff to
+//! the next node: a batch's records are in one entry, which commits or
+//! is dropped whole, so the in-flight window moves to the new leader at
+//! once and in order. A batch that fails in any other way but the
+//! deadline is split: each of its records is retried as
 //! an `Append` of its own with its own seq, because a batch may have been
 //! applied in part (one record refused, or a failover in its middle), and
 //! an `AppendedBatch` answer names consecutive indexes that a part
@@ -207,6 +212,10 @@ pub struct ProducerStats {
     pub records_sent: u64,
     /// Batches split into one request per record after a failed try.
     pub batches_split: u64,
+    /// Requests (batches or single records) sent again whole after a
+    /// `NotLeader` answer (a leader that stepped down, or a node that
+    /// does not lead).
+    pub batches_redirected: u64,
     /// TCP connections opened.
     pub connections_opened: u64,
 }
@@ -802,10 +811,36 @@ impl Producer {
         r: Result<Response, CallError>,
     ) -> Option<Verdict> {
         let now_ms = self.now_ms();
+        let redirected = matches!(
+            &r,
+            Ok(Response::Error {
+                code: ErrorCode::NotLeader,
+                ..
+            })
+        );
         let call = self.calls.get_mut(&id).expect("a live call");
         let v = call.attempts.answered(now_ms, &mut self.leaders, addr, r);
-        let (group, seq) = (call.group, call.first_seq);
-        if call.count == 1 {
+        let (group, seq, count) = (call.group, call.first_seq, call.count);
+        let retrying_one_by_one = self
+            .groups
+            .get(&group)
+            .is_some_and(|g| g.active.is_some() || !g.redo.is_empty());
+        // Redirected whole: a request answered `NotLeader` was never
+        // proposed, or proposed as one entry by a leader that then stepped
+        // down, which commits or is dropped whole, so a batch's indexes
+        // stay consecutive whatever the retry finds. The group's requests
+        // answered so go on in the order they came back (one connection's
+        // order), to the same node: the window moves to the new leader at
+        // once, in order. Not while records of the group retry one by
+        // one: they go first.
+        if redirected
+            && !retrying_one_by_one
+            && matches!(v, Verdict::Send(_) | Verdict::RetryAfter { .. })
+        {
+            self.stats.batches_redirected += 1;
+            return Some(v);
+        }
+        if count == 1 {
             if !matches!(v, Verdict::Send(_) | Verdict::RetryAfter { .. }) {
                 return Some(v);
             }

@@ -156,3 +156,48 @@ fn a_failed_batch_is_retried_record_by_record_with_its_seqs() {
     // One batch of three, then each record alone with its own seq.
     assert_eq!(seen, [(5, 1, 3), (5, 1, 1), (5, 2, 1), (5, 3, 1)]);
 }
+
+#[test]
+fn batches_answered_not_leader_are_sent_again_whole_and_in_order() {
+    // A leader that steps down answers every batch it holds NotLeader;
+    // the window goes again as it was, in order, no batch split.
+    let stepped_down = || Response::Error {
+        code: crate::api::ErrorCode::NotLeader,
+        message: "not the leader any more".into(),
+        leader: None,
+    };
+    let (addr, node) = scripted_node(vec![
+        Some(stepped_down()),
+        Some(stepped_down()),
+        Some(Response::AppendedBatch {
+            first_index: 41,
+            count: 3,
+        }),
+        Some(Response::AppendedBatch {
+            first_index: 44,
+            count: 3,
+        }),
+    ]);
+    let config = ProducerConfig {
+        in_flight_max: 2,
+        batch_records_max: 3,
+        ..ProducerConfig::default()
+    };
+    let mut p = Producer::new(vec![addr], TOKEN, 5, config);
+    let tickets: Vec<_> = (0..6u8).map(|i| p.send(0, &[i]).unwrap()).collect();
+    let got: Vec<_> = p
+        .flush()
+        .into_iter()
+        .map(|c| (c.ticket, c.result))
+        .collect();
+    let want: Vec<_> = tickets
+        .iter()
+        .zip(41..47)
+        .map(|(t, i)| (*t, Ok(i)))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(p.stats().batches_split, 0);
+    assert_eq!(p.stats().batches_redirected, 2);
+    let seen: Vec<_> = node.join().unwrap().iter().map(records_of).collect();
+    assert_eq!(seen, [(5, 1, 3), (5, 4, 3), (5, 1, 3), (5, 4, 3)]);
+}

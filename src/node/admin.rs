@@ -437,6 +437,11 @@ fn metrics_text_with(
         "raft_repair_step_downs",
         "Leaderships given up for entries to repair (handed over, or stepped down)",
     );
+    let step_down_answers = gauge(
+        &mut reg,
+        "raft_step_down_answers",
+        "Client requests answered NotLeader as this node stopped leading",
+    );
     let lag = Family::<LagLabel, Gauge<u64, AtomicU64>>::default();
     reg.register(
         "raft_follower_lag_entries",
@@ -481,6 +486,7 @@ fn metrics_text_with(
         repair_downs
             .get_or_create(&l)
             .set(g.stats.repair_step_downs);
+        step_down_answers.get_or_create(&l).set(g.step_down_answers);
         for &(peer, n) in &g.follower_lag {
             let label = LagLabel {
                 group: g.group,
@@ -771,6 +777,7 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
             "learners": g.learners,
             "backend": g.backend,
             "waiting_reads": g.waiting_reads,
+            "step_down_answers": g.step_down_answers,
             "snapshot": {
                 "taken": g.snapshot.taken,
                 "index": g.snapshot.last_index,

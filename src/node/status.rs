@@ -51,6 +51,9 @@ pub struct GroupView {
     /// Ledger reads waiting on this leader for an entry to be confirmed
     /// (long polls).
     pub waiting_reads: usize,
+    /// Client requests this node answered `NotLeader` as it stopped
+    /// leading (they retry on the new leader).
+    pub step_down_answers: u64,
     /// The Raft counters.
     pub stats: crate::consensus::RaftStats,
 }

@@ -733,6 +733,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             repair: self.repair_stats(),
             scrub: self.scrub_stats(),
             waiting_reads: self.waiting_reads(),
+            step_down_answers: self.step_down_answers,
             wal: {
                 let m = self.wal.metrics();
                 WalView {
