@@ -296,17 +296,21 @@ fn a_leader_killed_mid_stream_loses_no_record_and_applies_each_once() {
     assert!(out.len() > taken + 10, "records went on after the failover");
     assert_eq!(out.len(), sent.len());
     let survivors = (0..3).filter(|&i| i as u64 + 1 != leader);
-    assert_each_once_in_order(&mut reader, survivors, &out, &sent);
+    // A SIGKILL may lose a request the old leader had not committed while
+    // it committed a later one: the log order has that one exception.
+    assert_each_once_in_order(&mut reader, survivors, &out, &sent, false);
 }
 
 /// The outcomes `out` came back in the order sent, none failed, and each
 /// node of `nodes` holds every record of `sent` once, at the index its
-/// outcome names.
+/// outcome names; with `log_in_order`, at indexes that rise in the order
+/// sent too.
 fn assert_each_once_in_order(
     reader: &mut Client,
     nodes: impl Iterator<Item = usize>,
     out: &[Completion],
     sent: &BTreeMap<Ticket, Vec<u8>>,
+    log_in_order: bool,
 ) {
     let tickets: Vec<Ticket> = out.iter().map(|c| c.ticket).collect();
     assert!(tickets.windows(2).all(|w| w[0] < w[1]), "in the order sent");
@@ -314,6 +318,14 @@ fn assert_each_once_in_order(
         .iter()
         .map(|c| (c.ticket, c.result.clone().expect("no record lost")))
         .collect();
+    if log_in_order {
+        let in_order: Vec<u64> = indexes.values().copied().collect();
+        let inversions = in_order.windows(2).filter(|w| w[0] >= w[1]).count();
+        assert_eq!(
+            inversions, 0,
+            "records reached the log out of the order sent"
+        );
+    }
     for s in nodes {
         let log = log_holding(reader, s, 0, indexes.values().copied());
         for (t, ix) in &indexes {
@@ -394,5 +406,6 @@ fn a_leader_cut_off_mid_stream_sends_its_window_on_whole() {
     assert!(p.stats().batches_redirected > 0, "{:?}", p.stats());
     assert_eq!(out.len(), sent.len());
     let followers = (0..3).filter(|&i| i as u64 + 1 != leader);
-    assert_each_once_in_order(&mut reader, followers, &out, &sent);
+    // A leader cut off answers what it holds in order: no exception.
+    assert_each_once_in_order(&mut reader, followers, &out, &sent, true);
 }

@@ -259,6 +259,10 @@ struct Group {
     /// of order; one at a time they reach it in the order sent, as the
     /// blocking `append_all` always did.
     redo: BTreeMap<u64, CallId>,
+    /// Calls of the group sent on whole after a `NotLeader` answer and
+    /// not answered since: while there are any, no new batch goes (sent
+    /// straight to the leader, it could land before them).
+    redirected: usize,
 }
 
 /// One request on its way: a batch (or a single record) and its retry
@@ -272,6 +276,9 @@ struct Call {
     /// Its first send, in the producer's ms: split records keep it, so
     /// the deadline counts from the record's first try.
     started_ms: u64,
+    /// Sent on whole after a `NotLeader` answer, not answered since
+    /// (counted in its group's `redirected`).
+    redirected: bool,
 }
 
 /// A pipelined producer of appends; see the module docs.
@@ -420,6 +427,7 @@ impl Producer {
             backing_off: 0,
             active: None,
             redo: BTreeMap::new(),
+            redirected: 0,
         })
     }
 
@@ -640,7 +648,7 @@ impl Producer {
                 let Some(b) = g.batches.front() else {
                     break;
                 };
-                let retrying = g.active.is_some() || !g.redo.is_empty();
+                let retrying = g.active.is_some() || !g.redo.is_empty() || g.redirected > 0;
                 if retrying || g.backing_off > 0 || !self.due(group, b, now) {
                     break;
                 }
@@ -680,6 +688,7 @@ impl Producer {
                     bytes,
                     attempts: Attempts::new(group, req, now_ms, self.config.deadline_ms),
                     started_ms: now_ms,
+                    redirected: false,
                 });
                 let v = self
                     .calls
@@ -821,6 +830,10 @@ impl Producer {
         let call = self.calls.get_mut(&id).expect("a live call");
         let v = call.attempts.answered(now_ms, &mut self.leaders, addr, r);
         let (group, seq, count) = (call.group, call.first_seq, call.count);
+        let was_redirected = std::mem::take(&mut call.redirected);
+        if was_redirected {
+            self.group(group).redirected -= 1;
+        }
         let retrying_one_by_one = self
             .groups
             .get(&group)
@@ -830,14 +843,16 @@ impl Producer {
         // down, which commits or is dropped whole, so a batch's indexes
         // stay consecutive whatever the retry finds. The group's requests
         // answered so go on in the order they came back (one connection's
-        // order), to the same node: the window moves to the new leader at
-        // once, in order. Not while records of the group retry one by
-        // one: they go first.
+        // order), and no new batch goes until each is answered again
+        // (`Group::redirected`), so none overtakes them. Not while records
+        // of the group retry one by one: they go first.
         if redirected
             && !retrying_one_by_one
             && matches!(v, Verdict::Send(_) | Verdict::RetryAfter { .. })
         {
             self.stats.batches_redirected += 1;
+            self.calls.get_mut(&id).expect("a live call").redirected = true;
+            self.group(group).redirected += 1;
             return Some(v);
         }
         if count == 1 {
@@ -898,6 +913,7 @@ impl Producer {
                 bytes: data.len(),
                 attempts: Attempts::new(call.group, req, call.started_ms, self.config.deadline_ms),
                 started_ms: call.started_ms,
+                redirected: false,
             });
             let g = self.groups.get_mut(&call.group).expect("its group");
             if g.active.is_some() || !g.redo.is_empty() {
@@ -982,6 +998,9 @@ impl Producer {
         self.held_bytes -= call.bytes;
         self.unresolved -= call.count;
         let g = self.groups.get_mut(&call.group).expect("its group");
+        if call.redirected {
+            g.redirected -= 1;
+        }
         let at = g
             .order
             .binary_search_by_key(&call.first_seq, |s| s.seq)

@@ -541,8 +541,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
 
     /// The outcome of a retried command first applied at `at`, rebuilt
     /// from the state (no outcome is stored): an add answers the entry id
-    /// it got (or, if it added nothing, the refusal it met: refusals of an
-    /// add last), a create the ledger's id; a consume answers no messages
+    /// it got (or, if it added nothing to a ledger that still exists, the
+    /// refusal it met: refusals of an add last), a create the ledger's id; a consume answers no messages
     /// (the first handed some out; they return after their visibility
     /// timeout).
     fn retry_outcome(&self, command: &Command, at: Index) -> Result<Outcome, ProposeError> {
@@ -554,6 +554,8 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 data,
             } => match ledgers.entry_added_at(*ledger, at) {
                 Some(id) => Outcome::EntryAdded(id),
+                // Deleted since: whether the first add took went with it.
+                None if ledgers.info(*ledger).is_err() => Outcome::Done,
                 None => {
                     let refusal = ledgers.add_refusal(*ledger, *writer_token, data.len());
                     return Err(ProposeError::Refused(

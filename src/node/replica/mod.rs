@@ -559,7 +559,12 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         let held = self.requests_held() > 0
             || !self.tails.is_empty()
             || self.log_tails.iter().any(reads::LogTail::is_linear);
-        if leading == self.led_term && (leading.is_some() || !held) {
+        let unchanged = leading == self.led_term && (leading.is_some() || !held);
+        // Just elected: what it holds was taken in this term (a follower
+        // refuses proposals and read-index rounds), nothing to send on.
+        let elected = self.led_term.is_none() && leading.is_some();
+        if unchanged || elected {
+            self.led_term = leading;
             if leading.is_some() {
                 self.transfer_target = self.raft.transfer_target();
             }
@@ -588,20 +593,24 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                     .fail(ProposeError::SteppedDown(leader), &mut self.client_done);
             }
         }
-        // Reads that came through the leadership: read-index rounds (the
-        // core dropped them as it stepped down) and the long polls they
-        // vouched for.
+        // Read-index rounds: the core dropped them as it stepped down (a
+        // round asked in a later term it leads again is sent round too:
+        // its retry comes back here).
         for (_, read) in std::mem::take(&mut self.reads_pending) {
             read.fail(ProposeError::NotLeader(leader));
             answered += 1;
         }
-        for (_, _, reply) in std::mem::take(&mut self.tails) {
-            reply(Err(ProposeError::NotLeader(leader)));
-            answered += 1;
+        // Long polls and linear tails a read-index round vouched for wait
+        // on this leadership; leading again, they may go on waiting.
+        if leading.is_none() {
+            for (_, _, reply) in std::mem::take(&mut self.tails) {
+                reply(Err(ProposeError::NotLeader(leader)));
+                answered += 1;
+            }
+            let tails = self.log_tails.len();
+            self.fail_linear_log_tails(&ProposeError::NotLeader(leader));
+            answered += (tails - self.log_tails.len()) as u64;
         }
-        let tails = self.log_tails.len();
-        self.fail_linear_log_tails(&ProposeError::NotLeader(leader));
-        answered += (tails - self.log_tails.len()) as u64;
         self.step_down_answers += answered;
         self.note(|| Note::SteppedDown {
             term: led,

@@ -483,3 +483,35 @@ fn a_leadership_transfer_sends_the_clients_to_the_new_leader_and_answers_the_ope
     r.drive(3, &mut out);
     assert_eq!(operator.lock().unwrap().clone(), ["Ok(2)"]);
 }
+
+#[test]
+fn a_new_leader_keeps_what_it_took_before_its_first_drive() {
+    // On the loop, a vote that elects a node and the client requests of
+    // the same turn come before its drive: they are its own, kept.
+    let host = ManualHost::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (wal, report) = Wal::open(dir.path(), wal_config()).expect("open the log");
+    let mut cfg = RaftConfig::new(1, vec![1, 2, 3]);
+    cfg.pre_vote = false;
+    let raft = Raft::restore(cfg, 1, 0, report.restored).expect("raft");
+    let mut r = Replica::new(GROUP, raft, wal, 0, 1 << 20, host.clone());
+    r.tap = Some(Vec::new());
+    let mut out = Vec::new();
+    r.raft.campaign();
+    settle(&mut r, 0, &mut out);
+    let grant = Body::VoteResponse { granted: true };
+    r.raft.step(
+        0,
+        Message {
+            from: 2,
+            to: 1,
+            term: 1,
+            body: grant,
+        },
+    );
+    assert_eq!(r.raft.role(), Role::Leader);
+    let heard = Heard::default();
+    hold_requests(&mut r, &heard);
+    assert!(step_downs(&mut r).is_empty());
+    assert_eq!(r.step_down_answers, 0);
+}
