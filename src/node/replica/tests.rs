@@ -298,10 +298,10 @@ fn the_scrub_holds_its_rate_when_a_batch_outweighs_a_second_of_it() {
 /// What the step-down tests' clients heard: one line per answer.
 type Heard = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
-/// Node 1 of a three-voter group, leading term 1 by node 2's vote (no
-/// pre-vote, so one round), with its tap on; no follower ever acks, so
-/// nothing it proposes commits.
-fn leader_of_three(dir: &Path, host: &ManualHost) -> Replica<OsDir, ManualHost> {
+/// Node 1 of a three-voter group, just elected for term 1 by node 2's
+/// vote (no pre-vote, so one round) and not driven since, with its tap
+/// on; no follower ever acks, so nothing it proposes commits.
+fn elected_of_three(dir: &Path, host: &ManualHost) -> Replica<OsDir, ManualHost> {
     let (wal, report) = Wal::open(dir, wal_config()).expect("open the log");
     let mut cfg = RaftConfig::new(1, vec![1, 2, 3]);
     cfg.pre_vote = false;
@@ -321,8 +321,14 @@ fn leader_of_three(dir: &Path, host: &ManualHost) -> Replica<OsDir, ManualHost> 
             body: grant,
         },
     );
-    settle(&mut r, 0, &mut out);
     assert_eq!(r.raft.role(), Role::Leader);
+    r
+}
+
+/// `elected_of_three`, driven once it leads.
+fn leader_of_three(dir: &Path, host: &ManualHost) -> Replica<OsDir, ManualHost> {
+    let mut r = elected_of_three(dir, host);
+    settle(&mut r, 0, &mut Vec::new());
     r
 }
 
@@ -490,26 +496,7 @@ fn a_new_leader_keeps_what_it_took_before_its_first_drive() {
     // the same turn come before its drive: they are its own, kept.
     let host = ManualHost::default();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (wal, report) = Wal::open(dir.path(), wal_config()).expect("open the log");
-    let mut cfg = RaftConfig::new(1, vec![1, 2, 3]);
-    cfg.pre_vote = false;
-    let raft = Raft::restore(cfg, 1, 0, report.restored).expect("raft");
-    let mut r = Replica::new(GROUP, raft, wal, 0, 1 << 20, host.clone());
-    r.tap = Some(Vec::new());
-    let mut out = Vec::new();
-    r.raft.campaign();
-    settle(&mut r, 0, &mut out);
-    let grant = Body::VoteResponse { granted: true };
-    r.raft.step(
-        0,
-        Message {
-            from: 2,
-            to: 1,
-            term: 1,
-            body: grant,
-        },
-    );
-    assert_eq!(r.raft.role(), Role::Leader);
+    let mut r = elected_of_three(dir.path(), &host);
     let heard = Heard::default();
     hold_requests(&mut r, &heard);
     assert!(step_downs(&mut r).is_empty());
