@@ -17,6 +17,7 @@ pub mod bench;
 pub mod buf;
 pub mod client;
 pub mod consensus;
+pub mod entropy;
 pub mod heartbeat;
 pub mod io;
 pub mod net;

@@ -10,29 +10,9 @@
 use std::io;
 
 /// 64 bits from the kernel's random source (getrandom(2)); an error, not
-/// a weaker fallback, if it cannot be read.
+/// a weaker fallback, if it cannot be read (`crate::entropy`).
 pub fn os_random_u64() -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    let mut filled = 0;
-    while filled < b.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `b`.
-        let n = unsafe {
-            libc::getrandom(
-                b[filled..].as_mut_ptr().cast(),
-                b.len() - filled,
-                0, // block until the pool is initialised (only at early boot)
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(io::Error::new(e.kind(), format!("getrandom: {e}")));
-        }
-        filled += n as usize;
-    }
-    Ok(u64::from_le_bytes(b))
+    Ok(crate::entropy::random_u64()?)
 }
 
 /// A fresh client id: random, never 0 (0 marks a request that is not

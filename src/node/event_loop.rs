@@ -121,13 +121,8 @@ impl EventLoop {
         for p in &spec.peers {
             peers.set_node(p.id, p.udp_base);
         }
-        let endpoint = Endpoint::new(
-            spec.transport.clone(),
-            spec.key.clone(),
-            id,
-            super::host::os_seed(),
-        )
-        .map_err(SpecError::Transport)?;
+        let endpoint = Endpoint::new(spec.transport.clone(), spec.key.clone(), id, random_seed()?)
+            .map_err(SpecError::Transport)?;
         let (mut udp, report) =
             UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
         for w in &report.warnings {
@@ -175,14 +170,15 @@ impl EventLoop {
                 OsHost::new({
                     let w = waker.clone();
                     Arc::new(move || w.wake())
-                }),
+                })
+                .map_err(entropy_failed)?,
             )?;
             by_group.insert(g.group, replicas.len());
             replicas.push(r);
         }
         let (control, to_control) = match wiring {
             Wiring::Control(workers) => {
-                let control = Control::open(&spec, now, workers, super::host::os_seed())?;
+                let control = Control::open(&spec, now, workers, random_seed()?)?;
                 (Some(control), None)
             }
             Wiring::Worker(to_control) => (None, Some(to_control)),
@@ -866,4 +862,19 @@ fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Why a node does not start without the OS's random source: its seeds
+/// (session epochs, election jitter) would be guessable.
+fn entropy_failed(e: crate::entropy::EntropyError) -> StartError {
+    StartError::Os {
+        what: "the OS's random source",
+        error: e.into(),
+    }
+}
+
+/// A seed for a session epoch or the detector's jitter, from the OS's
+/// random source.
+fn random_seed() -> Result<u64, StartError> {
+    crate::entropy::random_u64().map_err(entropy_failed)
 }

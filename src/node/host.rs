@@ -57,12 +57,17 @@ pub(crate) enum JobState<T> {
     Lost,
 }
 
-/// The process as a replica's host: `Instant`, threads, `/dev/urandom`.
+/// The process as a replica's host: `Instant`, threads, the OS's random
+/// source (`crate::entropy`).
 #[derive(Clone)]
 pub(crate) struct OsHost {
     origin: Instant,
     /// Called when an offloaded job ends.
     wake: WakeLoop,
+    /// Seeds: 64 random bits drawn at `new`, stepped by splitmix64 (one
+    /// draw per host instead of a syscall per seed; the seeds only need
+    /// to differ and be unpredictable from outside).
+    seeds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Wakes a loop (its eventfd); called on a job's thread once the job's
@@ -82,11 +87,16 @@ impl OsHost {
     /// end: otherwise a result would wait for the loop's next turn, up
     /// to 10 ms when nothing else wakes it (an image transfer, a read
     /// and a stage per chunk, spent most of its time there).
-    pub(crate) fn new(wake: WakeLoop) -> Self {
-        OsHost {
+    /// Refused if the OS's random source cannot be read (its seeds
+    /// would be guessable).
+    pub(crate) fn new(wake: WakeLoop) -> Result<Self, crate::entropy::EntropyError> {
+        Ok(OsHost {
             origin: Instant::now(),
             wake,
-        }
+            seeds: Arc::new(std::sync::atomic::AtomicU64::new(
+                crate::entropy::random_u64()?,
+            )),
+        })
     }
 }
 
@@ -105,7 +115,15 @@ impl Host for OsHost {
     }
 
     fn seed(&self) -> u64 {
-        os_seed()
+        // splitmix64: each call a distinct, well-mixed value.
+        let golden = 0x9e37_79b9_7f4a_7c15;
+        let mut z = self
+            .seeds
+            .fetch_add(golden, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(golden);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 
     fn offload<T: Send + 'static>(
@@ -150,22 +168,6 @@ impl<T> Offloaded<T> for Thread<T> {
     }
 }
 
-/// A seed from the OS for what must differ at every start (session
-/// epochs, election jitter); falls back to the clock and the pid.
-pub(crate) fn os_seed() -> u64 {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
-        Ok(()) => u64::from_le_bytes(b),
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            t ^ (std::process::id() as u64).rotate_left(32)
-        }
-    }
-}
-
 /// Makes the calling (helper) thread yield the CPU and the disk to the
 /// event loops: the idle scheduling class (on Linux a thread's own) and
 /// the lowest best-effort I/O priority. Best effort: a refusal
@@ -204,7 +206,7 @@ mod tests {
     fn a_finished_job_wakes_the_loop_with_its_result_in() {
         let waker = Waker::new().unwrap();
         let w = waker.clone();
-        let host = OsHost::new(Arc::new(move || w.wake()));
+        let host = OsHost::new(Arc::new(move || w.wake())).unwrap();
         let (release, hold) = bounded::<()>(1);
         let mut job = host
             .offload("test-job".into(), false, move || {

@@ -88,13 +88,10 @@ fn toml_path(p: &Path) -> Result<String, String> {
     Ok(serde_json::Value::from(s).to_string())
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut s = String::new();
-    for _ in 0..bytes.div_ceil(8) {
-        let _ = write!(s, "{:016x}", super::host::os_seed());
-    }
-    s.truncate(bytes * 2);
-    s
+/// `bytes` random bytes as hex, for `what` (a key or token): refused,
+/// naming it, if the OS's random source cannot be read.
+fn random_hex(bytes: usize, what: &str) -> Result<String, String> {
+    crate::entropy::random_hex(bytes).map_err(|e| format!("{what}: {e}"))
 }
 
 /// The credentials file `prepare_tls` writes: one read-only principal,
@@ -148,16 +145,17 @@ impl LocalProcesses {
         };
         let dir = &std::path::absolute(dir).map_err(io("the cluster directory"))?;
         private::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
-        let token = random_hex(24);
-        private::write(&dir.join("cluster.key"), random_hex(32)).map_err(io("cluster.key"))?;
+        let token = random_hex(24, "client.token")?;
+        let key = random_hex(32, "cluster.key")?;
+        private::write(&dir.join("cluster.key"), key).map_err(io("cluster.key"))?;
         private::write(&dir.join("client.token"), &token).map_err(io("client.token"))?;
-        let admin_token = random_hex(24);
+        let admin_token = random_hex(24, "admin.token")?;
         private::write(&dir.join("admin.token"), &admin_token).map_err(io("admin.token"))?;
         let ca = if tls {
             // A second, read-only principal beside the cluster token's,
             // to show (and test) a credential that may not write.
-            private::write(&dir.join("reader.token"), random_hex(24))
-                .map_err(io("reader.token"))?;
+            let reader = random_hex(24, "reader.token")?;
+            private::write(&dir.join("reader.token"), reader).map_err(io("reader.token"))?;
             private::write(&dir.join("credentials.toml"), READER_CREDENTIALS)
                 .map_err(io("credentials.toml"))?;
             let ca = LocalCa::generate("quire local CA")?;
@@ -423,5 +421,24 @@ impl Drop for LocalProcesses {
                 self.wait(id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn no_cluster_is_prepared_without_the_os_random_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = std::path::Path::new("/bin/true");
+        crate::entropy::fail_in_this_thread(true);
+        let refused = super::LocalProcesses::prepare(dir.path(), 3, 1, exe).err();
+        crate::entropy::fail_in_this_thread(false);
+        let why = refused.expect("keys were minted without the random source");
+        assert!(
+            why.starts_with("client.token: cannot read the OS's random source"),
+            "{why}"
+        );
+        assert!(!dir.path().join("cluster.key").exists());
+        assert!(!dir.path().join("client.token").exists());
     }
 }

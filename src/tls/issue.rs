@@ -161,7 +161,9 @@ impl LocalCa {
         }];
         set_validity(&mut params, req.from_days, req.until_days);
         // Positive and non-zero, as RFC 5280 asks.
-        let serial = (crate::node::host::os_seed() >> 1).max(1);
+        let serial = crate::entropy::random_u64()
+            .map_err(|e| format!("a certificate for {}: {e}", req.common_name))?;
+        let serial = (serial >> 1).max(1);
         params.serial_number = Some(SerialNumber::from(serial));
         let key = KeyPair::generate().map_err(what)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(what)?;
@@ -206,6 +208,18 @@ impl LocalCa {
 #[cfg(test)]
 mod tests {
     use super::time_shim::civil_from_days;
+
+    #[test]
+    fn no_certificate_is_issued_without_the_os_random_source() {
+        let ca = super::LocalCa::generate("test CA").unwrap();
+        let req = super::CertRequest::server("node1", &["127.0.0.1"]);
+        crate::entropy::fail_in_this_thread(true);
+        let refused = ca.issue(&req).err();
+        crate::entropy::fail_in_this_thread(false);
+        let why = refused.expect("a serial from the clock was minted");
+        assert!(why.contains("cannot read the OS's random source"), "{why}");
+        assert!(ca.issue(&req).is_ok());
+    }
 
     #[test]
     fn civil_dates_of_known_days() {
