@@ -2,9 +2,10 @@
 //! connection budgets, the per-source-address limit and the Hello
 //! deadline, as a sans-IO core. It touches no socket, reads no clock and
 //! starts no thread: the caller passes `now_ms` and closes what it is told
-//! to close. The client server's connection threads drive it today; an
-//! event loop can drive the same verbs later (`poll_timeout` for its
-//! timer, `handle_timeout` when it fires).
+//! to close. The event loops that serve client connections drive it
+//! through `client_gate::Gate` (one shared instance, behind a short
+//! mutex per event): `poll_timeout` for their timer, `handle_timeout`
+//! when it fires.
 //!
 //! The policy (`docs/operating/quired.md`, "Client connection bounds"):
 //!

@@ -3,7 +3,7 @@
 //! snapshots, its links, peers, transport and own stalls. Plain data, a
 //! leaf of `node`: the loops (`event_loop`) and replicas fill it in, the
 //! handle merges the loops' parts; it imports nothing from the other files
-//! but the client server's counters view.
+//! but the client server's counters view and the quotas' view.
 
 use crate::consensus::{Index, NodeId, Role, Term};
 use crate::transport::GroupId;
