@@ -248,10 +248,10 @@ fn a_lingering_batch_goes_when_its_linger_expires_as_one_request() {
     assert!(started.elapsed() < linger, "waited out a linger");
 }
 
-#[test]
-fn a_leader_killed_mid_stream_loses_no_record_and_applies_each_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut procs = cluster(dir.path(), 1);
+/// A producer streaming to group 0 of `procs` (128 requests in flight,
+/// 16 records a batch, 1 ms linger, a 30 s deadline), a reader, and the
+/// group's leader: the mid-stream failover tests' start.
+fn streaming(procs: &LocalProcesses) -> (Producer, Client, u64) {
     let config = ProducerConfig {
         in_flight_max: 128,
         batch_records_max: 16,
@@ -259,7 +259,7 @@ fn a_leader_killed_mid_stream_loses_no_record_and_applies_each_once() {
         deadline_ms: 30_000,
         ..ProducerConfig::default()
     };
-    let mut p = producer(&procs, 1, config);
+    let p = producer(procs, 1, config);
     let mut reader = Client::new(procs.client_addrs(), &procs.token, 1);
     reader.deadline = Duration::from_secs(20);
     let leader = common::wait_for("a leader", Duration::from_secs(10), || {
@@ -271,6 +271,14 @@ fn a_leader_killed_mid_stream_loses_no_record_and_applies_each_once() {
             .filter(|&l| l != 0)
     })
     .0;
+    (p, reader, leader)
+}
+
+#[test]
+fn a_leader_killed_mid_stream_loses_no_record_and_applies_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = cluster(dir.path(), 1);
+    let (mut p, mut reader, leader) = streaming(&procs);
     let mut sent: BTreeMap<Ticket, Vec<u8>> = BTreeMap::new();
     let mut out = Vec::new();
     let mut killed = None;
@@ -355,25 +363,7 @@ fn assert_each_once_in_order(
 fn a_leader_cut_off_mid_stream_sends_its_window_on_whole() {
     let dir = tempfile::tempdir().unwrap();
     let procs = cluster(dir.path(), 1);
-    let config = ProducerConfig {
-        in_flight_max: 128,
-        batch_records_max: 16,
-        linger_us: 1000,
-        deadline_ms: 30_000,
-        ..ProducerConfig::default()
-    };
-    let mut p = producer(&procs, 1, config);
-    let mut reader = Client::new(procs.client_addrs(), &procs.token, 1);
-    reader.deadline = Duration::from_secs(20);
-    let leader = common::wait_for("a leader", Duration::from_secs(10), || {
-        reader
-            .leaders(0)
-            .ok()?
-            .first()
-            .map(|l| l.leader)
-            .filter(|&l| l != 0)
-    })
-    .0;
+    let (mut p, mut reader, leader) = streaming(&procs);
     let mut sent: BTreeMap<Ticket, Vec<u8>> = BTreeMap::new();
     let mut out = Vec::new();
     let mut cuts = Vec::new();

@@ -3,7 +3,7 @@
 //! across a dropped connection or a refused batch. No sleeps: a dropped
 //! connection is retried at once, a refusal after the policy's backoff.
 
-use super::{Client, Producer, ProducerConfig};
+use super::{Client, Producer, ProducerConfig, Ticket};
 use crate::api::{Incoming, Request, Response, ServerConfig, ServerSession};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -121,6 +121,22 @@ fn a_producer_retries_after_a_lost_connection_with_the_same_client_id_and_seq() 
     assert_eq!(ids, [(77, 1), (77, 1), (77, 2)]);
 }
 
+/// A flush of `p` answers `tickets` in order, each at its index of
+/// `indexes`.
+fn assert_flushed_at(p: &mut Producer, tickets: &[Ticket], indexes: impl IntoIterator<Item = u64>) {
+    let got: Vec<_> = p
+        .flush()
+        .into_iter()
+        .map(|c| (c.ticket, c.result))
+        .collect();
+    let want: Vec<_> = tickets
+        .iter()
+        .zip(indexes)
+        .map(|(t, i)| (*t, Ok(i)))
+        .collect();
+    assert_eq!(got, want);
+}
+
 #[test]
 fn a_failed_batch_is_retried_record_by_record_with_its_seqs() {
     let busy = Response::Error {
@@ -140,17 +156,7 @@ fn a_failed_batch_is_retried_record_by_record_with_its_seqs() {
     };
     let mut p = Producer::new(vec![addr], TOKEN, 5, config);
     let tickets: Vec<_> = (0..3u8).map(|i| p.send(0, &[i]).unwrap()).collect();
-    let got: Vec<_> = p
-        .flush()
-        .into_iter()
-        .map(|c| (c.ticket, c.result))
-        .collect();
-    let want: Vec<_> = tickets
-        .iter()
-        .zip([21, 22, 23])
-        .map(|(t, i)| (*t, Ok(i)))
-        .collect();
-    assert_eq!(got, want);
+    assert_flushed_at(&mut p, &tickets, [21, 22, 23]);
     assert_eq!(p.stats().batches_split, 1);
     let seen: Vec<_> = node.join().unwrap().iter().map(records_of).collect();
     // One batch of three, then each record alone with its own seq.
@@ -185,17 +191,7 @@ fn batches_answered_not_leader_are_sent_again_whole_and_in_order() {
     };
     let mut p = Producer::new(vec![addr], TOKEN, 5, config);
     let tickets: Vec<_> = (0..6u8).map(|i| p.send(0, &[i]).unwrap()).collect();
-    let got: Vec<_> = p
-        .flush()
-        .into_iter()
-        .map(|c| (c.ticket, c.result))
-        .collect();
-    let want: Vec<_> = tickets
-        .iter()
-        .zip(41..47)
-        .map(|(t, i)| (*t, Ok(i)))
-        .collect();
-    assert_eq!(got, want);
+    assert_flushed_at(&mut p, &tickets, 41..47);
     assert_eq!(p.stats().batches_split, 0);
     assert_eq!(p.stats().batches_redirected, 2);
     let seen: Vec<_> = node.join().unwrap().iter().map(records_of).collect();
