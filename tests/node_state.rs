@@ -372,14 +372,14 @@ fn the_log_keeps_what_the_state_refers_to_and_a_lagging_follower_gets_it() {
     let held = (1..snapshot_index)
         .filter_map(|i| wal.read(i, i).ok()?.pop())
         .find_map(|e| match e.payload {
-            quire::consensus::Payload::Normal(p) => {
-                match quire::state::query::decode_command(&p)? {
+            quire::consensus::Payload::Normal(p) => quire::state::query::decode_commands(&p)
+                .into_iter()
+                .find_map(|c| match c {
                     Command::Produce {
                         messages, seq: 0, ..
                     } => Some((e.index, messages)),
                     _ => None,
-                }
-            }
+                }),
             _ => None,
         });
     let (at, messages) = held.expect("the follower's log holds the unacked messages' produce");

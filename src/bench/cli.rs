@@ -81,7 +81,7 @@ run options:
   --output-format=normal|json|terse[,..]   --eta=auto|always|never
   --plot FILE.svg                          throughput and latency over time
 job options (also job-file keys):
-  --name --ioengine=wal|udp|cluster --rw=append|read|tail|produce|consume|mixed
+  --name --ioengine=wal|udp|cluster --rw=append|read|tail|produce|consume|ledger|mixed
   --rwmixwrite --bs=4k|1k-64k --iodepth --numjobs --size --number_ios
   --runtime --time_based --ramp_time --rate_iops --rate_process=linear|poisson
   --stonewall --group_reporting --percentile_list=50:99:99.9 --directory (wal)

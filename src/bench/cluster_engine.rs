@@ -6,11 +6,13 @@
 //! Appends (`rw=append`) go through one `client::Producer` per job: the
 //! job's own thread keeps `iodepth` appends in flight on one connection
 //! per node, each cut from one preallocated payload, and takes their
-//! outcomes back as the runner polls; no thread per operation. The other
-//! workloads (read, tail, mixed, produce, consume) use the blocking
-//! client, so their `iodepth` operations in flight are `iodepth` worker
-//! threads, each with its own connection and client id; the job's thread
-//! hands them operations and collects completions over channels. The
+//! outcomes back as the runner polls; no thread per operation. Queue
+//! produces, consumes with their acks and ledger adds (`rw=produce`,
+//! `consume`, `ledger`) are pipelined on the job's thread in the same way
+//! (`command_engine`). The other workloads (read, tail, mixed) use the
+//! blocking client, so their `iodepth` operations in flight are `iodepth`
+//! worker threads, each with its own connection and client id; the job's
+//! thread hands them operations and collects completions over channels. The
 //! replication block comes from the nodes' admin `/metrics`, read before
 //! and after the run.
 
@@ -59,7 +61,7 @@ pub struct ClusterTarget {
 
 impl ClusterTarget {
     /// A blocking client of the cluster as client `id`.
-    fn client(&self, id: u64) -> Client {
+    pub(super) fn client(&self, id: u64) -> Client {
         let c = Client::new(self.clients.clone(), &self.token, id);
         match &self.tls {
             Some(tls) => c.with_tls(Arc::clone(tls)),
@@ -263,6 +265,8 @@ pub struct ClusterEngine {
 enum Mode {
     /// Appends, on the job's own thread.
     Pipelined(Box<Pipelined>),
+    /// Queue and ledger commands, on the job's own thread.
+    Commands(Box<super::command_engine::Commands>),
     /// Every other workload, on blocking clients in worker threads.
     Threads(Threads),
 }
@@ -296,10 +300,14 @@ impl ClusterEngine {
         // Random per process (pids are reused), distinct per worker.
         let base = crate::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
         let client_id = |worker: u64| (base ^ (clone_index << 16) ^ worker).max(1);
-        let mode = if job.rw == Workload::Append {
-            Mode::Pipelined(Box::new(Pipelined::open(job, &target, client_id(0xfffd))?))
-        } else {
-            Mode::Threads(Threads::open(job, &target, client_id)?)
+        let mode = match job.rw {
+            Workload::Append => {
+                Mode::Pipelined(Box::new(Pipelined::open(job, &target, client_id(0xfffd))?))
+            }
+            Workload::Produce | Workload::Consume | Workload::Ledger => Mode::Commands(Box::new(
+                super::command_engine::Commands::open(job, &target, client_id(0xfffc))?,
+            )),
+            _ => Mode::Threads(Threads::open(job, &target, client_id)?),
         };
         let before = metrics(&target.admin);
         Ok(ClusterEngine {
@@ -385,9 +393,6 @@ impl Threads {
     ) -> Result<Threads, String> {
         let group = job.group;
         let highest = Arc::new(AtomicU64::new(0));
-        if matches!(job.rw, Workload::Produce | Workload::Consume) {
-            prepare_queue(job, target, client_id(0xfffe))?;
-        }
         if matches!(job.rw, Workload::Read | Workload::Mixed | Workload::Tail) {
             let mut c = target.client(client_id(0xffff));
             let records = vec![vec![0xa5u8; job.bs.max_bytes as usize]; PREFILL_RECORDS];
@@ -403,22 +408,13 @@ impl Threads {
             let (op_rx, done_tx, highest) = (op_rx.clone(), done_tx.clone(), highest.clone());
             let mut client = target.client(client_id(w));
             let rw = job.rw;
-            let queue = job.queue.clone();
             let mut rng = ChaCha8Rng::seed_from_u64(job.seed ^ w);
             let handle = std::thread::Builder::new()
                 .name(format!("bench-client-{w}"))
                 .spawn(move || {
                     let mut tail_from = highest.load(Ordering::Relaxed) + 1;
                     for op in op_rx {
-                        let queue = queue.as_str();
                         let result: Result<u64, String> = match (op.kind, rw) {
-                            (OpKind::Write, Workload::Produce) => client
-                                .produce(group, queue, &[vec![0xa5u8; op.bytes]])
-                                .map(|_| op.bytes as u64)
-                                .map_err(|e| error_kind(&e)),
-                            (OpKind::Read, Workload::Consume) => {
-                                consume_one(&mut client, group, queue)
-                            }
                             (OpKind::Write, _) => client
                                 .append(group, &vec![0xa5u8; op.bytes])
                                 .map(|index| {
@@ -465,57 +461,6 @@ impl Threads {
     }
 }
 
-/// Messages produced before a consume job (unless `number_ios` says how
-/// many it will take), so consumers do not find the queue empty at once.
-const CONSUME_PREFILL_MESSAGES: u64 = 20_000;
-/// Messages per produce call while prefilling.
-const PREFILL_BATCH: usize = 256;
-/// How long a consumed message stays hidden before redelivery; far longer
-/// than a consume + ack takes.
-const VISIBILITY_MS: u64 = 30_000;
-
-/// Creates `job.queue` (an existing one is reused) and, for a consume job,
-/// fills it.
-fn prepare_queue(job: &JobOptions, target: &ClusterTarget, client_id: u64) -> Result<(), String> {
-    let mut c = target.client(client_id);
-    match c.queue_create(job.group, &job.queue, 1000) {
-        Ok(()) => {}
-        Err(ClientError::Refused(_, why)) if why.contains("exists") => {}
-        Err(e) => return Err(format!("creating queue {:?}: {e}", job.queue)),
-    }
-    if job.rw == Workload::Consume {
-        let total = job
-            .number_ios
-            .unwrap_or(CONSUME_PREFILL_MESSAGES)
-            .min(1_000_000);
-        let message = vec![0xa5u8; job.bs.max_bytes as usize];
-        let mut left = total;
-        while left > 0 {
-            let n = left.min(PREFILL_BATCH as u64);
-            let batch = vec![message.clone(); n as usize];
-            c.produce(job.group, &job.queue, &batch)
-                .map_err(|e| format!("filling queue {:?}: {e}", job.queue))?;
-            left -= n;
-        }
-    }
-    Ok(())
-}
-
-/// One consume of a single message and its ack; an empty queue is an
-/// error of its own kind (`queue-empty`), so a run that drained the queue
-/// says so.
-fn consume_one(client: &mut Client, group: u32, queue: &str) -> Result<u64, String> {
-    let got = client
-        .consume(group, queue, 1, VISIBILITY_MS)
-        .map_err(|e| error_kind(&e))?;
-    if got.is_empty() {
-        return Err("queue-empty".into());
-    }
-    let ids: Vec<u64> = got.iter().map(|d| d.id).collect();
-    client.ack(group, queue, &ids).map_err(|e| error_kind(&e))?;
-    Ok(got.iter().map(|d| d.data.len() as u64).sum())
-}
-
 /// A short, stable label per kind of client error (errors are counted by it).
 fn error_kind(e: &ClientError) -> String {
     match e {
@@ -528,6 +473,7 @@ impl Engine for ClusterEngine {
     fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
         match &mut self.mode {
             Mode::Pipelined(p) => p.submit(op),
+            Mode::Commands(c) => c.submit(op),
             // The runner keeps at most iodepth in flight, so this never blocks.
             Mode::Threads(t) => t
                 .ops
@@ -542,6 +488,10 @@ impl Engine for ClusterEngine {
         let t = match &mut self.mode {
             Mode::Pipelined(p) => {
                 p.poll(timeout, done);
+                return Ok(());
+            }
+            Mode::Commands(c) => {
+                c.poll(timeout, done);
                 return Ok(());
             }
             Mode::Threads(t) => t,

@@ -11,6 +11,7 @@
 
 pub mod cli;
 pub mod cluster_engine;
+pub mod command_engine;
 pub mod cpu;
 pub mod engine;
 pub mod host;

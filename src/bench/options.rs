@@ -44,6 +44,8 @@ pub enum Workload {
     Produce,
     /// Queue consume + ack (cluster).
     Consume,
+    /// Ledger adds, to one ledger per job (cluster).
+    Ledger,
     /// Appends and reads, `rwmixwrite` percent appends.
     Mixed,
 }
@@ -369,10 +371,12 @@ impl JobOptions {
                     "tail" => Workload::Tail,
                     "produce" => Workload::Produce,
                     "consume" => Workload::Consume,
+                    "ledger" => Workload::Ledger,
                     "mixed" | "rw" | "readwrite" => Workload::Mixed,
                     _ => {
                         return Err(
-                            "rw is one of append, read, tail, produce, consume, mixed".into()
+                            "rw is one of append, read, tail, produce, consume, ledger, mixed"
+                                .into(),
                         )
                     }
                 }
@@ -613,6 +617,7 @@ pub fn workload_name(w: Workload) -> &'static str {
         Workload::Tail => "tail",
         Workload::Produce => "produce",
         Workload::Consume => "consume",
+        Workload::Ledger => "ledger",
         Workload::Mixed => "mixed",
     }
 }

@@ -150,7 +150,7 @@ pub fn run_job(
                 now
             };
             let kind = match job.rw {
-                Workload::Append | Workload::Produce => OpKind::Write,
+                Workload::Append | Workload::Produce | Workload::Ledger => OpKind::Write,
                 Workload::Read | Workload::Tail | Workload::Consume => OpKind::Read,
                 Workload::Mixed => {
                     if rng.gen_range(0..100) < job.rwmixwrite {

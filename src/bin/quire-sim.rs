@@ -37,7 +37,8 @@ struct Args {
     /// commit-on-leader-only, forget-vote, ack-before-fsync, vote-while-repairing;
     /// with --workload ledger: ledger-no-fence, stale-lac, snapshot-without-machine; with --workload
     /// queue: ack-not-replicated, produce-no-dedup, dedup-ignores-producer,
-    /// snapshot-without-entries, repair-unverified; in the production glue: release-before-durable,
+    /// snapshot-without-entries, repair-unverified, ack-batch-cut-short (and with --workload
+    /// ledger, ledger-adds-reordered); in the production glue: release-before-durable,
     /// truncate-on-corruption, adopt-unsynced-snapshot, retry-applied-twice,
     /// retry-wrong-index (the last two with --workload log), step-down-answers-ok.
     #[arg(long)]

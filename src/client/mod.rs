@@ -12,7 +12,11 @@
 //!
 //! The [`Producer`] (`producer.rs`) is the pipelined client: an
 //! application thread keeps hundreds of appends in flight and takes each
-//! one's outcome back by its ticket, in order per group.
+//! one's outcome back by its ticket, in order per group. The
+//! [`CommandPipeline`] (`pipeline.rs`) does the same for ledger and queue
+//! commands (produces, ledger adds, acks), and the [`Consumer`]
+//! (`consumer.rs`) consumes a queue through one, with a prefetch window
+//! and batched acks.
 //!
 //! A refusal of the connection itself (a wrong token, a protocol version
 //! the node does not speak, a TLS handshake that fails) is permanent and
@@ -36,13 +40,17 @@ use std::time::{Duration, Instant};
 pub use crate::api::Entry;
 pub use crate::state::ledger::LedgerInfo;
 pub use crate::state::queue::{Delivery, QueueInfo};
+pub use consumer::{Consumer, ConsumerConfig, ConsumerStats};
 pub use id::{os_random_u64, random_client_id};
+pub use pipeline::{CommandCompletion, CommandPipeline, PipelineConfig, PipelineStats};
 pub use producer::{Completion, Producer, ProducerConfig, ProducerStats, SendError, Ticket};
 pub use retry::{Attempts, CallError, Leaders, Verdict};
 pub use state::LedgerWriter;
 
+mod consumer;
 mod id;
 mod link;
+mod pipeline;
 mod producer;
 pub mod retry;
 mod state;

@@ -150,7 +150,7 @@ impl ProducerConfig {
 /// One record sent: its place in the order of sends (tickets grow by one
 /// per send, across groups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Ticket(u64);
+pub struct Ticket(pub(crate) u64);
 
 impl Ticket {
     /// The ticket's number: 1 for the producer's first send, and so on.

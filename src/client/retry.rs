@@ -121,12 +121,12 @@ impl Leaders {
     }
 
     /// `node` leads `group` (it said so, or it served a leader's request).
-    fn lead(&mut self, group: u32, node: NodeId) {
+    pub(crate) fn lead(&mut self, group: u32, node: NodeId) {
         self.groups.insert(group, node);
     }
 
     /// Who leads `group` is unknown again (an election, a lost node).
-    fn forget(&mut self, group: u32) {
+    pub(crate) fn forget(&mut self, group: u32) {
         self.groups.remove(&group);
     }
 }

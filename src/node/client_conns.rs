@@ -50,11 +50,13 @@ use std::sync::Arc;
 /// Bytes of answers a connection may have waiting to be written; past
 /// this the loop reads no more of its requests until the client reads.
 pub(crate) const CONN_OUT_BYTES_MAX: usize = 1 << 20;
-/// Requests other than appends (reads, tails, ledger and queue calls,
-/// status) one connection may have unanswered: their answers can be
-/// large (up to a frame), so these bound what a connection that does not
-/// read can make the node hold: `CONN_OUT_BYTES_MAX` plus this many
-/// answers.
+/// Requests other than appends whose answers can be large (reads, tails,
+/// queries, consumes, status) one connection may have unanswered: up to
+/// a frame each, so these bound what a connection that does not read can
+/// make the node hold: `CONN_OUT_BYTES_MAX` plus this many answers. The
+/// other ledger and queue commands (produce, add, ack, ...) are answered
+/// in a few dozen bytes: only `requests_in_flight_max` bounds them, so a
+/// pipelining client keeps hundreds in flight, as it does appends.
 pub(crate) const CONN_CALLS_IN_FLIGHT_MAX: usize = 8;
 /// Bytes read from one connection per turn, so that one busy client
 /// cannot starve the loop's other connections and its groups.
@@ -169,7 +171,8 @@ struct Conn {
     out_at: usize,
     /// The `AppendBatch` requests waiting for their items' outcomes.
     batches: HashMap<u64, BatchOutcomes>,
-    /// Requests other than appends handed out and not yet answered.
+    /// Requests other than appends handed out and not yet answered, whose
+    /// answers can be large (`CONN_CALLS_IN_FLIGHT_MAX`).
     calls_in_flight: usize,
     /// The events registered in the epoll set.
     interest: u32,
@@ -781,7 +784,7 @@ impl LoopClients {
                     c.calls_in_flight += 1;
                 }
                 let status = matches!(call, NodeCall::Status);
-                let answer = self.answer_back(slot, generation, id);
+                let answer = self.answer_back(slot, generation, id, false);
                 let sent = self.port.slow.try_send(SlowCall {
                     status,
                     answer: Box::new(answer),
@@ -789,8 +792,24 @@ impl LoopClients {
                 if sent.is_err() {
                     let busy = ProposeError::Busy("too many status requests waiting".into());
                     let resp = error_response(busy, &self.port.addrs);
-                    self.answer(slot, generation, id, resp);
+                    self.answer(slot, generation, id, resp, false);
                 }
+            }
+            // A command to this loop's group whose answer is small: by
+            // ticket, as appends, with no mail and no wake-up.
+            NodeCall::State {
+                group,
+                client_id,
+                seq,
+                command,
+                encoded,
+            } if !matches!(command, crate::state::Command::Consume { .. })
+                && parts.by_group.contains_key(&group) =>
+            {
+                let i = parts.by_group[&group];
+                let now_ms = super::command::wall_clock_ms();
+                let call = (client_id, seq, command, encoded);
+                parts.replicas[i].propose_command_ticket(call, now_ms, ticket);
             }
             call => self.call_owner(slot, generation, id, call, parts),
         }
@@ -798,7 +817,15 @@ impl LoopClients {
 
     /// A closure that takes an answer to request `id` of `slot` back to
     /// this loop (from whichever thread answers it).
-    fn answer_back(&self, slot: u32, generation: u32, id: u64) -> impl FnOnce(Response) + Send {
+    /// `small`: the answer is a small one (not counted in
+    /// `calls_in_flight`).
+    fn answer_back(
+        &self,
+        slot: u32,
+        generation: u32,
+        id: u64,
+        small: bool,
+    ) -> impl FnOnce(Response) + Send {
         let mail = self.mail.clone();
         move |response| {
             mail.send(CoreMsg::ClientAnswer {
@@ -806,6 +833,7 @@ impl LoopClients {
                 generation,
                 request: id,
                 response,
+                small,
             })
         }
     }
@@ -867,8 +895,11 @@ impl LoopClients {
         parts: &mut LoopParts<'_>,
     ) {
         let addrs = Arc::clone(&self.port.addrs);
+        let small = call.answer_is_small();
         if let Some(c) = self.live(slot, generation) {
-            c.calls_in_flight += 1;
+            if !small {
+                c.calls_in_flight += 1;
+            }
         }
         // A long poll waits on the group's loop; it holds one of the
         // node's long-poll slots until it is answered.
@@ -877,10 +908,10 @@ impl LoopClients {
         } else if let Some(s) = TailSlot::take(&self.port.tails, self.port.tails_max) {
             Some(s)
         } else {
-            self.answer(slot, generation, id, long_polls_full(&addrs));
+            self.answer(slot, generation, id, long_polls_full(&addrs), false);
             return;
         };
-        let back = self.answer_back(slot, generation, id);
+        let back = self.answer_back(slot, generation, id, small);
         let done = move |resp: Response| {
             drop(tail_slot);
             back(resp);
@@ -911,6 +942,7 @@ impl LoopClients {
                 client_id,
                 seq,
                 command,
+                ..
             } => (
                 group,
                 CoreCommand::State {
@@ -1027,6 +1059,16 @@ impl LoopClients {
         true
     }
 
+    /// The outcome of a ticketed command of this loop's connections.
+    pub(crate) fn deliver_command(&mut self, (t, o): super::command::CommandDone) {
+        let live = self.conns.get_mut(t.conn as usize).and_then(Option::as_mut);
+        let Some(c) = live.filter(|c| c.generation == t.generation) else {
+            return; // the connection has gone
+        };
+        c.respond(t.request, &outcome_response(Ok(o), &self.port.addrs));
+        self.after_answer(t.conn);
+    }
+
     /// The outcome of a ticketed append of this loop's connections.
     pub(crate) fn deliver(&mut self, (t, r): TicketDone) {
         let live = self.conns.get_mut(t.conn as usize).and_then(Option::as_mut);
@@ -1037,12 +1079,22 @@ impl LoopClients {
         self.after_answer(t.conn);
     }
 
-    /// The answer to a request that was not an append.
-    pub(crate) fn answer(&mut self, conn: u32, generation: u32, request: u64, resp: Response) {
+    /// The answer to a request that was not an append (`small`: one not
+    /// counted in `calls_in_flight`).
+    pub(crate) fn answer(
+        &mut self,
+        conn: u32,
+        generation: u32,
+        request: u64,
+        resp: Response,
+        small: bool,
+    ) {
         let Some(c) = self.live(conn, generation) else {
             return;
         };
-        c.calls_in_flight = c.calls_in_flight.saturating_sub(1);
+        if !small {
+            c.calls_in_flight = c.calls_in_flight.saturating_sub(1);
+        }
         c.respond(request, &resp);
         self.after_answer(conn);
     }

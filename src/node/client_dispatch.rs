@@ -100,6 +100,9 @@ pub enum NodeCall {
         seq: u64,
         /// The decoded command.
         command: crate::state::Command,
+        /// Its encoding as the request carried it (the one decoding gives
+        /// `command`), proposed as it is unless the leader stamps it.
+        encoded: Vec<u8>,
     },
     /// A query on the leader; a ledger read waits up to `wait_ms` (a long
     /// poll when it is not 0, within `TAIL_WAIT_MS_MAX`).
@@ -127,6 +130,15 @@ impl NodeCall {
             NodeCall::Query { wait_ms, .. } => *wait_ms > 0,
             _ => false,
         }
+    }
+
+    /// Whether its answer is a few dozen bytes whatever the state holds:
+    /// a ledger or queue command other than a consume (whose answer
+    /// carries messages, up to a frame), so a connection may keep many in
+    /// flight (`client_conns::CONN_CALLS_IN_FLIGHT_MAX` bounds the others).
+    pub fn answer_is_small(&self) -> bool {
+        matches!(self, NodeCall::State { command, .. }
+            if !matches!(command, crate::state::Command::Consume { .. }))
     }
 }
 
@@ -215,14 +227,15 @@ pub fn translate(req: Request, runs: impl Fn(GroupId) -> bool) -> Dispatch {
             seq,
             command,
         } => {
-            let Some(command) = crate::state::Command::decode(&command) else {
+            let Some(decoded) = crate::state::Command::decode(&command) else {
                 return Dispatch::Answer(bad_request("the command does not decode"));
             };
             NodeCall::State {
                 group,
                 client_id,
                 seq,
-                command,
+                command: decoded,
+                encoded: command,
             }
         }
         Request::Query {

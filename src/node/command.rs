@@ -184,6 +184,10 @@ pub(crate) struct ClientTicket {
 /// A ticket's outcome: the index the append was applied at, or why not.
 pub(crate) type TicketDone = (ClientTicket, Result<Index, ProposeError>);
 
+/// A ticketed command's outcome once applied (its failures go with the
+/// appends', as `TicketDone`s).
+pub(crate) type CommandDone = (ClientTicket, crate::state::Outcome);
+
 /// A command from the handle (or a server thread) to the loop of one core.
 pub(crate) enum CoreCommand {
     /// Appends from a client connection served on another loop: items
@@ -269,4 +273,13 @@ impl CoreCommand {
             CoreCommand::Status(_) | CoreCommand::Stop => {}
         }
     }
+}
+
+/// Wall-clock ms since the Unix epoch: the leader's clock stamped on
+/// ledger and queue commands (creation times, visibility deadlines). The
+/// loop's own clock restarts with the process; these must not.
+pub(crate) fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

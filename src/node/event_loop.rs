@@ -66,6 +66,9 @@ pub(crate) struct EventLoop {
     /// those bound for each other loop.
     client_done: Vec<TicketDone>,
     client_done_remote: Vec<Vec<TicketDone>>,
+    /// This turn's outcomes of ticketed commands (reused, like
+    /// `client_done`).
+    command_done: Vec<super::command::CommandDone>,
     udp: UdpDriver,
     replicas: Vec<Replica>,
     by_group: BTreeMap<GroupId, usize>,
@@ -195,6 +198,7 @@ impl EventLoop {
             clients: None,
             client_done: Vec::new(),
             client_done_remote: vec![Vec::new(); cores],
+            command_done: Vec::new(),
             udp,
             replicas,
             by_group,
@@ -373,9 +377,18 @@ impl EventLoop {
     /// connection: this one's directly, the others' in one message each.
     fn route_client_done(&mut self) {
         let mut done = std::mem::take(&mut self.client_done);
+        let mut commands = std::mem::take(&mut self.command_done);
         for r in &mut self.replicas {
             r.take_client_done(&mut done);
+            r.take_command_done(&mut commands);
         }
+        // Ticketed commands are only this loop's connections' own.
+        for d in commands.drain(..) {
+            if let Some(c) = self.clients.as_mut() {
+                c.deliver_command(d);
+            }
+        }
+        self.command_done = commands;
         for d in done.drain(..) {
             if d.0.core == self.me {
                 if let Some(c) = self.clients.as_mut() {
@@ -489,7 +502,13 @@ impl EventLoop {
                     command,
                     reply,
                     ..
-                } => r.propose_command(client_id, seq, command, wall_clock_ms(), reply),
+                } => r.propose_command(
+                    client_id,
+                    seq,
+                    command,
+                    super::command::wall_clock_ms(),
+                    reply,
+                ),
                 CoreCommand::Query {
                     query,
                     wait_ms,
@@ -642,9 +661,10 @@ impl EventLoop {
                     generation,
                     request,
                     response,
+                    small,
                 } => {
                     if let Some(c) = self.clients.as_mut() {
-                        c.answer(conn, generation, request, response);
+                        c.answer(conn, generation, request, response, small);
                     }
                 }
                 CoreMsg::PeerHeartbeat(hb, ip_alive) => {
@@ -853,15 +873,6 @@ impl EventLoop {
                 .collect(),
         }
     }
-}
-
-/// Wall-clock ms since the Unix epoch: the leader's clock stamped on
-/// ledger and queue commands (creation times, visibility deadlines). The
-/// loop's own clock restarts with the process; these must not.
-fn wall_clock_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Why a node does not start without the OS's random source: its seeds

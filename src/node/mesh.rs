@@ -40,6 +40,8 @@ pub(crate) enum CoreMsg {
         generation: u32,
         request: u64,
         response: Response,
+        /// A small answer (`NodeCall::answer_is_small`).
+        small: bool,
     },
 }
 

@@ -99,6 +99,38 @@ pub fn check_fencing(history: &[StateOp]) -> Result<(), Violation> {
     Ok(())
 }
 
+/// Adds in order: a writer's confirmed adds to one ledger have entry ids
+/// in the order it sent them (the history holds one client's operations
+/// in that order, a burst's too), however many it had in flight. A
+/// linearizability check alone allows any order among adds in flight at
+/// once; a pipelining writer is promised its own.
+pub fn check_adds_in_order(history: &[StateOp]) -> Result<(), Violation> {
+    let mut last: BTreeMap<(usize, usize, u64), u64> = BTreeMap::new();
+    for op in history {
+        let (
+            StateRequest::Command(Command::AddEntry { ledger, .. }),
+            StateResult::Applied(Ok(Outcome::EntryAdded(id))),
+        ) = (&op.request, &op.result)
+        else {
+            continue;
+        };
+        let key = (op.group, op.client, *ledger);
+        if let Some(&before) = last.get(&key) {
+            if *id <= before {
+                return Err(Violation {
+                    invariant: "ledger-adds-in-order",
+                    detail: format!(
+                        "group {} ledger {ledger}: client {}'s add invoked at {} ms got entry {id}, after its earlier add got entry {before}",
+                        op.group, op.client, op.invoked_ms
+                    ),
+                });
+            }
+        }
+        last.insert(key, *id);
+    }
+    Ok(())
+}
+
 /// The LAC an answer reveals: `Some(None)` for "no entry confirmed yet".
 fn lac_seen(op: &StateOp) -> Option<Option<u64>> {
     match (&op.request, &op.result) {
@@ -211,6 +243,7 @@ pub fn check_linearizable(history: &[StateOp]) -> Result<(), Violation> {
 /// Every ledger check, most specific first.
 pub(crate) fn check_ledger_history(history: &[StateOp]) -> Result<(), Violation> {
     check_fencing(history)?;
+    check_adds_in_order(history)?;
     check_linearizable(history)?;
     check_lac_monotonic(history)
 }

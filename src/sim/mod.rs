@@ -381,7 +381,7 @@ pub fn bug_by_name(name: &str) -> Option<PlantedBug> {
 
 /// The planted workload bugs by their command-line names (simulator only:
 /// they live in how the simulated nodes use the state machine).
-pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 8] = [
+pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 10] = [
     ("ledger-no-fence", WorkloadBug::LedgerNoFence),
     ("stale-lac", WorkloadBug::StaleLac),
     (
@@ -396,6 +396,8 @@ pub const WORKLOAD_BUGS: [(&str, WorkloadBug); 8] = [
         WorkloadBug::SnapshotWithoutEntries,
     ),
     ("repair-unverified", WorkloadBug::RepairUnverified),
+    ("ledger-adds-reordered", WorkloadBug::LedgerAddsReordered),
+    ("ack-batch-cut-short", WorkloadBug::AckBatchCutShort),
 ];
 
 /// Command-line name of a planted glue bug.

@@ -169,6 +169,36 @@ impl World {
         }
     }
 
+    /// `write_request` for several requests at once, their frames in one
+    /// write (so the node reads them in one turn, as a pipelining client's
+    /// are): the connection and each request's id, in order; `None` if the
+    /// session refused one (nothing is sent then).
+    pub(crate) fn write_requests(
+        &mut self,
+        who: Caller,
+        n: usize,
+        requests: &[Request],
+    ) -> Option<(u64, Vec<u64>)> {
+        let conn_id = self.conn(who, n);
+        let conn = self.conns(who).get_mut(&n).expect("just opened");
+        let mut bytes = Vec::new();
+        let mut ids = Vec::new();
+        for request in requests {
+            match conn.client.request(request) {
+                Ok((id, frame)) => {
+                    bytes.extend_from_slice(&frame);
+                    ids.push(id);
+                }
+                Err(_) => {
+                    self.conns(who).remove(&n);
+                    return None;
+                }
+            }
+        }
+        self.pipe_send(who, n, true, bytes);
+        Some((conn_id, ids))
+    }
+
     /// Bytes leave one end of client `who`'s connection to node `n`.
     fn pipe_send(&mut self, who: Caller, n: usize, to_server: bool, bytes: Vec<u8>) {
         let delay = self.p.net_delay_min_ms + self.rng.gen_range(0..=self.p.net_jitter_ms);

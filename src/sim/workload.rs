@@ -66,12 +66,14 @@ impl WorkloadBug {
         match self {
             WorkloadBug::LedgerNoFence
             | WorkloadBug::StaleLac
-            | WorkloadBug::SnapshotWithoutMachine => Workload::Ledger,
+            | WorkloadBug::SnapshotWithoutMachine
+            | WorkloadBug::LedgerAddsReordered => Workload::Ledger,
             WorkloadBug::AckNotReplicated
             | WorkloadBug::ProduceNoDedup
             | WorkloadBug::DedupIgnoresProducer
             | WorkloadBug::SnapshotWithoutEntries
-            | WorkloadBug::RepairUnverified => Workload::Queue,
+            | WorkloadBug::RepairUnverified
+            | WorkloadBug::AckBatchCutShort => Workload::Queue,
         }
     }
 }
@@ -146,6 +148,23 @@ struct StatePending {
     /// The try waiting for its answer: the node, the connection and the
     /// request id its answer names; `None` during a backoff.
     in_flight: Option<(usize, u64, u64)>,
+    /// A burst: every command sent with this one, this one first (empty:
+    /// not a burst).
+    burst: Vec<BurstPart>,
+}
+
+/// One command of a burst: sent with the others on one connection in one
+/// write, without waiting for their answers (as the pipelined client
+/// library sends them, so the node gathers them into one command batch
+/// entry), each answered on its own. One try each: a retry of one could
+/// land after a later one of the burst, which the pipelined client never
+/// does; an answer that is not a result leaves it unknown.
+#[derive(Clone, Debug)]
+struct BurstPart {
+    request: StateRequest,
+    /// The request id its answer names.
+    id: u64,
+    result: Option<StateResult>,
 }
 
 /// What a state client makes of the answer to its request.
@@ -372,7 +391,19 @@ impl World {
         );
     }
 
-    fn state_complete(&mut self, c: usize, p: StatePending, result: StateResult) {
+    fn state_complete(&mut self, c: usize, mut p: StatePending, result: StateResult) {
+        // A burst: each command goes into the history on its own, in the
+        // order it was sent; those not answered with `result`.
+        if !p.burst.is_empty() {
+            for part in std::mem::take(&mut p.burst) {
+                let one = StatePending {
+                    request: part.request,
+                    ..p.clone()
+                };
+                self.state_complete(c, one, part.result.unwrap_or_else(|| result.clone()));
+            }
+            return;
+        }
         // Liveness, as for raw appends: a command through the log, invoked
         // after healing, was applied and answered.
         let applied = matches!(result, StateResult::Applied(_));
@@ -429,20 +460,142 @@ impl World {
             return Ok(());
         }
         let now = self.now;
+        let requests = self.burst(c, request);
         let cl = &mut self.state_clients[c];
-        if matches!(request, StateRequest::Command(_)) {
-            cl.sent += 1;
-        }
-        let wire = wire_request(g as u32, &request, cl.client_id(), cl.sent);
-        cl.pending = Some(StatePending {
-            request,
-            wire,
+        let wires: Vec<Request> = requests
+            .iter()
+            .map(|request| {
+                if matches!(request, StateRequest::Command(_)) {
+                    cl.sent += 1;
+                }
+                wire_request(g as u32, request, cl.client_id(), cl.sent)
+            })
+            .collect();
+        let mut pending = StatePending {
+            request: requests[0].clone(),
+            wire: wires[0].clone(),
             invoked_ms: now,
             deadline_ms: now + STATE_CLIENT_TIMEOUT_MS,
             maybe_applied: false,
             in_flight: None,
+            burst: Vec::new(),
+        };
+        if requests.len() == 1 {
+            cl.pending = Some(pending);
+            self.state_send(c);
+            return Ok(());
+        }
+        let Some((conn, ids)) = self.write_requests(Caller::State(c), n, &wires) else {
+            self.state_clients[c].guess = self.rng.gen_range(0..self.nodes.len());
+            self.state_client_later(c, 10);
+            return Ok(());
+        };
+        pending.in_flight = Some((n, conn, ids[0]));
+        pending.burst = requests
+            .into_iter()
+            .zip(ids)
+            .map(|(request, id)| BurstPart {
+                request,
+                id,
+                result: None,
+            })
+            .collect();
+        self.state_clients[c].pending = Some(pending);
+        self.state_client_later(c, STATE_CLIENT_TIMEOUT_MS);
+        Ok(())
+    }
+
+    /// The commands client `c` sends at once, `request` first: a ledger
+    /// writer's adds now and then come two to four at a time, and a
+    /// consumer's acks in two parts (the pipelined client library's
+    /// bursts, which the node gathers into one command batch entry).
+    fn burst(&mut self, c: usize, request: StateRequest) -> Vec<StateRequest> {
+        let g = self.state_clients[c].group;
+        let id = self.state_clients[c].id;
+        let burst = self.rng.gen_bool(0.5);
+        let more = self.rng.gen_range(1..=3u32);
+        match (&mut self.state_clients[c].role, request) {
+            (
+                Role::Ledger {
+                    writer: Some(w), ..
+                },
+                StateRequest::Command(add @ Command::AddEntry { .. }),
+            ) if burst && w.adds_left >= 2 => {
+                let more = more.min(w.adds_left - 1);
+                let mut out = vec![StateRequest::Command(add)];
+                for _ in 0..more {
+                    w.written += 1;
+                    out.push(StateRequest::Command(Command::AddEntry {
+                        ledger: w.ledger,
+                        writer_token: w.token,
+                        data: format!("g{g}l{}c{id}#{}", w.ledger, w.written).into_bytes(),
+                    }));
+                }
+                out
+            }
+            (Role::Consumer { .. }, StateRequest::Command(Command::Ack { queue, ids }))
+                if burst && ids.len() >= 2 =>
+            {
+                let (a, b) = ids.split_at(ids.len() / 2);
+                [a, b]
+                    .map(|ids| {
+                        StateRequest::Command(Command::Ack {
+                            queue: queue.clone(),
+                            ids: ids.to_vec(),
+                        })
+                    })
+                    .into()
+            }
+            (_, request) => vec![request],
+        }
+    }
+
+    /// Node `n` answered request `id` of client `c`'s burst: recorded,
+    /// and once every command of it is answered, the burst is complete.
+    fn burst_answered(
+        &mut self,
+        c: usize,
+        n: usize,
+        conn: u64,
+        id: u64,
+        resp: Response,
+    ) -> Result<(), Violation> {
+        let g = self.state_clients[c].group;
+        let Some(p) = self.state_clients[c].pending.as_mut() else {
+            return Ok(());
+        };
+        if p.in_flight
+            .is_none_or(|(node, k, _)| (node, k) != (n, conn))
+        {
+            return Ok(());
+        }
+        let Some(part) = p
+            .burst
+            .iter_mut()
+            .find(|b| b.id == id && b.result.is_none())
+        else {
+            return Ok(());
+        };
+        let heard = heard(&part.request, resp).map_err(|why| Violation {
+            invariant: "answered-as-asked",
+            detail: format!("node {} group {g}: {why}", n + 1),
+        })?;
+        let redirect = match &heard {
+            Heard::Redirect(l) => *l,
+            _ => None,
+        };
+        part.result = Some(match heard {
+            Heard::Result(result) => result,
+            Heard::Redirect(_) | Heard::Later | Heard::Ambiguous => StateResult::Unknown,
         });
-        self.state_send(c);
+        if let Some(l) = redirect {
+            self.state_clients[c].guess = l;
+        }
+        let p = self.state_clients[c].pending.as_ref().expect("checked");
+        if p.burst.iter().all(|b| b.result.is_some()) {
+            let p = self.state_clients[c].pending.take().expect("checked");
+            self.state_complete(c, p, StateResult::Unknown);
+        }
         Ok(())
     }
 
@@ -480,6 +633,13 @@ impl World {
         id: u64,
         resp: Response,
     ) -> Result<(), Violation> {
+        let burst = self.state_clients[c]
+            .pending
+            .as_ref()
+            .is_some_and(|p| !p.burst.is_empty());
+        if burst {
+            return self.burst_answered(c, n, conn, id, resp);
+        }
         let ours = self.state_clients[c]
             .pending
             .as_ref()
@@ -782,14 +942,25 @@ impl World {
     pub(crate) fn final_checks(&mut self) -> Result<(), Violation> {
         for c in 0..self.state_clients.len() {
             if let Some(p) = self.state_clients[c].pending.take() {
-                self.state_history.push(StateOp {
-                    client: c,
-                    group: self.state_clients[c].group,
-                    request: p.request,
-                    invoked_ms: p.invoked_ms,
-                    completed_ms: self.now,
-                    result: StateResult::Unknown,
-                });
+                // A burst's commands each, in the order they were sent.
+                let parts: Vec<(StateRequest, StateResult)> = if p.burst.is_empty() {
+                    vec![(p.request, StateResult::Unknown)]
+                } else {
+                    p.burst
+                        .into_iter()
+                        .map(|b| (b.request, b.result.unwrap_or(StateResult::Unknown)))
+                        .collect()
+                };
+                for (request, result) in parts {
+                    self.state_history.push(StateOp {
+                        client: c,
+                        group: self.state_clients[c].group,
+                        request,
+                        invoked_ms: p.invoked_ms,
+                        completed_ms: self.now,
+                        result,
+                    });
+                }
             }
         }
         self.final_checks_hosted()

@@ -105,19 +105,8 @@ pub fn push_client_record(out: &mut Vec<u8>, client_id: u64, seq: u64, data: &[u
 /// every replica decodes the same bytes alike.
 pub fn client_records(payload: &[u8]) -> Option<ClientRecords<'_>> {
     match payload.first() {
-        Some(&CLIENT_ENTRY) => decode_client_entry(payload).map(|r| ClientRecords {
-            single: Some(r),
-            rest: &[],
-            left: 0,
-        }),
-        Some(&CLIENT_BATCH_ENTRY) if payload.len() >= CLIENT_BATCH_HEADER_BYTES => {
-            let count = u32::from_le_bytes(payload[1..5].try_into().ok()?);
-            Some(ClientRecords {
-                single: None,
-                rest: &payload[CLIENT_BATCH_HEADER_BYTES..],
-                left: (count as usize).min(RECORDS_PER_ENTRY_MAX),
-            })
-        }
+        Some(&CLIENT_ENTRY) => decode_client_entry(payload).map(ClientRecords::one),
+        Some(&CLIENT_BATCH_ENTRY) => ClientRecords::batch(payload, RECORDS_PER_ENTRY_MAX),
         _ => None,
     }
 }
@@ -127,6 +116,29 @@ pub struct ClientRecords<'a> {
     single: Option<(u64, u64, &'a [u8])>,
     rest: &'a [u8],
     left: usize,
+}
+
+impl<'a> ClientRecords<'a> {
+    /// One record, as an entry in a single-record format holds it.
+    pub(crate) fn one(record: (u64, u64, &'a [u8])) -> ClientRecords<'a> {
+        ClientRecords {
+            single: Some(record),
+            rest: &[],
+            left: 0,
+        }
+    }
+
+    /// The records of a batch in the layout of a client batch entry
+    /// (`tag | count u32 | records`), whatever its tag, at most
+    /// `records_max` of them; `None` if the header is cut short.
+    pub(crate) fn batch(payload: &'a [u8], records_max: usize) -> Option<ClientRecords<'a>> {
+        let count = u32::from_le_bytes(payload.get(1..CLIENT_BATCH_HEADER_BYTES)?.try_into().ok()?);
+        Some(ClientRecords {
+            single: None,
+            rest: &payload[CLIENT_BATCH_HEADER_BYTES..],
+            left: (count as usize).min(records_max),
+        })
+    }
 }
 
 impl<'a> Iterator for ClientRecords<'a> {

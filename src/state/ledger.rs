@@ -12,6 +12,7 @@
 //! that added it: the state keeps its log index and length ([`Stored`]).
 
 use super::machine::Error;
+use super::query::COMMANDS_PER_ENTRY_MAX;
 use super::stored::Stored;
 use super::wire::{put_u32, put_u64, put_u8, Reader};
 use imbl::{OrdMap, Vector};
@@ -68,20 +69,20 @@ struct Ledger {
     closed: bool,
     fenced: bool,
     created_ms: u64,
-    /// The log index of the command that created it.
-    created_index: u64,
+    /// Where the command that created it is in the log.
+    created: Stored,
     /// Entries readers may see: the LAC plus one.
     confirmed: u64,
     bytes: u64,
     entries: Vector<StoredEntry>,
 }
 
-/// One entry: the log index of the `AddEntry` that carries its bytes
+/// One entry: where the `AddEntry` that carries its bytes is in the log
 /// (which also answers a retried add with the entry id it got the first
 /// time), and its length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct StoredEntry {
-    index: u64,
+    at: Stored,
     len: u32,
 }
 
@@ -153,7 +154,7 @@ impl Ledgers {
         &mut self,
         writer_token: u64,
         now_ms: u64,
-        index: u64,
+        at: impl Into<Stored>,
     ) -> Result<u64, Error> {
         if self.ledgers.len() >= LEDGERS_MAX {
             return Err(Error::Limit("ledgers"));
@@ -165,7 +166,7 @@ impl Ledgers {
             closed: false,
             fenced: false,
             created_ms: now_ms,
-            created_index: index,
+            created: at.into(),
             confirmed: 0,
             bytes: 0,
             entries: Vector::new(),
@@ -180,7 +181,7 @@ impl Ledgers {
         id: u64,
         token: u64,
         len: usize,
-        index: u64,
+        at: impl Into<Stored>,
     ) -> Result<u64, Error> {
         let l = self.ledgers.get_mut(&id).ok_or(Error::NoSuchLedger)?;
         l.writable(token)?;
@@ -197,7 +198,7 @@ impl Ledgers {
         // Entries before this one are committed: they are confirmed.
         l.confirmed = l.confirmed.max(entry);
         l.entries.push_back(StoredEntry {
-            index,
+            at: at.into(),
             len: len as u32,
         });
         l.bytes += len as u64;
@@ -269,10 +270,7 @@ impl Ledgers {
             out.push(LedgerEntry {
                 id: e,
                 data: Vec::new(),
-                stored: Stored {
-                    index: stored.index,
-                    slot: 0,
-                },
+                stored: stored.at,
             });
         }
         Ok(out)
@@ -282,23 +280,23 @@ impl Ledgers {
     pub fn oldest_stored(&self) -> Option<u64> {
         self.ledgers
             .values()
-            .filter_map(|l| l.entries.front().map(|e| e.index))
+            .filter_map(|l| l.entries.front().map(|e| e.at.index))
             .min()
     }
 
     /// Every log index whose bytes a ledger still needs (unordered).
     pub(crate) fn each_stored(&self, f: &mut dyn FnMut(u64)) {
         for l in self.ledgers.values() {
-            l.entries.iter().for_each(|e| f(e.index));
+            l.entries.iter().for_each(|e| f(e.at.index));
         }
     }
 
-    /// The id of the entry added by the command at log `index`, if that
-    /// command added one to ledger `id` (answers a retried add).
-    pub fn entry_added_at(&self, id: u64, index: u64) -> Option<u64> {
+    /// The id of the entry added by the command at `at` in the log, if
+    /// that command added one to ledger `id` (answers a retried add).
+    pub fn entry_added_at(&self, id: u64, at: Stored) -> Option<u64> {
         let l = self.ledgers.get(&id)?;
-        let at = l.entries.binary_search_by_key(&index, |e| e.index).ok()?;
-        Some(at as u64)
+        let found = l.entries.binary_search_by_key(&at, |e| e.at).ok()?;
+        Some(found as u64)
     }
 
     /// Why an add of `len` bytes by `token` to ledger `id` is refused now,
@@ -321,11 +319,11 @@ impl Ledgers {
         (l.bytes + len as u64 > LEDGER_BYTES_MAX).then_some(Error::Limit("ledger bytes"))
     }
 
-    /// The id of the ledger created by the command at log `index`.
-    pub fn created_at(&self, index: u64) -> Option<u64> {
+    /// The id of the ledger created by the command at `at` in the log.
+    pub fn created_at(&self, at: Stored) -> Option<u64> {
         self.ledgers
             .iter()
-            .find(|(_, l)| l.created_index == index)
+            .find(|(_, l)| l.created == at)
             .map(|(id, _)| *id)
     }
 
@@ -341,7 +339,8 @@ impl Ledgers {
     }
 
     /// Appends the ledgers' encoding (for snapshots) to `out`.
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+    /// `slots`: with each command's slot (snapshot version 7 on).
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, slots: bool) {
         put_u64(out, self.next_id);
         put_u32(out, self.ledgers.len() as u32);
         for (&id, l) in &self.ledgers {
@@ -349,11 +348,17 @@ impl Ledgers {
             put_u64(out, l.writer_token);
             put_u8(out, u8::from(l.closed) | u8::from(l.fenced) << 1);
             put_u64(out, l.created_ms);
-            put_u64(out, l.created_index);
+            put_u64(out, l.created.index);
+            if slots {
+                put_u32(out, l.created.slot);
+            }
             put_u64(out, l.confirmed);
             put_u32(out, l.entries.len() as u32);
             for e in &l.entries {
-                put_u64(out, e.index);
+                put_u64(out, e.at.index);
+                if slots {
+                    put_u32(out, e.at.slot);
+                }
                 put_u32(out, e.len);
             }
         }
@@ -361,9 +366,21 @@ impl Ledgers {
 
     /// Decodes ledgers from `r`, refusing any that `apply` could not have
     /// built (bounds, order, a LAC past the end, a fence on an open one).
-    pub(crate) fn decode(r: &mut Reader<'_>) -> Option<Ledgers> {
+    /// `slots`: the encoding places commands by slot as well as by index
+    /// (snapshot version 7 on; before, every command had an entry of its
+    /// own, slot 0).
+    pub(crate) fn decode(r: &mut Reader<'_>, slots: bool) -> Option<Ledgers> {
+        let slot_bytes = if slots { 4 } else { 0 };
+        // A ledger entry is a whole command: no part but 0.
+        let place = |r: &mut Reader<'_>| -> Option<Stored> {
+            let index = r.u64()?;
+            let slot = if slots { r.u32()? } else { 0 };
+            let at = Stored { index, slot };
+            let valid = at.part() == 0 && at.command() < COMMANDS_PER_ENTRY_MAX;
+            valid.then_some(at)
+        };
         let next_id = r.u64()?;
-        let n = r.count(LEDGERS_MAX, 8 + 8 + 1 + 8 + 8 + 8 + 4)?;
+        let n = r.count(LEDGERS_MAX, 8 + 8 + 1 + 8 + 8 + slot_bytes + 8 + 4)?;
         let mut ledgers = OrdMap::new();
         for _ in 0..n {
             let id = r.u64()?;
@@ -378,18 +395,16 @@ impl Ledgers {
                 return None;
             }
             let created_ms = r.u64()?;
-            let created_index = r.u64()?;
+            let created = place(r)?;
             let confirmed = r.u64()?;
-            let k = r.count(LEDGER_ENTRIES_MAX as usize, 8 + 4)?;
+            let k = r.count(LEDGER_ENTRIES_MAX as usize, 8 + slot_bytes + 4)?;
             let mut entries = Vector::new();
             let mut bytes = 0u64;
             for _ in 0..k {
-                let index = r.u64()?;
+                let at = place(r)?;
                 // Added in log order, after the ledger's creation.
-                let after = entries
-                    .back()
-                    .map_or(created_index, |e: &StoredEntry| e.index);
-                if index <= after {
+                let after = entries.back().map_or(created, |e: &StoredEntry| e.at);
+                if at <= after {
                     return None;
                 }
                 let len = r.u32()?;
@@ -397,7 +412,7 @@ impl Ledgers {
                     return None;
                 }
                 bytes += u64::from(len);
-                entries.push_back(StoredEntry { index, len });
+                entries.push_back(StoredEntry { at, len });
             }
             let full = k as u64;
             if confirmed > full || (closed && confirmed != full) || bytes > LEDGER_BYTES_MAX {
@@ -408,7 +423,7 @@ impl Ledgers {
                 closed,
                 fenced,
                 created_ms,
-                created_index,
+                created,
                 confirmed,
                 bytes,
                 entries,
@@ -559,13 +574,42 @@ mod tests {
         let id2 = ls.create(5, 7, ix()).unwrap();
         ls.recover(id2).unwrap();
         let mut bytes = Vec::new();
-        ls.encode(&mut bytes);
+        ls.encode(&mut bytes, true);
         let mut r = Reader::new(&bytes);
-        assert_eq!(Ledgers::decode(&mut r), Some(ls));
+        assert_eq!(Ledgers::decode(&mut r, true), Some(ls.clone()));
         assert!(r.is_done());
+        // Without slots (the format before command batch entries), every
+        // command at slot 0 of its entry.
+        let mut old = Vec::new();
+        ls.encode(&mut old, false);
+        assert_eq!(
+            Ledgers::decode(&mut Reader::new(&old), false),
+            Some(ls.clone())
+        );
+        // Two adds in one entry, in slot order; the same slot twice, or a
+        // slot with a part (a ledger entry is a whole command), is refused.
+        let mut batched = ls.clone();
+        let at = ix();
+        batched.add(id, 42, 1, Stored::at(at, 0, 0)).unwrap();
+        batched.add(id, 42, 1, Stored::at(at, 3, 0)).unwrap();
+        let mut b = Vec::new();
+        batched.encode(&mut b, true);
+        assert_eq!(Ledgers::decode(&mut Reader::new(&b), true), Some(batched));
+        for bad in [Stored::at(at, 3, 0), Stored::at(at + 1, 0, 1)] {
+            let mut l = ls.clone();
+            l.add(id, 42, 1, Stored::at(at, 3, 0)).unwrap();
+            l.ledgers
+                .get_mut(&id)
+                .unwrap()
+                .entries
+                .push_back(StoredEntry { at: bad, len: 1 });
+            let mut b = Vec::new();
+            l.encode(&mut b, true);
+            assert_eq!(Ledgers::decode(&mut Reader::new(&b), true), None, "{bad:?}");
+        }
         for cut in 0..bytes.len() {
             assert!(
-                Ledgers::decode(&mut Reader::new(&bytes[..cut])).is_none(),
+                Ledgers::decode(&mut Reader::new(&bytes[..cut]), true).is_none(),
                 "cut {cut}"
             );
         }

@@ -22,14 +22,19 @@ use super::ledger::{Ledgers, ENTRY_BYTES_MAX};
 use super::queue::{
     Delivery, Queues, ACK_IDS_MAX, MESSAGE_BYTES_MAX, PRODUCE_MESSAGES_MAX, QUEUE_NAME_BYTES_MAX,
 };
+use super::stored::Stored;
 use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 use crate::consensus::Index;
 use std::ops::Range;
 
-/// First bytes of a snapshot (format version 6: metadata only, the bytes
-/// of entries and messages stay in the log; messages' sizes counted; the
-/// entry checks of the entries referred to).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM6";
+/// First bytes of a snapshot (format version 7: metadata only, the bytes
+/// of entries and messages stay in the log, placed by index and slot
+/// (commands share entries); messages' sizes counted; the entry checks of
+/// the entries referred to).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM7";
+/// The encoding before command batch entries, still read (every ledger
+/// entry and ledger creation at slot 0 of its log entry).
+const SNAPSHOT_MAGIC_QSM6: [u8; 4] = *b"QSM6";
 /// The encoding before entry checks, still read (a state restored from
 /// it has none: its referenced entries cannot be verified).
 const SNAPSHOT_MAGIC_QSM5: [u8; 4] = *b"QSM5";
@@ -477,11 +482,13 @@ impl StateMachine {
         &self.queues
     }
 
-    /// Applies the committed entry at `index` (call in log order, once
-    /// per entry); a refused command changes no ledger or queue, but its
-    /// index (and `now_ms`) count as applied.
-    pub fn apply(&mut self, index: Index, cmd: &Command) -> Result<Outcome, Error> {
-        self.apply_checked(index, cmd, true)
+    /// Applies the command committed at `at`: the entry at an index (a
+    /// `u64`), or a command's place in a command batch entry
+    /// (`Stored::at(index, k, 0)`). Call in log order, once per command;
+    /// a refused command changes no ledger or queue, but its index (and
+    /// `now_ms`) count as applied.
+    pub fn apply(&mut self, at: impl Into<Stored>, cmd: &Command) -> Result<Outcome, Error> {
+        self.apply_checked(at.into(), cmd, true)
     }
 
     /// `apply` with produce retries matched by (producer, seq) alone, as
@@ -489,19 +496,19 @@ impl StateMachine {
     /// `DedupIgnoresProducer` only, which must still lose a produce.
     pub(crate) fn apply_without_produce_fingerprints(
         &mut self,
-        index: Index,
+        at: impl Into<Stored>,
         cmd: &Command,
     ) -> Result<Outcome, Error> {
-        self.apply_checked(index, cmd, false)
+        self.apply_checked(at.into(), cmd, false)
     }
 
     fn apply_checked(
         &mut self,
-        index: Index,
+        at: Stored,
         cmd: &Command,
         fingerprints: bool,
     ) -> Result<Outcome, Error> {
-        let outcome = self.apply_unchecked(index, cmd, fingerprints);
+        let outcome = self.apply_unchecked(at, cmd, fingerprints);
         // Only these release references (consumes move messages between
         // live and dead, both stored); oldest_stored walks every ledger
         // and queue, so it is not asked after every command.
@@ -516,11 +523,14 @@ impl StateMachine {
 
     fn apply_unchecked(
         &mut self,
-        index: Index,
+        at: Stored,
         cmd: &Command,
         fingerprints: bool,
     ) -> Result<Outcome, Error> {
-        if index <= self.applied {
+        // The first command of an entry comes after the last entry; the
+        // others of a batch share their entry's index.
+        let index = at.index;
+        if index < self.applied || (index == self.applied && at.command() == 0) {
             return Err(Error::AlreadyApplied);
         }
         self.applied = index;
@@ -533,13 +543,13 @@ impl StateMachine {
         let (ls, qs) = (&mut self.ledgers, &mut self.queues);
         Ok(match cmd {
             Command::CreateLedger { writer_token, .. } => {
-                Outcome::LedgerCreated(ls.create(*writer_token, now_ms, index)?)
+                Outcome::LedgerCreated(ls.create(*writer_token, now_ms, at)?)
             }
             Command::AddEntry {
                 ledger,
                 writer_token,
                 data,
-            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data.len(), index)?),
+            } => Outcome::EntryAdded(ls.add(*ledger, *writer_token, data.len(), at)?),
             Command::SetLac {
                 ledger,
                 writer_token,
@@ -583,7 +593,7 @@ impl StateMachine {
                     messages,
                     matches!(cmd, Command::Produce { .. }),
                     now_ms,
-                    index,
+                    at,
                     fingerprints,
                 )?;
                 Outcome::Produced { ids, retry }
@@ -604,6 +614,17 @@ impl StateMachine {
     /// exactly those outcomes.
     pub fn record_check(&mut self, index: Index, check: EntryCheck) {
         self.checks.insert(index, check);
+    }
+
+    /// `record_check` for an entry whose commands are all applied (a
+    /// command batch entry): the check is kept only if the state still
+    /// refers to the entry's bytes, as far as `oldest_stored` tells, since
+    /// an ack or a delete after the reference in the same entry may have
+    /// released it (a snapshot keeps no check below `oldest_stored`).
+    pub fn record_check_after_entry(&mut self, index: Index, check: EntryCheck) {
+        if self.oldest_stored().is_some_and(|o| index >= o) {
+            self.checks.insert(index, check);
+        }
     }
 
     /// This state without its entry checks (what an older snapshot
@@ -659,11 +680,22 @@ impl StateMachine {
     /// checks (u32 count, then index u64, term u64, crc u32 each, in
     /// index order)`. Equal states give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut out = SNAPSHOT_MAGIC.to_vec();
+        self.snapshot_as(SNAPSHOT_MAGIC)
+    }
+
+    /// The snapshot in format version 6 (no slots), as a node before
+    /// command batch entries wrote it: for the tests that it still reads.
+    #[cfg(test)]
+    fn snapshot_qsm6(&self) -> Vec<u8> {
+        self.snapshot_as(SNAPSHOT_MAGIC_QSM6)
+    }
+
+    fn snapshot_as(&self, magic: [u8; 4]) -> Vec<u8> {
+        let mut out = magic.to_vec();
         put_u64(&mut out, self.applied);
         put_u64(&mut out, self.clock_ms);
         put_u64(&mut out, self.oldest_stored().map_or(0, |i| i + 1));
-        self.ledgers.encode(&mut out);
+        self.ledgers.encode(&mut out, magic != SNAPSHOT_MAGIC_QSM6);
         self.queues.encode(&mut out);
         let count = u32::try_from(self.checks.len()).expect("fewer checks than entries");
         put_u32(&mut out, count);
@@ -682,7 +714,8 @@ impl StateMachine {
     pub fn restore(bytes: &[u8]) -> Result<StateMachine, BadSnapshot> {
         let mut r = Reader::new(bytes);
         let version = match r.take(4) {
-            Some(m) if m == SNAPSHOT_MAGIC => 6,
+            Some(m) if m == SNAPSHOT_MAGIC => 7,
+            Some(m) if m == SNAPSHOT_MAGIC_QSM6 => 6,
             Some(m) if m == SNAPSHOT_MAGIC_QSM5 => 5,
             Some(m) if m == SNAPSHOT_MAGIC_QSM4 => 4,
             Some(m) if m == SNAPSHOT_MAGIC_QSM3 => 3,
@@ -691,7 +724,7 @@ impl StateMachine {
         let applied = r.u64().ok_or(BadSnapshot)?;
         let clock_ms = r.u64().ok_or(BadSnapshot)?;
         let oldest = r.u64().ok_or(BadSnapshot)?.checked_sub(1);
-        let ledgers = Ledgers::decode(&mut r).ok_or(BadSnapshot)?;
+        let ledgers = Ledgers::decode(&mut r, version >= 7).ok_or(BadSnapshot)?;
         let queues = Queues::decode(&mut r, version).ok_or(BadSnapshot)?;
         let mut checks = imbl::OrdMap::new();
         if version >= 6 {
@@ -736,6 +769,7 @@ impl StateMachine {
         let magic = r.take(4)?;
         if ![
             SNAPSHOT_MAGIC,
+            SNAPSHOT_MAGIC_QSM6,
             SNAPSHOT_MAGIC_QSM5,
             SNAPSHOT_MAGIC_QSM4,
             SNAPSHOT_MAGIC_QSM3,
@@ -752,7 +786,127 @@ impl StateMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Stored;
+    use crate::state::{Lookup, Stored};
+
+    #[test]
+    fn commands_sharing_an_entry_apply_in_slot_order_and_are_found_by_slot() {
+        let mut sm = StateMachine::new();
+        let q = || "q".to_string();
+        sm.apply(
+            1,
+            &Command::CreateQueue {
+                name: q(),
+                max_deliveries: 5,
+            },
+        )
+        .unwrap();
+        // Entry 2 holds a create, two adds and a produce; entry 3 a produce.
+        let batch = [
+            Command::CreateLedger {
+                writer_token: 9,
+                now_ms: 0,
+            },
+            Command::AddEntry {
+                ledger: 0,
+                writer_token: 9,
+                data: b"a".to_vec(),
+            },
+            Command::Produce {
+                queue: q(),
+                producer_id: 1,
+                seq: 1,
+                messages: vec![b"m0".to_vec(), b"m1".to_vec()],
+            },
+            Command::AddEntry {
+                ledger: 0,
+                writer_token: 9,
+                data: b"b".to_vec(),
+            },
+        ];
+        let mut entry = Vec::new();
+        crate::state::query::begin_command_batch(&mut entry);
+        for (k, cmd) in batch.iter().enumerate() {
+            crate::state::query::push_command(&mut entry, 7, k as u64 + 1, &cmd.encode());
+        }
+        let outs: Vec<_> = batch
+            .iter()
+            .enumerate()
+            .map(|(k, cmd)| sm.apply(Stored::at(2, k, 0), cmd))
+            .collect();
+        assert_eq!(outs[0], Ok(Outcome::LedgerCreated(0)));
+        assert_eq!(outs[1], Ok(Outcome::EntryAdded(0)));
+        assert_eq!(outs[3], Ok(Outcome::EntryAdded(1)));
+        assert_eq!(
+            sm.apply(Stored::at(2, 0, 0), &batch[1]),
+            Err(Error::AlreadyApplied),
+            "an entry's first command again"
+        );
+        assert_eq!(sm.ledgers().created_at(Stored::at(2, 0, 0)), Some(0));
+        assert_eq!(sm.ledgers().entry_added_at(0, Stored::at(2, 3, 0)), Some(1));
+        assert_eq!(sm.ledgers().entry_added_at(0, Stored::at(2, 2, 0)), None);
+        // The bytes are found by slot: a read and a consume fill them.
+        let mut payload_at = |i: u64| match i {
+            2 => Lookup::Payload(entry.clone().into()),
+            _ => Lookup::Missing,
+        };
+        // Sealed, so the last add is readable too (the LAC trails by one).
+        let close = Command::CloseLedger {
+            ledger: 0,
+            writer_token: 9,
+        };
+        assert_eq!(
+            sm.apply(Stored::at(2, 4, 0), &close),
+            Ok(Outcome::Sealed(Some(1)))
+        );
+        let mut read = sm.ledgers().read(0, 0, 1).unwrap();
+        crate::state::stored::fill(
+            read.iter_mut().map(|e| (e.stored, &mut e.data)),
+            &mut payload_at,
+        )
+        .unwrap();
+        assert_eq!(
+            read.iter().map(|e| &e.data[..]).collect::<Vec<_>>(),
+            [b"a", b"b"]
+        );
+        let consume = Command::Consume {
+            queue: q(),
+            consumer: 1,
+            max: 10,
+            visibility_ms: 10,
+            now_ms: 5,
+        };
+        let Ok(Outcome::Consumed(mut ds)) = sm.apply(3, &consume) else {
+            panic!("a consume")
+        };
+        assert_eq!(ds[1].stored, Stored::at(2, 2, 1));
+        crate::state::stored::fill(
+            ds.iter_mut().map(|d| (d.stored, &mut d.data)),
+            &mut payload_at,
+        )
+        .unwrap();
+        assert_eq!(
+            ds.iter().map(|d| &d.data[..]).collect::<Vec<_>>(),
+            [b"m0", b"m1"]
+        );
+        // A snapshot keeps the slots; one in the format before them reads
+        // as long as every command had its entry (slot 0).
+        assert_eq!(StateMachine::restore(&sm.snapshot()).unwrap(), sm);
+        let mut single = StateMachine::new();
+        single.apply(1, &batch[0]).unwrap();
+        single.apply(2, &batch[1]).unwrap();
+        assert_eq!(
+            StateMachine::restore(&single.snapshot_qsm6()).unwrap(),
+            single
+        );
+        assert_eq!(
+            StateMachine::snapshot_oldest_stored(&single.snapshot_qsm6()),
+            Some(Some(2))
+        );
+        assert!(
+            StateMachine::restore(&sm.snapshot_qsm6()).is_err(),
+            "slots past 0 in the format before them"
+        );
+    }
 
     fn every_command() -> Vec<Command> {
         let q = || "queue".to_string();
@@ -976,7 +1130,7 @@ mod tests {
         assert_eq!(sm.check_of(3), Some(check(3)));
         // A snapshot holds them; a restored state is the same state.
         let bytes = sm.snapshot();
-        assert_eq!(&bytes[..4], b"QSM6");
+        assert_eq!(&bytes[..4], b"QSM7");
         let restored = StateMachine::restore(&bytes).unwrap();
         assert_eq!(restored, sm);
         assert_eq!(restored.check_of(3), Some(check(3)));

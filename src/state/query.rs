@@ -44,10 +44,71 @@ pub fn decode_command_entry(payload: &[u8]) -> Option<(u64, u64, &[u8])> {
     Some((client, seq, &payload[COMMAND_HEADER_BYTES..]))
 }
 
-/// The command in a command entry, whoever proposed it; `None` for any
-/// other payload or a command that does not decode.
+/// The command in a single-command entry, whoever proposed it; `None`
+/// for any other payload (a command batch entry too: see [`command_at`])
+/// or a command that does not decode.
 pub fn decode_command(payload: &[u8]) -> Option<super::Command> {
     decode_command_entry(payload).and_then(|(_, _, bytes)| super::Command::decode(bytes))
+}
+
+/// First byte of a command batch entry: the ledger and queue commands a
+/// leader gathered in one turn, one Raft entry (one waiter, one CRC, one
+/// fsync share) for all of them, applied in slot order as if each were
+/// an entry of its own. The layout of a client batch entry:
+/// `0xC4 | count u32 LE | count × (client_id u64 | seq u64 | len u32 | command)`.
+pub const COMMAND_BATCH_ENTRY: u8 = 0xC4;
+/// Commands one entry holds at most: a command's position in its entry
+/// takes the high bits of a [`super::Stored`] slot and the low bits of a
+/// dedup address, so it stays well inside both.
+pub const COMMANDS_PER_ENTRY_MAX: usize = 8192;
+/// Bytes before each command in a command batch entry.
+pub const COMMAND_RECORD_HEADER_BYTES: usize = crate::state::dedup::CLIENT_RECORD_HEADER_BYTES;
+/// Header bytes of a command batch entry (the tag and the count).
+pub const COMMAND_BATCH_HEADER_BYTES: usize = crate::state::dedup::CLIENT_BATCH_HEADER_BYTES;
+const _: () = assert!(COMMANDS_PER_ENTRY_MAX <= crate::state::dedup::RECORDS_PER_ENTRY_MAX);
+const _: () = assert!(COMMANDS_PER_ENTRY_MAX <= 1 << (32 - super::stored::COMMAND_SLOT_BITS));
+
+/// Starts a command batch entry in `out` (cleared first).
+pub fn begin_command_batch(out: &mut Vec<u8>) {
+    crate::state::dedup::begin_client_batch(out);
+    out[0] = COMMAND_BATCH_ENTRY;
+}
+
+/// Appends `command` (a `Command::encode`), client `client_id`'s request
+/// `seq`, to the command batch entry begun in `out` (laid out as a
+/// client batch entry's record).
+pub fn push_command(out: &mut Vec<u8>, client_id: u64, seq: u64, command: &[u8]) {
+    crate::state::dedup::push_client_record(out, client_id, seq, command);
+}
+
+/// The commands of a command entry (one) or of a command batch entry, in
+/// slot order, as (client id, seq, command bytes); `None` for any other
+/// payload. A batch cut short yields the commands that decode whole,
+/// alike on every replica.
+pub fn command_records(payload: &[u8]) -> Option<crate::state::dedup::ClientRecords<'_>> {
+    use crate::state::dedup::ClientRecords;
+    match payload.first() {
+        Some(&COMMAND_ENTRY) => decode_command_entry(payload).map(ClientRecords::one),
+        Some(&COMMAND_BATCH_ENTRY) => ClientRecords::batch(payload, COMMANDS_PER_ENTRY_MAX),
+        _ => None,
+    }
+}
+
+/// The command at position `slot` of a command entry or command batch
+/// entry; `None` if there is none or it does not decode.
+pub fn command_at(payload: &[u8], slot: usize) -> Option<super::Command> {
+    let (_, _, bytes) = command_records(payload)?.nth(slot)?;
+    super::Command::decode(bytes)
+}
+
+/// Every command of a command entry or command batch entry that decodes,
+/// in slot order (empty for any other payload).
+pub fn decode_commands(payload: &[u8]) -> Vec<super::Command> {
+    command_records(payload)
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, _, bytes)| super::Command::decode(bytes))
+        .collect()
 }
 
 /// A read-only question to one group's state machine.

@@ -17,6 +17,7 @@
 //! only, and runs of messages from one produce take a few bytes each.
 
 use super::machine::Error;
+use super::query::COMMANDS_PER_ENTRY_MAX;
 use super::stored::Stored;
 use super::wire::{put_bytes, put_u32, put_u64, Reader};
 use imbl::{OrdMap, OrdSet};
@@ -207,9 +208,10 @@ impl Queues {
         messages: &[Vec<u8>],
         sizes_counted: bool,
         now_ms: u64,
-        index: u64,
+        at: impl Into<Stored>,
         check_fingerprint: bool,
     ) -> Result<(Range<u64>, bool), Error> {
+        let at: Stored = at.into();
         let q = self.queues.get_mut(name).ok_or(Error::NoSuchQueue)?;
         let fingerprint = produce_fingerprint(messages);
         if let Some(p) = q.producers.get(&producer) {
@@ -250,7 +252,10 @@ impl Queues {
             let id = q.next_id;
             q.next_id += 1;
             let m = Message {
-                stored: Stored { index, slot },
+                stored: Stored {
+                    index: at.index,
+                    slot: at.slot + slot,
+                },
                 deliveries: 0,
                 visible_at_ms: now_ms,
                 counted_bytes: if sizes_counted {
@@ -268,7 +273,7 @@ impl Queues {
             p.recent.pop_front();
         }
         p.recent.push_back((seq, ids.clone(), fingerprint));
-        p.last_index = index;
+        p.last_index = at.index;
         Ok((ids, false))
     }
 
@@ -364,6 +369,14 @@ impl Queues {
         Ok(acked)
     }
 
+    /// The ids the produce `(producer, seq)` got, while the producer's
+    /// window still holds it (answers a retry the dedup table caught).
+    pub fn produced(&self, name: &str, producer: u64, seq: u64) -> Option<Range<u64>> {
+        let p = self.queues.get(name)?.producers.get(&producer)?;
+        let (_, ids, _) = p.recent.iter().find(|(s, _, _)| *s == seq)?;
+        Some(ids.clone())
+    }
+
     /// True if `id` of the queue has been acked.
     pub fn is_acked(&self, name: &str, id: u64) -> Result<bool, Error> {
         let q = self.queues.get(name).ok_or(Error::NoSuchQueue)?;
@@ -443,8 +456,13 @@ impl Queues {
             // alike in deliveries and visibility (a backlog never handed
             // out is a run per produce), each followed by its messages'
             // counted sizes (4 bytes a message).
+            // One walk over the map: each run keeps its messages' sizes
+            // (looking each one up again cost a tree search per message,
+            // a fifth of a node's CPU under a produce-only load).
             let mut runs: Vec<(u64, u32, Message)> = Vec::new();
+            let mut sizes: Vec<u32> = Vec::with_capacity(ms.len());
             for (&id, m) in ms {
+                sizes.push(m.counted_bytes);
                 if let Some((first, n, r)) = runs.last_mut() {
                     let next = *first + u64::from(*n) == id
                         && r.stored.index == m.stored.index
@@ -457,7 +475,11 @@ impl Queues {
                 }
                 runs.push((id, 1, *m));
             }
+            // Sized once: growing by doubling copied (and faulted in) a
+            // large backlog's encoding several times over.
+            out.reserve(4 + runs.len() * (8 + 4 + 8 + 4 + 4 + 8) + sizes.len() * 4);
             put_u32(out, runs.len() as u32);
+            let mut at = 0;
             for (first, n, m) in runs {
                 put_u64(out, first);
                 put_u32(out, n);
@@ -465,9 +487,10 @@ impl Queues {
                 put_u32(out, m.stored.slot);
                 put_u32(out, m.deliveries);
                 put_u64(out, m.visible_at_ms);
-                for k in 0..u64::from(n) {
-                    put_u32(out, ms[&(first + k)].counted_bytes);
+                for &size in &sizes[at..at + n as usize] {
+                    put_u32(out, size);
                 }
+                at += n as usize;
             }
         };
         put_u32(out, self.queues.len() as u32);
@@ -524,7 +547,14 @@ impl Queues {
 /// Decodes runs of messages with ascending ids below `next_id`, each
 /// from a slot a produce can have; `sized`: each run is followed by its
 /// messages' counted bytes (format 5).
-fn decode_messages(r: &mut Reader<'_>, q: &Queue, sized: bool) -> Option<OrdMap<u64, Message>> {
+/// `batched`: a slot may place its produce in a command batch entry
+/// (format 7).
+fn decode_messages(
+    r: &mut Reader<'_>,
+    q: &Queue,
+    sized: bool,
+    batched: bool,
+) -> Option<OrdMap<u64, Message>> {
     let n = r.count(QUEUE_MESSAGES_MAX, 8 + 4 + 8 + 4 + 4 + 8)?;
     let mut ms: OrdMap<u64, Message> = OrdMap::new();
     for _ in 0..n {
@@ -544,13 +574,17 @@ fn decode_messages(r: &mut Reader<'_>, q: &Queue, sized: bool) -> Option<OrdMap<
                 && (p.deliveries, p.visible_at_ms) == (deliveries, visible_at_ms)
         });
         let end = first.checked_add(u64::from(count))?;
-        let slots_end = u64::from(slot) + u64::from(count);
+        let place = Stored { index, slot };
+        let slots_end = u64::from(place.part()) + u64::from(count);
+        // Before snapshot version 7 every produce had an entry of its own.
+        let placed = place.command() < COMMANDS_PER_ENTRY_MAX && (batched || place.command() == 0);
         if !in_order
             || continues
             || count == 0
             || end > q.next_id
             || index == 0
             || slots_end > PRODUCE_MESSAGES_MAX as u64
+            || !placed
             || deliveries > q.max_deliveries
             || ms.len() + count as usize > QUEUE_MESSAGES_MAX
         {
@@ -600,8 +634,8 @@ fn decode_queue(r: &mut Reader<'_>, version: u8) -> Option<Queue> {
     }
     let mut q = Queue::new(max_deliveries);
     q.next_id = r.u64()?;
-    q.live = decode_messages(r, &q, version >= 5)?;
-    q.dead = decode_messages(r, &q, version >= 5)?;
+    q.live = decode_messages(r, &q, version >= 5, version >= 7)?;
+    q.dead = decode_messages(r, &q, version >= 5, version >= 7)?;
     if q.live.len() + q.dead.len() > QUEUE_MESSAGES_MAX {
         return None;
     }

@@ -4,17 +4,54 @@
 //! snapshots hold metadata only; whoever answers a client reads the entry
 //! back from the log and takes the bytes out of it ([`fill`]).
 
-use super::query::decode_command;
+use super::query::command_at;
 use super::Command;
+
+/// Low bits of a [`Stored`] slot that number the part of a command (a
+/// produce's message); the high bits number the command in its entry (0
+/// in a single-command entry, so slots written before command batches
+/// read the same).
+pub const COMMAND_SLOT_BITS: u32 = 16;
+const _: () = assert!(super::queue::PRODUCE_MESSAGES_MAX <= 1 << COMMAND_SLOT_BITS);
 
 /// The place of one ledger entry's or message's bytes in the log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Stored {
-    /// Log index of the command entry (an `AddEntry` or a `Produce`).
+    /// Log index of the command entry (an `AddEntry` or a `Produce`, alone
+    /// or in a command batch entry).
     pub index: u64,
-    /// Position in that command: 0 for a ledger entry, the message's
-    /// position in its batch for a produce.
+    /// The command's position in its entry (high bits, see
+    /// [`COMMAND_SLOT_BITS`]) and the part's in the command (low bits: 0
+    /// for a ledger entry, the message's position for a produce).
     pub slot: u32,
+}
+
+impl From<u64> for Stored {
+    /// The one command of the single-command entry at `index`.
+    fn from(index: u64) -> Stored {
+        Stored { index, slot: 0 }
+    }
+}
+
+impl Stored {
+    /// Part `part` of command `command` of the entry at `index`.
+    pub fn at(index: u64, command: usize, part: u32) -> Stored {
+        debug_assert!(part < 1 << COMMAND_SLOT_BITS);
+        Stored {
+            index,
+            slot: (command as u32) << COMMAND_SLOT_BITS | part,
+        }
+    }
+
+    /// The command's position in its entry.
+    pub fn command(self) -> usize {
+        (self.slot >> COMMAND_SLOT_BITS) as usize
+    }
+
+    /// The part's position in its command.
+    pub fn part(self) -> u32 {
+        self.slot & ((1 << COMMAND_SLOT_BITS) - 1)
+    }
 }
 
 /// What the log has for an entry, as [`fill`] asks it.
@@ -48,28 +85,38 @@ pub fn fill<'a>(
     items: impl IntoIterator<Item = (Stored, &'a mut Vec<u8>)>,
     payload_at: &mut dyn FnMut(u64) -> Lookup,
 ) -> Result<(), Unfilled> {
-    let mut decoded: Option<(u64, Option<Command>)> = None;
+    // The last entry looked up and the last command decoded from it.
+    let mut payload: Option<(u64, Option<bytes::Bytes>)> = None;
+    let mut decoded: Option<((u64, usize), Command)> = None;
     let mut reading = false;
     for (at, data) in items {
-        if decoded.as_ref().is_none_or(|(i, _)| *i != at.index) {
-            let cmd = match payload_at(at.index) {
-                Lookup::Payload(p) => Some(decode_command(&p).ok_or(Unfilled::Missing(at.index))?),
-                Lookup::Reading => None,
-                Lookup::Missing => return Err(Unfilled::Missing(at.index)),
-            };
-            decoded = Some((at.index, cmd));
-        }
-        let bytes = match decoded.as_ref().and_then(|(_, c)| c.as_ref()) {
-            None => {
+        let key = (at.index, at.command());
+        if decoded.as_ref().is_none_or(|(k, _)| *k != key) {
+            if payload.as_ref().is_none_or(|(i, _)| *i != at.index) {
+                let p = match payload_at(at.index) {
+                    Lookup::Payload(p) => Some(p),
+                    Lookup::Reading => None,
+                    Lookup::Missing => return Err(Unfilled::Missing(at.index)),
+                };
+                payload = Some((at.index, p));
+            }
+            let Some((_, Some(p))) = &payload else {
                 reading = true;
                 continue;
+            };
+            let cmd = command_at(p, at.command()).ok_or(Unfilled::Missing(at.index))?;
+            decoded = Some((key, cmd));
+        }
+        let Some((_, cmd)) = &decoded else {
+            unreachable!("decoded above")
+        };
+        let bytes = match cmd {
+            Command::AddEntry { data, .. } if at.part() == 0 => data,
+            Command::Produce { messages, .. } | Command::ProduceUncounted { messages, .. } => {
+                messages
+                    .get(at.part() as usize)
+                    .ok_or(Unfilled::Missing(at.index))?
             }
-            Some(Command::AddEntry { data, .. }) if at.slot == 0 => data,
-            Some(
-                Command::Produce { messages, .. } | Command::ProduceUncounted { messages, .. },
-            ) => messages
-                .get(at.slot as usize)
-                .ok_or(Unfilled::Missing(at.index))?,
             _ => return Err(Unfilled::Missing(at.index)),
         };
         data.clone_from(bytes);

@@ -12,15 +12,15 @@
 use super::super::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
 use super::super::host::Host;
 use super::super::log::{log_error, log_warn};
-use super::tap::{MissingFound, WorkloadBug};
+use super::tap::MissingFound;
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
 use crate::state::dedup::{
-    address_index, begin_client_batch, client_records, fingerprint, fingerprint_of_crc,
-    push_client_record, record_address, Applied, ClientRecords, DedupTable,
-    CLIENT_BATCH_HEADER_BYTES, CLIENT_RECORD_HEADER_BYTES, RECORDS_PER_ENTRY_MAX,
+    address_index, client_records, fingerprint, fingerprint_of_crc, record_address, Applied,
+    ClientRecords, DedupTable, RECORD_SLOT_BITS,
 };
-use crate::state::query::{decode_command_entry, encode_command_entry};
+use crate::state::query::command_records;
+use crate::state::Stored;
 use crate::state::{Command, EntryCheck, Error as StateError, Lookup, Outcome, StateMachine};
 use crate::storage::{LogDir, Wal, WalError};
 use crate::transport::GroupId;
@@ -61,8 +61,15 @@ pub(super) enum WaiterReply {
     /// A client connection on a loop: the index goes to `client_done`.
     Ticket(ClientTicket),
     /// The records of a client batch entry, in slot order: each an
-    /// `Index` or a `Ticket`, answered with its record's address.
+    /// `Index` or a `Ticket`, answered with its record's address; or the
+    /// commands of a command batch entry, each a `State` or a
+    /// `CommandTicket`, answered with its outcome.
     Records(Vec<WaiterReply>),
+    /// A ledger or queue command of a connection served on its group's
+    /// loop, whose outcome needs no bytes filled in from the log (not a
+    /// consume): it goes to `take_command_done`, or its failure to
+    /// `take_client_done`.
+    CommandTicket(ClientTicket),
 }
 
 impl WaiterReply {
@@ -71,7 +78,7 @@ impl WaiterReply {
         match self {
             WaiterReply::Index(r) => r(Err(why)),
             WaiterReply::State(r) => r(Err(why)),
-            WaiterReply::Ticket(t) => done.push((t, Err(why))),
+            WaiterReply::Ticket(t) | WaiterReply::CommandTicket(t) => done.push((t, Err(why))),
             WaiterReply::Records(rs) => {
                 for r in rs {
                     r.fail(why.clone(), done);
@@ -122,162 +129,15 @@ impl WaiterReply {
 /// the waiter's `WaiterReply`.
 enum WaiterAnswer {
     Index(Result<Index, ProposeError>),
-    State(Result<Outcome, ProposeError>),
     Records(Vec<Result<u64, ProposeError>>),
+    /// Each command's, in slot order (one for a single-command entry).
+    States(Vec<Result<Outcome, ProposeError>>),
 }
 
 impl<D: LogDir, H: Host> Replica<D, H> {
-    /// Proposes a client append with its client id and sequence number:
-    /// applied once however often it is retried; the reply is the address
-    /// it was applied at (the original one for a retry). Gathered with
-    /// this turn's other appends into one entry (`propose_gathered`).
-    pub(crate) fn propose_client(&mut self, client_id: u64, seq: u64, data: &[u8], reply: Reply) {
-        let mut reply = Some(reply);
-        self.gather(client_id, seq, &[data], |_| {
-            WaiterReply::Index(reply.take().expect("one record"))
-        });
-    }
-
-    /// `propose_client` for a connection served on a loop: the outcome
-    /// goes to `take_client_done` with `ticket`, no callback.
-    pub(crate) fn propose_client_ticket(
-        &mut self,
-        client_id: u64,
-        seq: u64,
-        data: &[u8],
-        ticket: ClientTicket,
-    ) {
-        self.gather(client_id, seq, &[data], |_| WaiterReply::Ticket(ticket));
-    }
-
-    /// The records of one `AppendBatch` as client `client_id`'s
-    /// `first_seq..`: all in one entry, so their addresses are
-    /// consecutive; record `k`'s outcome goes to `take_client_done` with
-    /// `ticket` whose `item` is `ticket.item + k`.
-    pub(crate) fn propose_client_batch<T: AsRef<[u8]>>(
-        &mut self,
-        client_id: u64,
-        first_seq: u64,
-        items: &[T],
-        ticket: ClientTicket,
-    ) {
-        self.gather(client_id, first_seq, items, |k| {
-            WaiterReply::Ticket(ClientTicket {
-                item: ticket.item + k as u32,
-                ..ticket
-            })
-        });
-    }
-
-    /// Adds `items` (seqs `first_seq..`) to this turn's client batch
-    /// entry, starting another first if they do not fit beside what it
-    /// holds; refuses them all if they cannot fit in one entry.
-    fn gather<T: AsRef<[u8]>>(
-        &mut self,
-        client_id: u64,
-        first_seq: u64,
-        items: &[T],
-        mut reply_for: impl FnMut(usize) -> WaiterReply,
-    ) {
-        let bytes: usize = items
-            .iter()
-            .map(|d| CLIENT_RECORD_HEADER_BYTES + d.as_ref().len())
-            .sum();
-        let refused = if let Some(why) = &self.stopped {
-            Some(ProposeError::LogStopped(why.clone()))
-        } else if CLIENT_BATCH_HEADER_BYTES + bytes > self.entry_bytes_max {
-            Some(ProposeError::TooLarge {
-                bytes: CLIENT_BATCH_HEADER_BYTES + bytes,
-                max: self.entry_bytes_max,
-            })
-        } else if items.len() > RECORDS_PER_ENTRY_MAX {
-            Some(ProposeError::Invalid(format!(
-                "{} records in one batch, at most {RECORDS_PER_ENTRY_MAX}",
-                items.len()
-            )))
-        } else {
-            None
-        };
-        if let Some(why) = refused {
-            for k in 0..items.len() {
-                reply_for(k).fail(why.clone(), &mut self.client_done);
-            }
-            return;
-        }
-        let full = self.gathered.len() + bytes > self.entry_bytes_max
-            || self.gathered_replies.len() + items.len() > RECORDS_PER_ENTRY_MAX;
-        if full {
-            self.propose_gathered();
-        }
-        if self.gathered.is_empty() {
-            // About the last entry's size: growing by doubling instead
-            // copied each turn's records twice more (memmove was 4.6% of a
-            // leader's samples).
-            let hint = self
-                .gathered_bytes_last
-                .max(bytes)
-                .min(self.entry_bytes_max);
-            self.gathered.reserve(CLIENT_BATCH_HEADER_BYTES + hint);
-            begin_client_batch(&mut self.gathered);
-        }
-        for (k, data) in items.iter().enumerate() {
-            let seq = first_seq.wrapping_add(k as u64);
-            push_client_record(&mut self.gathered, client_id, seq, data.as_ref());
-            self.gathered_replies.push(reply_for(k));
-        }
-    }
-
-    /// Proposes the client appends gathered since the last call as one
-    /// entry (nothing if there are none). Called at the start of every
-    /// `drive`, and before any other proposal, so entries keep the order
-    /// their requests came in.
-    pub(super) fn propose_gathered(&mut self) {
-        if self.gathered_replies.is_empty() {
-            return;
-        }
-        let data = std::mem::take(&mut self.gathered);
-        self.gathered_bytes_last = data.len();
-        let replies = std::mem::take(&mut self.gathered_replies);
-        self.propose_now(data, WaiterReply::Records(replies));
-    }
-
-    /// The outcomes of ticketed appends since the last call, moved into
-    /// `into` (which the caller reuses, so no allocation per turn).
-    pub(crate) fn take_client_done(&mut self, into: &mut Vec<TicketDone>) {
-        into.append(&mut self.client_done);
-    }
-
     /// Proposes client data; the reply comes once it is applied.
     pub(crate) fn propose(&mut self, data: Vec<u8>, reply: Reply) {
         self.propose_entry(data, WaiterReply::Index(reply));
-    }
-
-    /// Proposes a ledger or queue command as client `client_id`'s request
-    /// `seq` (0: not deduplicated); the reply is its outcome once applied.
-    /// The leader's wall clock (`now_ms`) is stamped on the commands that
-    /// carry one: every replica then applies the same time.
-    pub(crate) fn propose_command(
-        &mut self,
-        client_id: u64,
-        seq: u64,
-        mut command: Command,
-        now_ms: u64,
-        reply: StateReply,
-    ) {
-        match &mut command {
-            Command::CreateLedger { now_ms: t, .. } | Command::Consume { now_ms: t, .. } => {
-                *t = now_ms
-            }
-            _ => {}
-        }
-        if let (Some(WorkloadBug::AckNotReplicated), Command::Ack { ids, .. }, Role::Leader) =
-            (self.planted_workload, &command, self.raft.role())
-        {
-            reply(Ok(Outcome::Acked(ids.len() as u64)));
-            return;
-        }
-        let entry = encode_command_entry(client_id, seq, &command.encode());
-        self.propose_entry(entry, WaiterReply::State(reply));
     }
 
     fn propose_entry(&mut self, data: Vec<u8>, reply: WaiterReply) {
@@ -285,7 +145,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.propose_now(data, reply);
     }
 
-    fn propose_now(&mut self, data: Vec<u8>, reply: WaiterReply) {
+    pub(super) fn propose_now(&mut self, data: Vec<u8>, reply: WaiterReply) {
         if let Some(why) = &self.stopped {
             reply.fail(ProposeError::LogStopped(why.clone()), &mut self.client_done);
             return;
@@ -402,16 +262,23 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         self.applied = e.index;
         let mut outcome = WaiterAnswer::Index(Ok(e.index));
         if let Payload::Normal(payload) = &e.payload {
-            if let Some((client, seq, bytes)) = decode_command_entry(payload) {
-                let applied = self.apply_command(e.index, client, seq, bytes);
-                if refers_to_its_entry(&applied) {
+            if let Some(commands) = command_records(payload) {
+                let (outcomes, referred) = self.apply_commands(e.index, commands);
+                if referred {
                     let check = EntryCheck {
                         term: e.term,
                         crc: crc32c::crc32c(payload),
                     };
-                    self.machine.record_check(e.index, check);
+                    // After a batch's last command, which may have
+                    // released what an earlier one referred to (asked only
+                    // of batches: `oldest_stored` walks every ledger).
+                    if outcomes.len() > 1 {
+                        self.machine.record_check_after_entry(e.index, check);
+                    } else {
+                        self.machine.record_check(e.index, check);
+                    }
                 }
-                outcome = WaiterAnswer::State(applied);
+                outcome = WaiterAnswer::States(outcomes);
             } else if let Some(records) = client_records(payload) {
                 outcome = WaiterAnswer::Records(self.apply_records(e.index, records));
             } else {
@@ -442,8 +309,22 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 (r @ (WaiterReply::Index(_) | WaiterReply::Ticket(_)), WaiterAnswer::Index(o)) => {
                     r.answer(o.clone(), done)
                 }
-                (WaiterReply::State(r), WaiterAnswer::State(o)) => {
-                    self.answer_outcome(o.clone(), r)
+                (WaiterReply::Records(rs), WaiterAnswer::States(os)) if rs.len() == os.len() => {
+                    for (r, o) in rs.into_iter().zip(os.drain(..)) {
+                        match r {
+                            WaiterReply::State(r) => self.answer_outcome(o, r),
+                            WaiterReply::CommandTicket(t) => match o {
+                                Ok(o) => self.command_done.push((t, o)),
+                                Err(e) => self.client_done.push((t, Err(e))),
+                            },
+                            r => r.fail(
+                                ProposeError::Internal(
+                                    "the entry applied is not the kind proposed".into(),
+                                ),
+                                &mut self.client_done,
+                            ),
+                        }
+                    }
                 }
                 (r, _) => r.fail(
                     ProposeError::Internal("the entry applied is not the kind proposed".into()),
@@ -497,46 +378,86 @@ impl<D: LogDir, H: Host> Replica<D, H> {
         outcomes
     }
 
-    /// Applies a ledger or queue command entry. A retry (same client and
-    /// seq) is not applied again: it is answered as the first one was, as
-    /// far as the state still tells (see `retry_outcome`).
+    /// Applies the commands of the command entry at `index`, in slot
+    /// order, each as if it were an entry of its own. One outcome per
+    /// command, in slot order, and whether one of them (applied, not a
+    /// retry answered from the state) left the state referring to the
+    /// entry's bytes.
+    fn apply_commands(
+        &mut self,
+        index: Index,
+        commands: ClientRecords<'_>,
+    ) -> (Vec<Result<Outcome, ProposeError>>, bool) {
+        let commands: Vec<_> = commands.collect();
+        let order = super::planted::command_order(&commands, self.planted_workload);
+        let mut outcomes: Vec<_> = (0..commands.len()).map(|_| None).collect();
+        let mut referred = false;
+        for slot in order {
+            let (client, seq, bytes) = commands[slot];
+            let (outcome, applied) = self.apply_command(index, slot, client, seq, bytes);
+            referred |= applied && refers_to_its_entry(&outcome);
+            outcomes[slot] = Some(outcome);
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.expect("every slot applied"))
+            .collect();
+        (outcomes, referred)
+    }
+
+    /// Applies command `slot` of the command entry at `index`, and says
+    /// whether it reached the machine. A retry (same client and seq) is
+    /// not applied again: it is answered as the first one was, as far as
+    /// the state still tells (see `retry_outcome`).
     fn apply_command(
         &mut self,
         index: Index,
+        slot: usize,
         client: u64,
         seq: u64,
         bytes: &[u8],
-    ) -> Result<Outcome, ProposeError> {
+    ) -> (Result<Outcome, ProposeError>, bool) {
         let Some(command) = Command::decode(bytes) else {
             // The leader encoded it, so only a bug or a corrupt entry that
             // passed its checksum gets here: every replica refuses alike.
-            return Err(ProposeError::Refused(StateError::Invalid));
+            return (Err(ProposeError::Refused(StateError::Invalid)), false);
         };
         if client != 0 {
-            // Recorded at its entry's address (slot 0), as appends are,
-            // so one client's requests are in one order in the table.
-            let address = record_address(index, 0);
+            // Recorded at its address (its entry's index and its slot),
+            // as appends are, so one client's requests are in one order
+            // in the table.
+            let address = record_address(index, slot);
             match self
                 .dedup
                 .apply(client, seq, address, command_fingerprint(&command, bytes))
             {
                 Applied::New => {}
-                Applied::Duplicate(at) => return self.retry_outcome(&command, address_index(at)),
+                Applied::Duplicate(at) => {
+                    return (self.retry_outcome(&command, command_place(at)), false)
+                }
                 Applied::Conflict(at) => {
-                    return Err(ProposeError::Conflict {
-                        applied_at: address_index(at),
-                    })
+                    let applied_at = address_index(at);
+                    return (Err(ProposeError::Conflict { applied_at }), false);
                 }
                 Applied::Forgotten => {
-                    return Err(ProposeError::SeqForgotten {
+                    let why = ProposeError::SeqForgotten {
                         client_id: client,
                         seq,
-                    })
+                    };
+                    return (Err(why), false);
                 }
             }
         }
-        super::planted::apply_command(&mut self.machine, index, &command, self.planted_workload)
-            .map_err(ProposeError::Refused)
+        let at = Stored::at(index, slot, 0);
+        let outcome = super::planted::apply_command(
+            &mut self.machine,
+            at,
+            slot,
+            &command,
+            self.planted_workload,
+        )
+        .map_err(ProposeError::Refused);
+        (outcome, true)
     }
 
     /// The outcome of a retried command first applied at `at`, rebuilt
@@ -545,7 +466,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
     /// refusal it met: refusals of an add last), a create the ledger's id; a consume answers no messages
     /// (the first handed some out; they return after their visibility
     /// timeout).
-    fn retry_outcome(&self, command: &Command, at: Index) -> Result<Outcome, ProposeError> {
+    fn retry_outcome(&self, command: &Command, at: Stored) -> Result<Outcome, ProposeError> {
         let ledgers = self.machine.ledgers();
         Ok(match command {
             Command::AddEntry {
@@ -580,8 +501,18 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             }
             Command::Consume { .. } => Outcome::Consumed(Vec::new()),
             Command::Ack { .. } => Outcome::Acked(0),
-            Command::Produce { .. }
-            | Command::ProduceUncounted { .. }
+            // A pipelined produce (deduplicated by client and seq too):
+            // its ids while the producer's window holds them.
+            Command::Produce {
+                queue,
+                producer_id,
+                seq,
+                ..
+            } => match self.machine.queues().produced(queue, *producer_id, *seq) {
+                Some(ids) => Outcome::Produced { ids, retry: true },
+                None => Outcome::Done,
+            },
+            Command::ProduceUncounted { .. }
             | Command::DeleteLedger { .. }
             | Command::CreateQueue { .. }
             | Command::DeleteQueue { .. } => Outcome::Done,
@@ -693,9 +624,17 @@ fn chain_hash(h: u64, crc: u32, len: usize) -> u64 {
         ^ 0xcbf2_9ce4_8422_2325
 }
 
-/// Whether a command's outcome left the state referring to its entry's
-/// bytes (a ledger entry added, messages produced, not a retry's): the
-/// outcomes whose entry check the state records, alike on every replica.
+/// Where the command recorded at dedup `address` is in the log.
+fn command_place(address: u64) -> Stored {
+    let slot = address & ((1 << RECORD_SLOT_BITS) - 1);
+    Stored::at(address_index(address), slot as usize, 0)
+}
+
+/// Whether an applied command's outcome left the state referring to its
+/// entry's bytes (a ledger entry added, messages produced): the outcomes
+/// whose entry check the state records, alike on every replica. A retry
+/// answered from the state never counts: its bytes are the first try's
+/// entry's, and the machine did not apply it.
 fn refers_to_its_entry(outcome: &Result<Outcome, ProposeError>) -> bool {
     match outcome {
         Ok(Outcome::EntryAdded(_)) => true,

@@ -30,6 +30,7 @@
 //!   and sends what it finds damaged below the snapshot to `repair`.
 
 mod cold;
+mod gather;
 mod leadership;
 mod machine;
 mod planted;
@@ -118,15 +119,16 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// An operator's leadership transfer: to whom, the term it was asked
     /// in, and who waits for its outcome (`settle_transfer`).
     transfer_asked: Option<(NodeId, Term, super::command::Reply)>,
-    /// Client appends gathered since the last `drive`, encoded as one
-    /// client batch entry (empty: none), and who waits for each record:
-    /// `drive` proposes them as one entry.
-    gathered: Vec<u8>,
-    gathered_replies: Vec<machine::WaiterReply>,
-    /// Bytes of the last gathered entry: the next one's first capacity.
-    gathered_bytes_last: usize,
+    /// Client appends gathered since the last `drive`, for one client
+    /// batch entry (`gather`).
+    appends: gather::Gathered,
+    /// Ledger and queue commands gathered since the last `drive`, for one
+    /// command batch entry.
+    commands: gather::Gathered,
     /// Outcomes of ticketed client appends not yet taken by the loop.
     client_done: Vec<super::command::TicketDone>,
+    /// Outcomes of ticketed commands not yet taken by the loop.
+    command_done: Vec<super::command::CommandDone>,
     /// Linearizable reads (queries and raw-log reads) waiting for their
     /// read-index round, by request id.
     reads_pending: BTreeMap<u64, LinearRead>,
@@ -261,10 +263,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             transfer_target: None,
             step_down_answers: 0,
             transfer_asked: None,
-            gathered: Vec::new(),
-            gathered_replies: Vec::new(),
-            gathered_bytes_last: 0,
+            appends: gather::Gathered::default(),
+            commands: gather::Gathered::default(),
             client_done: Vec::new(),
+            command_done: Vec::new(),
             reads_pending: BTreeMap::new(),
             reads_confirmed: VecDeque::new(),
             tails: Vec::new(),

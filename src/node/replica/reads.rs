@@ -11,7 +11,7 @@ use super::super::host::Host;
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Index, Payload, Term};
 use crate::state::dedup::{address_index, client_records, record_address};
-use crate::state::query::decode_command_entry;
+use crate::state::query::command_records;
 use crate::state::{Answer, Query};
 use crate::storage::LogDir;
 use bytes::Bytes;
@@ -324,7 +324,7 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             let Payload::Normal(p) = &e.payload else {
                 continue;
             };
-            if decode_command_entry(p).is_some() {
+            if command_records(p).is_some() {
                 continue; // a ledger or queue command, not an append
             }
             match client_records(p) {

@@ -113,4 +113,12 @@ pub enum WorkloadBug {
     /// checking it against the term and CRC32C the state recorded: a
     /// wrong copy is then served as the entry.
     RepairUnverified,
+    /// The ledger adds of one command batch entry are applied in reverse
+    /// slot order: a writer's pipelined adds take entry ids out of the
+    /// order it sent them in.
+    LedgerAddsReordered,
+    /// The acks of a command batch entry after its first command are
+    /// answered as applied but not applied (an off-by-one over the
+    /// batch): acked messages come back after their visibility timeout.
+    AckBatchCutShort,
 }
