@@ -34,6 +34,28 @@ print("%d %.2f %.2f %d %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_pe
       p["50.000000"] // 1000, p["99.000000"] // 1000))' "$dir/bench.err"
 }
 
+# One quire-bench cluster run of any workload:
+#   bench_cluster_rw RW EXE IODEPTH NUMJOBS [more quire-bench options]
+# prints "ops/s daemon_cpu_us_per_op client_cpu_us_per_op p50_us p99_us"
+# (a consume's operation is one message consumed and its ack confirmed;
+# an error count above 0 fails it: a run that ran dry is no rate).
+bench_cluster_rw() {
+  local rw=$1 exe=$2 depth=$3 jobs=$4
+  shift 4
+  "$exe" --name=a --ioengine=cluster --embedded --directory="$dir" --rw="$rw" --bs=1k \
+    --iodepth="$depth" --numjobs="$jobs" --group_reporting --runtime="$secs" --time_based \
+    --output-format=json "$@" >"$dir/bench.json" 2>"$dir/bench.err" || true
+  _bench_report "$dir/bench.json" '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+w = j["read"] if j["read"]["iops"] > 0 else j["write"]
+if j["total_err"]:
+    sys.exit("bench: %d errors: %s" % (j["total_err"], j.get("error_message")))
+p = w["clat_ns"]["percentile"]
+print("%d %.2f %.2f %d %d" % (w["iops"], j["cpu_us_per_op"], j["client_cpu_us_per_op"],
+      p["50.000000"] // 1000, p["99.000000"] // 1000))' "$dir/bench.err"
+}
+
 # fio's p50 of a 4 KiB write + fdatasync (psync), in µs, with $1 jobs at
 # once (3: as the three replicas of a local cluster fsync one disk), for
 # $2 seconds (default: secs).
