@@ -155,6 +155,14 @@ fn a_leader_killed_mid_pipeline_loses_no_command_and_applies_each_once() {
             procs.wait(leader);
             killed = Some((out.len(), p.pending()));
         }
+        // Before the kill, waiting a little for outcomes as they come, so
+        // the kill falls mid-stream however fast the sends go.
+        let wait = if killed.is_none() {
+            Duration::from_millis(1)
+        } else {
+            Duration::ZERO
+        };
+        out.extend(p.poll(wait));
         out.extend(std::iter::from_fn(|| p.poll(Duration::ZERO)));
     }
     out.extend(p.flush());
@@ -263,4 +271,54 @@ fn a_consumer_with_prefetch_gets_every_message_once_and_acks_in_batches() {
         again.len()
     );
     assert_eq!(consumer.next(Duration::from_millis(200)).unwrap(), None);
+}
+
+/// Commands on one connection apply in the order sent, whatever their
+/// kind: a consume sent before a produce to an empty queue finds
+/// nothing, though the node answers the consume by mail and the produce
+/// by ticket.
+#[test]
+fn a_consume_sent_before_a_produce_does_not_see_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let procs = cluster(dir.path());
+    let mut c = client(&procs);
+    c.queue_create(0, "q", 1000).expect("a queue");
+    let mut p = pipeline(&procs, 64);
+    // The leader, learnt first, so both go in one write to it.
+    let t = p
+        .send(Command::Ack {
+            queue: "q".into(),
+            ids: vec![],
+        })
+        .unwrap();
+    p.wait(t).expect("the leader answers");
+    for round in 0..20u64 {
+        let consume = Command::Consume {
+            queue: "q".into(),
+            consumer: 1,
+            max: 10,
+            visibility_ms: 60_000,
+            now_ms: 0,
+        };
+        let produce = Command::Produce {
+            queue: "q".into(),
+            producer_id: 0,
+            seq: 0,
+            messages: vec![format!("m{round}").into_bytes()],
+        };
+        p.send(consume).unwrap();
+        p.send(produce).unwrap();
+        let out = p.flush();
+        assert_eq!(out.len(), 2);
+        match &out[0].result {
+            // Each round's message is left unacked and hidden: none shows.
+            Ok(Outcome::Consumed(d)) => assert!(d.is_empty(), "round {round}: {d:?}"),
+            other => panic!("round {round}: {other:?}"),
+        }
+        assert!(matches!(out[1].result, Ok(Outcome::Produced { .. })));
+        // The next round's consume takes this round's message: consume it
+        // here so the queue is empty again.
+        let got = c.consume(0, "q", 10, 60_000).unwrap();
+        assert_eq!(got.len(), 1, "round {round}");
+    }
 }

@@ -254,19 +254,25 @@ fn consume(
                 }
             }
         }
+        // A failure here is a consume's (an ack's comes with its ids,
+        // below): it fails an operation still waiting for a message.
         if let Err(e) = consumer.flush_acks() {
-            if let Some((id, _)) = acked.pop_front() {
+            if let Some((id, _)) = waiting.pop_front() {
                 fail(done, id, error_kind(&e));
             }
         }
-        for (n, _) in consumer.take_acks_confirmed() {
-            for _ in 0..n {
+        for ack in consumer.take_acks_done() {
+            for _ in 0..ack.ids {
                 let Some((id, bytes)) = acked.pop_front() else {
                     break;
                 };
                 done.push(Completion {
                     id,
-                    result: Ok(bytes),
+                    result: ack
+                        .result
+                        .clone()
+                        .map(|()| bytes)
+                        .map_err(|e| error_kind(&e)),
                     finished: None,
                 });
             }
@@ -283,7 +289,7 @@ fn consume(
         // Wait for the next outcome: messages, or an ack confirmed.
         let left = until.saturating_duration_since(Instant::now());
         if let Err(e) = consumer.turn(left) {
-            if let Some((id, _)) = acked.pop_front().or_else(|| waiting.pop_front()) {
+            if let Some((id, _)) = waiting.pop_front() {
                 fail(done, id, error_kind(&e));
             }
         }

@@ -57,6 +57,17 @@ enum Sent {
     Ack(u32, Instant),
 }
 
+/// The outcome of one ack command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckDone {
+    /// How many ids it carried.
+    pub ids: u32,
+    /// When it was sent.
+    pub sent: Instant,
+    /// Confirmed (applied on a majority), or why not.
+    pub result: Result<(), ClientError>,
+}
+
 /// What the consumer did so far; names say what they count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConsumerStats {
@@ -86,9 +97,9 @@ pub struct Consumer {
     to_ack: Vec<u64>,
     /// What each ticket not yet taken back was, in order.
     sent: VecDeque<(Ticket, Sent)>,
-    /// Confirmed acks not yet taken by `take_acks_confirmed`: how many
-    /// ids each, and when it was sent.
-    acks_done: Vec<(u32, Instant)>,
+    /// Acks with an outcome not yet taken by `take_acks_done`: how many
+    /// ids each, when it was sent, and whether it was confirmed.
+    acks_done: Vec<AckDone>,
     /// Consumes since the last delivery answered with no message.
     empty_in_a_row: u32,
     stats: ConsumerStats,
@@ -164,9 +175,9 @@ impl Consumer {
         self.send_acks()
     }
 
-    /// Confirmed acks since the last call: per ack command, how many ids
-    /// it carried and when it was sent.
-    pub fn take_acks_confirmed(&mut self) -> Vec<(u32, Instant)> {
+    /// The acks with an outcome since the last call, in the order they
+    /// were sent (so in the order of the `ack` calls their ids came in).
+    pub fn take_acks_done(&mut self) -> Vec<AckDone> {
         std::mem::take(&mut self.acks_done)
     }
 
@@ -215,13 +226,15 @@ impl Consumer {
         if self.to_ack.is_empty() {
             return Ok(());
         }
-        let ids = std::mem::take(&mut self.to_ack);
-        let n = ids.len() as u32;
+        let n = self.to_ack.len() as u32;
         let ack = Command::Ack {
             queue: self.queue.clone(),
-            ids,
+            ids: self.to_ack.clone(),
         };
+        // The ids stay queued until the ack is sent: `send` may come back
+        // with an earlier command's failure first.
         let ticket = self.send(ack)?;
+        self.to_ack.clear();
         self.sent.push_back((ticket, Sent::Ack(n, Instant::now())));
         self.held = self.held.saturating_sub(n);
         self.stats.ack_batches += 1;
@@ -267,7 +280,28 @@ impl Consumer {
             }
             (Sent::Ack(n, at), Ok(Outcome::Acked(_))) => {
                 self.stats.acks_confirmed += u64::from(n);
-                self.acks_done.push((n, at));
+                self.acks_done.push(AckDone {
+                    ids: n,
+                    sent: at,
+                    result: Ok(()),
+                });
+                Ok(())
+            }
+            // An ack that failed: its ids may or may not be acked (they
+            // come back after their visibility timeout if not).
+            (Sent::Ack(n, at), result) => {
+                self.stats.failures += 1;
+                let why = match result {
+                    Err(e) => e,
+                    Ok(other) => {
+                        ClientError::Unavailable(format!("unexpected outcome of an ack: {other:?}"))
+                    }
+                };
+                self.acks_done.push(AckDone {
+                    ids: n,
+                    sent: at,
+                    result: Err(why),
+                });
                 Ok(())
             }
             (what, result) => {

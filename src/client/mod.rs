@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 pub use crate::api::Entry;
 pub use crate::state::ledger::LedgerInfo;
 pub use crate::state::queue::{Delivery, QueueInfo};
-pub use consumer::{Consumer, ConsumerConfig, ConsumerStats};
+pub use consumer::{AckDone, Consumer, ConsumerConfig, ConsumerStats};
 pub use id::{os_random_u64, random_client_id};
 pub use pipeline::{CommandCompletion, CommandPipeline, PipelineConfig, PipelineStats};
 pub use producer::{Completion, Producer, ProducerConfig, ProducerStats, SendError, Ticket};

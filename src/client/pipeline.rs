@@ -214,7 +214,7 @@ impl CommandPipeline {
             ..
         } = &mut command
         {
-            (*producer_id, *s) = (self.client_id, seq);
+            (*producer_id, *s) = (produce_producer_id(self.client_id, seq), seq);
         }
         let request = Request::Command {
             group: self.group,
@@ -373,11 +373,17 @@ impl CommandPipeline {
             if call.sent || call.result.is_some() {
                 continue;
             }
-            if link
-                .queue(self.first_ticket + k as u64, &call.request)
-                .is_err()
-            {
-                break; // the session is full: the next turn
+            match link.queue(self.first_ticket + k as u64, &call.request) {
+                Ok(()) => {}
+                // Never sent: refused here, as every node would refuse it.
+                Err(crate::api::RequestError::Encode(e)) => {
+                    call.result = Some(Err(ClientError::Refused(
+                        ErrorCode::TooLarge,
+                        format!("the command cannot be sent: {e}"),
+                    )));
+                    continue;
+                }
+                Err(_) => break, // the session is full: the next turn
             }
             call.sent = true;
             self.stats.requests_sent += 1;
@@ -556,6 +562,16 @@ impl CommandPipeline {
             self.lose(CallError::Lost("timed out".into()));
         }
     }
+}
+
+/// The producer id of this client's produce `seq`: one per 64 seqs, so
+/// that no producer's window (`state::queue::PRODUCE_WINDOW`, 64) ever
+/// drops a produce still in flight, and a retry the node's dedup table
+/// catches is answered with the ids its first try got (the queue keeps
+/// the windows of its 1024 most recent producers: 65,536 produces, more
+/// than the 4096 a pipeline may have unresolved).
+fn produce_producer_id(client_id: u64, seq: u64) -> u64 {
+    client_id ^ (seq / 64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Waits up to `timeout` for `link`'s socket: (readable or closed,

@@ -795,21 +795,32 @@ impl LoopClients {
                     self.answer(slot, generation, id, resp, false);
                 }
             }
-            // A command to this loop's group whose answer is small: by
-            // ticket, as appends, with no mail and no wake-up.
+            // A command to this loop's group: proposed at once, so the
+            // group's commands keep the order they came in on the
+            // connection. One whose answer is small goes by ticket, as
+            // appends do (no mail, no wake-up); a consume's answer carries
+            // messages to read from the log, so it comes back by mail.
             NodeCall::State {
                 group,
                 client_id,
                 seq,
                 command,
                 encoded,
-            } if !matches!(command, crate::state::Command::Consume { .. })
-                && parts.by_group.contains_key(&group) =>
-            {
+            } if parts.by_group.contains_key(&group) => {
                 let i = parts.by_group[&group];
                 let now_ms = super::command::wall_clock_ms();
-                let call = (client_id, seq, command, encoded);
-                parts.replicas[i].propose_command_ticket(call, now_ms, ticket);
+                if matches!(command, crate::state::Command::Consume { .. }) {
+                    if let Some(c) = self.live(slot, generation) {
+                        c.calls_in_flight += 1;
+                    }
+                    let back = self.answer_back(slot, generation, id, false);
+                    let addrs = Arc::clone(&self.port.addrs);
+                    let reply = Box::new(move |r| back(outcome_response(r, &addrs)));
+                    parts.replicas[i].propose_command(client_id, seq, command, now_ms, reply);
+                } else {
+                    let call = (client_id, seq, command, encoded);
+                    parts.replicas[i].propose_command_ticket(call, now_ms, ticket);
+                }
             }
             call => self.call_owner(slot, generation, id, call, parts),
         }

@@ -4,7 +4,7 @@
 //! snapshots hold metadata only; whoever answers a client reads the entry
 //! back from the log and takes the bytes out of it ([`fill`]).
 
-use super::query::command_at;
+use super::query::command_records;
 use super::Command;
 
 /// Low bits of a [`Stored`] slot that number the part of a command (a
@@ -76,6 +76,20 @@ pub enum Unfilled {
     Reading,
 }
 
+/// An entry's payload and where each of its commands is in it.
+type Placed = (bytes::Bytes, Vec<(usize, usize)>);
+
+/// Where each command of a command entry is in `payload`: (offset,
+/// length), in slot order (empty for any other payload).
+fn command_places(payload: &[u8]) -> Vec<(usize, usize)> {
+    let base = payload.as_ptr() as usize;
+    command_records(payload)
+        .into_iter()
+        .flatten()
+        .map(|(_, _, bytes)| (bytes.as_ptr() as usize - base, bytes.len()))
+        .collect()
+}
+
 /// Fills in the bytes of each `(stored, data)` pair from the log.
 /// `payload_at(index)` looks up the payload of the log entry at `index`;
 /// consecutive pairs from one entry decode it once. Every entry is asked
@@ -85,8 +99,10 @@ pub fn fill<'a>(
     items: impl IntoIterator<Item = (Stored, &'a mut Vec<u8>)>,
     payload_at: &mut dyn FnMut(u64) -> Lookup,
 ) -> Result<(), Unfilled> {
-    // The last entry looked up and the last command decoded from it.
-    let mut payload: Option<(u64, Option<bytes::Bytes>)> = None;
+    // The last entry looked up (with where each of its commands is, found
+    // once: a batch's commands are not walked again for each message),
+    // and the last command decoded from it.
+    let mut payload: Option<(u64, Option<Placed>)> = None;
     let mut decoded: Option<((u64, usize), Command)> = None;
     let mut reading = false;
     for (at, data) in items {
@@ -94,17 +110,23 @@ pub fn fill<'a>(
         if decoded.as_ref().is_none_or(|(k, _)| *k != key) {
             if payload.as_ref().is_none_or(|(i, _)| *i != at.index) {
                 let p = match payload_at(at.index) {
-                    Lookup::Payload(p) => Some(p),
+                    Lookup::Payload(p) => {
+                        let places = command_places(&p);
+                        Some((p, places))
+                    }
                     Lookup::Reading => None,
                     Lookup::Missing => return Err(Unfilled::Missing(at.index)),
                 };
                 payload = Some((at.index, p));
             }
-            let Some((_, Some(p))) = &payload else {
+            let Some((_, Some((p, places)))) = &payload else {
                 reading = true;
                 continue;
             };
-            let cmd = command_at(p, at.command()).ok_or(Unfilled::Missing(at.index))?;
+            let cmd = places
+                .get(at.command())
+                .and_then(|&(from, len)| Command::decode(&p[from..from + len]))
+                .ok_or(Unfilled::Missing(at.index))?;
             decoded = Some((key, cmd));
         }
         let Some((_, cmd)) = &decoded else {

@@ -502,7 +502,9 @@ impl<D: LogDir, H: Host> Replica<D, H> {
             Command::Consume { .. } => Outcome::Consumed(Vec::new()),
             Command::Ack { .. } => Outcome::Acked(0),
             // A pipelined produce (deduplicated by client and seq too):
-            // its ids while the producer's window holds them.
+            // its ids while the producer's window holds them. Otherwise
+            // the first try was refused, or its ids are forgotten: never
+            // an outcome that reads as success.
             Command::Produce {
                 queue,
                 producer_id,
@@ -510,7 +512,10 @@ impl<D: LogDir, H: Host> Replica<D, H> {
                 ..
             } => match self.machine.queues().produced(queue, *producer_id, *seq) {
                 Some(ids) => Outcome::Produced { ids, retry: true },
-                None => Outcome::Done,
+                None if self.machine.queues().is_acked(queue, 0).is_err() => {
+                    return Err(ProposeError::Refused(StateError::NoSuchQueue))
+                }
+                None => return Err(ProposeError::Refused(StateError::Forgotten)),
             },
             Command::ProduceUncounted { .. }
             | Command::DeleteLedger { .. }
