@@ -564,15 +564,26 @@ impl CommandPipeline {
     }
 }
 
-/// The producer id of this client's produce `seq`: one per 64 seqs, so
-/// that no producer's window (`state::queue::PRODUCE_WINDOW`, 64) ever
-/// drops a produce still in flight, and a retry the node's dedup table
-/// catches is answered with the ids its first try got (the queue keeps
-/// the windows of its 1024 most recent producers: 65,536 produces, more
-/// than the 4096 a pipeline may have unresolved).
+/// The producer id of this client's produce `seq`: seqs go to
+/// `PRODUCERS_PER_PIPELINE` producer ids in turn, 64 consecutive seqs
+/// (a producer window, `state::queue::PRODUCE_WINDOW`) each, so that no
+/// window drops a produce while its seq may still be retried (the last
+/// 8192 seqs stay in some window; a pipeline has at most 4096 unresolved),
+/// and a retry the node's dedup table catches is answered with the ids
+/// its first try got. A fixed set: a new producer id every 64 produces
+/// made the queue evict and re-create producers, which cost ~10% of the
+/// daemons' CPU per produce.
 fn produce_producer_id(client_id: u64, seq: u64) -> u64 {
-    client_id ^ (seq / 64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    let bucket = (seq / 64) % PRODUCERS_PER_PIPELINE;
+    client_id ^ bucket.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
+
+/// Producer ids one pipeline's produces use (see `produce_producer_id`).
+const PRODUCERS_PER_PIPELINE: u64 = 128;
+const _: () = assert!(
+    PRODUCERS_PER_PIPELINE * crate::state::queue::PRODUCE_WINDOW as u64
+        >= 2 * crate::state::dedup::WINDOW as u64
+);
 
 /// Waits up to `timeout` for `link`'s socket: (readable or closed,
 /// writable).
