@@ -61,8 +61,12 @@ for k in rows:
     m = med[k]
     print("| %s | %d | %.1f | %.1f | %d | %d | %d |" % (k, m[0], m[1], m[2], m[3], m[4], len(rows[k])))
 def ratio(a, b):
-    if a in med and b in med:
-        print("%s / %s: %.2fx" % (a, b, med[a][0] / med[b][0]))
+    # Per round (the two ran minutes apart in the same round), then the
+    # median of those: the host's drift between rounds cancels out.
+    if a in rows and b in rows:
+        rs = [x[0] / y[0] for x, y in zip(rows[a], rows[b])]
+        print("%s / %s: %.2fx (median of rounds %s)"
+              % (a, b, statistics.median(rs), " ".join("%.2f" % r for r in rs)))
 print()
 ratio("produce@256", "append@256")
 ratio("consume@256", "append@256")
