@@ -521,7 +521,7 @@ impl JobOptions {
             (engine, rw) => {
                 return fail(format!(
                     "rw={} is not supported by ioengine={} (wal: append, read, mixed; udp: append; \
-                     cluster: append, read, tail, mixed, produce, consume)",
+                     cluster: append, read, tail, mixed, produce, consume, ledger)",
                     workload_name(rw),
                     engine_name(engine)
                 ))
