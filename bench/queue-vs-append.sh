@@ -35,7 +35,11 @@ for round in $(seq "$rounds"); do
   echo "round $round (ops/s, daemons' us/op, client us/op, p50 us, p99 us)"
   for depth in 1 16 256; do
     for rw in append produce consume ledger; do
-      run "$rw@$depth" "$rw" "$exe" "$depth" 1
+      # A consume job is given a count, filled exactly: it can never
+      # run dry, and it ends early if it is faster than the fill rate.
+      more=()
+      [ "$rw" = consume ] && more=(--time_based=0 --number_ios=$((secs * 100000)))
+      run "$rw@$depth" "$rw" "$exe" "$depth" 1 "${more[@]}"
       if [ -n "${BEFORE:-}" ] && [ "$rw" != ledger ]; then
         # A build before issue 52 fills a consume job's queue with
         # 20,000 messages whatever its runtime: it stops there.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 /// included), shared among its clones: above what this host consumes, so
 /// a run is not bounded by its fill. A job that consumes them all anyway
 /// counts `queue-empty` errors, and says so.
-pub const CONSUME_FILL_PER_S: u64 = 150_000;
+pub const CONSUME_FILL_PER_S: u64 = 250_000;
 /// Produces in flight while filling (and the consumer's commands in
 /// flight at most).
 const FILL_IN_FLIGHT_MAX: usize = 64;
