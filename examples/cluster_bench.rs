@@ -9,7 +9,7 @@
 //! target/release/examples/cluster_bench DIR [latency_appends] [throughput_appends]
 
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::time::{Duration, Instant};
 
 fn main() {

@@ -16,7 +16,7 @@
 //! target/release/examples/producer 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 DIR/client.token [records]
 
 use quire::client::{Producer, ProducerConfig, SendError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 

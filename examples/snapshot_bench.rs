@@ -11,7 +11,7 @@
 //! target/release/examples/snapshot_bench DIR [messages] [seconds] [interval_ms]
 
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

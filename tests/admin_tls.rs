@@ -19,7 +19,7 @@
 
 mod common;
 
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use quire::tls::issue::LocalCa;
 use quire::tls::{ClientTls, ClientTlsFiles};
 use std::io::{Read, Write};

@@ -1,5 +1,5 @@
 //! Client connections served on the node's event loops
-//! (`node::client_conns`): one connection reaches groups on every core;
+//! (`node::client::conns`): one connection reaches groups on every core;
 //! idle connections cost no thread; a client that does not read its
 //! answers is stopped at a bound instead of growing the daemon; a burst
 //! past the in-flight bound is read on as answers go, and stored as sent.
@@ -9,7 +9,7 @@ mod common;
 use quire::api::wire::{decode_response, encode_request, FRAME_BYTES_MAX, VERSION};
 use quire::api::{Request, Response};
 use quire::client::Client;
-use quire::node::client_server::ClientServer;
+use quire::node::client::server::ClientServer;
 use quire::node::{GroupSpec, NodeHandle, NodeSpec};
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};

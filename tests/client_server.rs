@@ -1,5 +1,5 @@
 //! Malformed client frames against the daemon's real client server
-//! (`node::client_server` on a running node): each bad connection gets one
+//! (`node::client::server` on a running node): each bad connection gets one
 //! Error frame and is closed, and the node keeps serving a well-behaved
 //! client throughout. Hand-written cases and seeded random bytes.
 
@@ -8,7 +8,7 @@ mod common;
 use quire::api::wire::{decode_response, encode_request, FRAME_BYTES_MAX, VERSION};
 use quire::api::{ErrorCode, Request, Response};
 use quire::client::Client;
-use quire::node::client_server::ClientServer;
+use quire::node::client::server::ClientServer;
 use quire::node::NodeHandle;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;

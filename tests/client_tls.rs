@@ -21,7 +21,7 @@ mod common;
 
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use quire::tls::issue::{CertRequest, LocalCa};
 use quire::tls::{ClientTls, ClientTlsFiles};
 use std::io::Write;

@@ -19,7 +19,7 @@ use quire::client::{
     Client, CommandCompletion, CommandPipeline, Consumer, ConsumerConfig, PipelineConfig,
     SendError, Ticket,
 };
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use quire::state::{Command, Outcome};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! takes every default, and each kind of bad file is refused with one
 //! message that names the key and says what is wrong (exit code 2).
 
-use quire::node::config_file::{load, load_with_cores, ConfigError, DaemonConfig};
+use quire::node::daemon::config_file::{load, load_with_cores, ConfigError, DaemonConfig};
 use quire::tls::issue::{CertRequest, LocalCa};
 use std::path::{Path, PathBuf};
 
@@ -167,7 +167,7 @@ fn a_minimal_file_takes_every_default() {
     assert_eq!(c.admin_listen, "127.0.0.1:7200".parse().unwrap());
     assert_eq!(
         c.client,
-        quire::node::client_admission::ClientLimits::default()
+        quire::node::client::admission::ClientLimits::default()
     );
     assert_eq!(c.token_file, d.path().join("client.token"));
     assert_eq!(n.transport, quire::transport::TransportConfig::default());

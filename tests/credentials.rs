@@ -11,7 +11,7 @@ mod common;
 
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use quire::tls::issue::LocalCa;
 use quire::tls::ClientTls;
 use std::path::{Path, PathBuf};

@@ -15,7 +15,7 @@
 
 mod common;
 
-use quire::node::config_file::load_with_cores;
+use quire::node::daemon::config_file::load_with_cores;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -39,7 +39,7 @@ fn missing_rows<'a>(doc: &str, wanted: impl IntoIterator<Item = &'a str>) -> Vec
 fn every_exported_metric_is_documented() {
     let dir = tempfile::tempdir().unwrap();
     let node = common::single_node(dir.path());
-    let text = quire::node::admin::metrics_text(&node.status().unwrap());
+    let text = quire::node::admin::metrics::metrics_text(&node.status().unwrap());
     let names: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -895,7 +895,7 @@ fn terms(c: &Cluster) -> Vec<u64> {
 /// Turns preferred leaders off on every node: a first leader other than
 /// the preferred voter hands over after the hold, a term change the
 /// tests that count terms would read as the fault's.
-fn no_preferred_leaders(p: &mut quire::node::processes::LocalProcesses) {
+fn no_preferred_leaders(p: &mut quire::node::local::processes::LocalProcesses) {
     for node in p.nodes.values() {
         let mut f = std::fs::OpenOptions::new()
             .append(true)

@@ -18,7 +18,7 @@
 mod common;
 
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 
 use std::io::Write;
 use std::net::SocketAddr;

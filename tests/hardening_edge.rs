@@ -21,7 +21,7 @@ mod common;
 
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{FromRawFd, OwnedFd};

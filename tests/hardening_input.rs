@@ -15,7 +15,7 @@ mod common;
 
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::process::Command;
 use std::time::Duration;
 

@@ -16,7 +16,7 @@
 mod common;
 
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

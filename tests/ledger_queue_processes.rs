@@ -17,7 +17,7 @@ mod common;
 
 use quire::api::ErrorCode;
 use quire::client::{Client, ClientError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};

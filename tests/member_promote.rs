@@ -8,7 +8,7 @@
 mod common;
 
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use quire::node::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 use std::net::SocketAddr;
 use std::path::Path;

@@ -5,8 +5,8 @@
 
 mod common;
 
-use quire::node::admin::AdminServer;
-use quire::node::credentials::Credentials;
+use quire::node::admin::endpoint::AdminServer;
+use quire::node::client::credentials::Credentials;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;

@@ -11,7 +11,7 @@ mod common;
 
 use common::{admin_status, http, wait_for};
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::path::PathBuf;
 use std::time::Duration;
 

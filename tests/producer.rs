@@ -19,7 +19,7 @@
 mod common;
 
 use quire::client::{Client, Completion, Producer, ProducerConfig, SendError, Ticket};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

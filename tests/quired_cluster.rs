@@ -15,7 +15,7 @@
 mod common;
 
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::Command;

@@ -11,7 +11,7 @@
 mod common;
 
 use quire::client::{Client, Completion, Producer, ProducerConfig, SendError};
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@ mod common;
 
 use quire::api::{ClientConfig, ClientSession, ErrorCode, Received, Request, Response};
 use quire::client::Client;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;

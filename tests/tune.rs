@@ -174,7 +174,7 @@ fn log_disk_checks_read_the_disk_under_the_log_directory() {
 }
 
 /// A node config with its log in `log` and a serial cable at `serial`.
-fn config(dir: &Path, log: &Path, serial: &str) -> quire::node::config_file::DaemonConfig {
+fn config(dir: &Path, log: &Path, serial: &str) -> quire::node::daemon::config_file::DaemonConfig {
     std::fs::write(dir.join("cluster.key"), "0123456789abcdef0123456789abcdef").unwrap();
     std::fs::write(dir.join("client.token"), "token").unwrap();
     let text = format!(
@@ -186,7 +186,7 @@ fn config(dir: &Path, log: &Path, serial: &str) -> quire::node::config_file::Dae
         log.join("g0").display()
     );
     std::fs::write(dir.join("node.toml"), text).unwrap();
-    quire::node::config_file::load(&dir.join("node.toml")).expect("a valid config")
+    quire::node::daemon::config_file::load(&dir.join("node.toml")).expect("a valid config")
 }
 
 #[test]

@@ -20,7 +20,7 @@ mod common;
 
 use quire::client::Client;
 use quire::net::netns::TestNet;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;

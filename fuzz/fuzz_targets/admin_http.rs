@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quire::node::admin_http::{parse_head, ADMIN_BODY_BYTES_MAX, ADMIN_HEAD_BYTES_MAX};
+use quire::node::admin::http_head::{parse_head, ADMIN_BODY_BYTES_MAX, ADMIN_HEAD_BYTES_MAX};
 
 fuzz_target!(|data: &[u8]| {
     match parse_head(data) {

@@ -19,7 +19,7 @@
 use super::engine::{ClusterCounters, Completion, Engine, EngineReport, FsyncBlock, Op, OpKind};
 use super::options::{JobOptions, Workload};
 use crate::client::{Client, ClientError, Producer, ProducerConfig, SendError, Ticket};
-use crate::node::processes::LocalProcesses;
+use crate::node::local::processes::LocalProcesses;
 use crate::tls::{ClientTls, ClientTlsFiles};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rand::{Rng, SeedableRng};

@@ -1,4 +1,4 @@
-//! `quired`: the quire node daemon. See `quire::node::daemon`.
+//! `quired`: the quire node daemon. See `quire::node::daemon::quired`.
 //!
 //! Exit codes: 0 after a clean stop (SIGTERM or SIGINT; a SIGHUP is
 //! logged and the daemon goes on), 1 if it failed
@@ -23,8 +23,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let opts = quire::node::daemon::DaemonOptions {
+    let opts = quire::node::daemon::quired::DaemonOptions {
         unsafe_ack_before_fsync: args.unsafe_ack_before_fsync,
     };
-    quire::node::daemon::run_with(&args.config, opts)
+    quire::node::daemon::quired::run_with(&args.config, opts)
 }

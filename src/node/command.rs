@@ -5,15 +5,15 @@
 //! nothing from the other files but the status view a `Status` command is
 //! answered with.
 
-use super::status::NodeStatus;
 use crate::consensus::{Index, NodeId, Term};
+use crate::node::status::NodeStatus;
 use crate::transport::GroupId;
 use crossbeam_channel::Sender;
 
 /// Why a proposal (or a read) was not confirmed. Each condition a caller
 /// must tell apart has its own variant: whether retrying can help, here
 /// or on another node, is in its doc and in the client code it maps to
-/// (`client_dispatch::error_response`).
+/// (`client::dispatch::error_response`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProposeError {
     /// This node does not lead the group; the leader it knows, if any.

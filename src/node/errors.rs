@@ -3,7 +3,7 @@
 //! does not help until the operator acts) from a failure of the host
 //! (exit code 1). Each message names what could not be opened.
 
-use super::config::SpecError;
+use crate::node::spec::SpecError;
 use crate::storage::WalError;
 use crate::transport::GroupId;
 use std::fmt;

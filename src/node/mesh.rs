@@ -7,11 +7,11 @@
 //! loop owns goes to that loop as a command, and its outcome comes back
 //! as a `CoreMsg`. No lock is taken.
 
-use super::command::{CoreCommand, TicketDone};
-use super::waker::Waker;
 use crate::api::Response;
 use crate::consensus::NodeId;
 use crate::heartbeat::{Event as LinkEvent, GroupStatus, Heartbeat};
+use crate::node::command::{CoreCommand, TicketDone};
+use crate::node::loops::waker::Waker;
 use crate::transport::GroupId;
 use crossbeam_channel::{Sender, TrySendError};
 use std::collections::BTreeMap;

@@ -8,12 +8,12 @@
 //! one unpinned loop for every group). The loop of the first group's core
 //! is the *control* loop and also owns the serial ports, the failure
 //! detector and the node's heartbeat; the others exchange with it over
-//! channels only what the detector needs (`event_loop`). Besides that,
+//! channels only what the detector needs (`loops::event_loop`). Besides that,
 //! only client requests cross loops (`mesh`); the handle talks to the
 //! loops through channels (propose, status, stop) and each loop's eventfd
-//! (`waker`). The daemon (`daemon`) adds the client server, whose
+//! (`loops::waker`). The daemon (`daemon::quired`) adds the client server, whose
 //! listener every loop polls: each loop serves the connections it accepts
-//! on its own thread (`client_conns`), no thread per connection; and the
+//! on its own thread (`client::conns`), no thread per connection; and the
 //! admin endpoint.
 //!
 //! Per turn a loop: waits in the UDP driver's `ppoll` on its sockets, its
@@ -40,58 +40,43 @@
 //! import cycle can form (`tests/node_layers.rs` checks this list against
 //! the code, and refuses a file missing from it):
 //!
-//! 1. `log`, `waker`, `stall`, `host`, `config`, `client_stats`, `client_admission`, `port_check`, `free_ports`, `admin_http`, `quota`: leaves
-//! 2. `status`, `errors`, `client_gate`, `processes`, `credentials`: status views, start errors, the client server's admission, who a client is and what it may do
-//! 3. `command`, `config_file`, `admin_auth`: commands and replies, the daemon's config file, who may change the cluster through the admin endpoint
-//! 4. `mesh`: the inter-core mesh (control plane, and client requests between loops)
-//! 5. `replica`, `control`, `client_dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
-//! 6. `client_conns`: the client connections one loop serves
-//! 7. `event_loop`: one core's loop, driving its replicas, its client connections and (control loop) the control plane
-//! 8. `handle`: `NodeHandle`, which starts the loops and talks to them
-//! 9. `local`, `admin`: clusters in one process; the admin endpoint
-//! 10. `client_server`: the client-facing TCP server: the listener, handed to the loops
-//! 11. `daemon`: `quired`
+//! 1. `log`, `loops/waker`, `loops/stall`, `loops/host`, `spec`, `client/stats`, `client/admission`, `client/quota`, `daemon/port_check`, `local/free_ports`, `admin/http_head`: leaves
+//! 2. `status`, `errors`, `client/gate`, `client/credentials`, `local/processes`, `admin/http`: status views, start errors, the client server's admission, who a client is and what it may do, clusters of daemon processes, the admin endpoint's HTTP server
+//! 3. `command`, `daemon/config_file`, `admin/auth`, `admin/group_metrics`: commands and replies, the daemon's config file, who may change the cluster through the admin endpoint, each group's metrics
+//! 4. `mesh`, `admin/metrics`: the inter-core mesh (control plane, and client requests between loops); `/metrics`
+//! 5. `replica`, `loops/control`, `client/dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
+//! 6. `client/conn`: one client connection
+//! 7. `client/conns`: the client connections one loop serves
+//! 8. `client/routing`, `client/access`, `client/lifecycle`: where a request goes; what its principal may do; a connection accepted, expired, closed
+//! 9. `loops/event_loop`: one core's loop, driving its replicas, its client connections and (control loop) the control plane
+//! 10. `loops/open`, `loops/peers`: a loop wired at open; its traffic with its peers
+//! 11. `loops/handle`: `NodeHandle`, which starts the loops and talks to them
+//! 12. `local/in_process`, `admin/endpoint`: clusters in one process; the admin endpoint
+//! 13. `client/server`: the client-facing TCP server: the listener, handed to the loops
+//! 14. `daemon/quired`: `quired`
 //!
 //! This file only declares the files and re-exports the public API.
 
 pub mod admin;
-mod admin_auth;
-pub mod admin_http;
-pub mod client_admission;
-mod client_conns;
-pub mod client_dispatch;
-mod client_gate;
-pub mod client_server;
-pub mod client_stats;
+pub mod client;
 mod command;
-mod config;
-pub mod config_file;
-mod control;
-pub mod credentials;
 pub mod daemon;
 mod errors;
-mod event_loop;
-mod free_ports;
-mod handle;
-pub(crate) mod host;
-mod local;
+pub mod local;
 pub(crate) mod log;
+pub(crate) mod loops;
 mod mesh;
-pub mod port_check;
-pub mod processes;
-pub mod quota;
 pub(crate) mod replica;
-mod stall;
+mod spec;
 mod status;
-mod waker;
 
 pub(crate) use command::ClientTicket;
 pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
-pub use config::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use errors::{ListenError, StartError};
-pub use handle::NodeHandle;
-pub use local::LocalCluster;
+pub use local::in_process::LocalCluster;
+pub use loops::handle::NodeHandle;
 pub use replica::LEARNER_CAUGHT_UP_ENTRIES_MAX;
+pub use spec::{GroupSpec, NodeSpec, PeerSpec, SpecError, SNAPSHOT_INTERVAL_MS, STALL_GRACE_MS};
 pub use status::{
     GroupView, LinkView, NodeStatus, PeerView, RepairStats, ScrubStats, SnapshotStats, StallView,
     TransportView, WalView,

@@ -1,7 +1,7 @@
 //! What a node reports about itself (`quire status`, the admin
 //! endpoint's `/status`, tests): the views of its groups, their logs and
 //! snapshots, its links, peers, transport and own stalls. Plain data, a
-//! leaf of `node`: the loops (`event_loop`) and replicas fill it in, the
+//! leaf of `node`: the loops (`loops::event_loop`) and replicas fill it in, the
 //! handle merges the loops' parts; it imports nothing from the other files
 //! but the client server's counters view and the quotas' view.
 
@@ -184,9 +184,9 @@ pub struct NodeStatus {
     /// The replication transport per peer.
     pub transport: Vec<TransportView>,
     /// The client server's connection counters (zero without one).
-    pub clients: super::client_stats::ClientView,
+    pub clients: crate::node::client::stats::ClientView,
     /// Each principal with a write quota, and what it has done.
-    pub quotas: Vec<super::quota::QuotaView>,
+    pub quotas: Vec<crate::node::client::quota::QuotaView>,
     /// The node's own stalls (its loops paused or starved), which are not
     /// counted against its peers or timers.
     pub stalls: StallView,
@@ -334,4 +334,127 @@ pub struct SnapshotStats {
     pub image_held: u64,
     /// See `image_held`.
     pub image_total: u64,
+}
+
+/// The name `/status` and `/metrics` give a role.
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::PreCandidate => "pre-candidate",
+    }
+}
+
+/// `s` as the JSON of `/status`.
+pub(crate) fn status_json(s: &NodeStatus) -> serde_json::Value {
+    serde_json::json!({
+        "node": s.id,
+        "uptime_ms": s.uptime_ms,
+        "alarm": s.alarm,
+        "alarms": s.alarms(),
+        "stalls": {
+            "count": s.stalls.count,
+            "stalled_ms": s.stalls.stalled_ms,
+            "longest_ms": s.stalls.longest_ms,
+        },
+        "net": s.net.iter().map(|n| serde_json::json!({
+            "loop": n.core_loop,
+            "backend": if n.xdp { "xdp" } else { "sockets" },
+            "detail": n.detail,
+            "xdp_rx_datagrams": n.counters.rx_datagrams,
+            "xdp_rx_rejected": n.counters.rx_rejected,
+            "xdp_tx_datagrams": n.counters.tx_datagrams,
+            "xdp_tx_via_kernel": n.counters.tx_via_kernel,
+            "xdp_tx_ring_full": n.counters.tx_ring_full,
+            "xdp_rx_kernel_dropped": n.counters.rx_kernel_dropped,
+        })).collect::<Vec<_>>(),
+        "groups": s.groups.iter().map(|g| serde_json::json!({
+            "group": g.group,
+            "role": role_name(g.role),
+            "term": g.term,
+            "leader": g.leader,
+            "preferred_leader": g.preferred_leader,
+            "commit": g.commit,
+            "applied": g.applied,
+            "persisted": g.persisted,
+            "disk": g.disk,
+            "voters": g.voters,
+            "learners": g.learners,
+            "backend": g.backend,
+            "waiting_reads": g.waiting_reads,
+            "step_down_answers": g.step_down_answers,
+            "snapshot": {
+                "taken": g.snapshot.taken,
+                "index": g.snapshot.last_index,
+                "bytes": g.snapshot.last_bytes,
+                "duration_us": g.snapshot.last_us,
+                "capture_us": g.snapshot.last_capture_us,
+                "failed": g.snapshot.failed,
+                "retained_from": g.snapshot.retained_from,
+                "unreadable_entries": g.snapshot.unreadable_entries,
+                "installed": g.snapshot.installed,
+                "image_chunks_sent": g.snapshot.image_chunks_sent,
+                "image_chunks_staged": g.snapshot.image_chunks_staged,
+                "images_resumed": g.snapshot.images_resumed,
+                "image_resumed_at": g.snapshot.image_resumed_at,
+                "image": if g.snapshot.image_index == 0 {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::json!({
+                        "index": g.snapshot.image_index,
+                        "held": g.snapshot.image_held,
+                        "total": g.snapshot.image_total,
+                    })
+                },
+            },
+            "scrub": {
+                "bytes_per_s": g.scrub.bytes_per_s,
+                "bytes_verified": g.scrub.bytes_verified,
+                "batches_verified": g.scrub.batches_verified,
+                "damaged_batches": g.scrub.damaged_batches,
+                "passes": g.scrub.passes,
+                "last_pass_age_ms": g.scrub.last_pass_age_ms,
+                "last_pass_ms": g.scrub.last_pass_ms,
+            },
+            "repair": {
+                "missing": g.repair.missing,
+                "lost": g.repair.lost,
+                "unverifiable": g.repair.unverifiable,
+                "repaired": g.repair.repaired,
+                "rejected": g.repair.rejected,
+                "served": g.repair.served,
+                "requests": g.repair.requests,
+                "store_refusals": g.repair.store_refusals,
+            },
+            "follower_lag": g.follower_lag.iter().map(|(p, lag)| serde_json::json!({
+                "peer": p,
+                "entries": lag,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "links": s.links.iter().map(|l| serde_json::json!({
+            "peer": l.peer,
+            "channel": l.channel,
+            "state": l.state,
+            "last_heard_ago_ms": l.last_heard_ago_ms,
+            "rtt_us": (l.channel == "udp")
+                .then(|| s.transport.iter().find(|t| t.peer == l.peer).map(|t| t.rtt_us))
+                .flatten(),
+        })).collect::<Vec<_>>(),
+        "peers": s.peers.iter().map(|p| serde_json::json!({
+            "peer": p.peer,
+            "status": p.status,
+            "disk_stalled": p.disk_stalled,
+        })).collect::<Vec<_>>(),
+        "transitions": s.transitions,
+        "quotas": s.quotas.iter().map(|q| serde_json::json!({
+            "principal": q.principal,
+            "bytes_per_s": q.quota.bytes_per_s,
+            "requests_per_s": q.quota.requests_per_s,
+            "charged_bytes": q.bytes,
+            "charged_requests": q.requests,
+            "holds": q.holds,
+            "held_ms": q.held_ms,
+        })).collect::<Vec<_>>(),
+    })
 }

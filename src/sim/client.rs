@@ -1,7 +1,7 @@
 //! Simulated log clients: each appends unique values to its group through
 //! the production client's retry policy (`client::retry::Attempts` and
 //! `Leaders`), over the client protocol's sessions (`sim::pipe`), served
-//! as the production server serves (`node::client_dispatch`). A call keeps its (client id, seq) on every
+//! as the production server serves (`node::client::dispatch`). A call keeps its (client id, seq) on every
 //! try, across redirects, lost answers and crashes, so the replicas'
 //! dedup table and the answers it routes are checked end to end. An
 //! append is confirmed when a replica answers it with an index; the

@@ -1,6 +1,6 @@
 //! The transport under the seed (`Net::Endpoint`): every simulated node
 //! runs one production `transport::Endpoint`, used as the daemon's event
-//! loop uses it (`node/event_loop.rs`). Raft messages are encoded with
+//! loop uses it (`node/loops/event_loop.rs`). Raft messages are encoded with
 //! `transport::raft_codec` and handed to the endpoint; each datagram it
 //! transmits crosses the simulated network under the rules a message
 //! meets under `Net::Direct` (`World::path_arrivals`); each message it

@@ -933,7 +933,7 @@ impl World {
 
     /// Node `n` serves request `id` of client `who` on connection `conn`
     /// as the production server does (`client_conns::LoopClients`): the
-    /// request translated (`client_dispatch::translate`), the append,
+    /// request translated (`client::dispatch::translate`), the append,
     /// command or query handed to the group's replica, its outcome turned
     /// into the response the client would read by the daemon's builders;
     /// it comes through `answers`. A ledger read waits for entries only
@@ -947,7 +947,7 @@ impl World {
         id: u64,
         request: Request,
     ) {
-        use crate::node::client_dispatch::{
+        use crate::node::client::dispatch::{
             answer_response, outcome_response, translate, Dispatch, NodeCall,
         };
         let g = self.caller_group(who);
@@ -1062,7 +1062,7 @@ impl World {
         for (t, r) in done {
             let conn = u64::from(t.conn) | u64::from(t.generation) << 32;
             if let Some(who) = self.ticket_callers.remove(&(n, conn, t.request)) {
-                let response = crate::node::client_dispatch::appended_response(r, &addrs);
+                let response = crate::node::client::dispatch::appended_response(r, &addrs);
                 self.respond(who, n, conn, t.request, &response);
             }
         }

@@ -5,7 +5,7 @@
 //! driver, not a thread scheduler, decides when a snapshot is written and
 //! adopted.
 
-use crate::node::host::{Host, JobState, Offloaded};
+use crate::node::loops::host::{Host, JobState, Offloaded};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 

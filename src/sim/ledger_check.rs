@@ -14,7 +14,7 @@ use super::checker::Violation;
 use super::linearizability::{self, Interval, Verdict};
 use super::workload::{StateOp, StateRequest, StateResult};
 use crate::api::ErrorCode;
-use crate::node::client_dispatch::refusal_code;
+use crate::node::client::dispatch::refusal_code;
 use crate::state::ledger::LedgerEntry;
 use crate::state::{Command, Error as StateError, Outcome, StateMachine};
 use std::collections::BTreeMap;

@@ -5,7 +5,7 @@
 //! producer and seq instead; a ledger's metadata or entries as a query
 //! that does not wait) written on the client's session to one node
 //! (`sim::pipe`), served there as the daemon serves it
-//! (`node::client_dispatch`, through the log or at the leader's read
+//! (`node::client::dispatch`, through the log or at the leader's read
 //! index), and the `api::Response` read back is what the client records.
 //! Every invocation and completion is recorded, with its simulated time,
 //! for the history checkers of `ledger_check` and `queue_check`. One try
@@ -101,7 +101,7 @@ pub enum StateRequest {
 
 /// What a state-machine client was answered. A refusal is what the
 /// protocol tells a client of it: its `ErrorCode`
-/// (`client_dispatch::refusal_code` of the state machine's error).
+/// (`client::dispatch::refusal_code` of the state machine's error).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StateResult {
     /// The command was applied with this result.

@@ -7,7 +7,7 @@
 pub mod disk;
 pub mod xdp;
 
-use crate::node::config_file::DaemonConfig;
+use crate::node::daemon::config_file::DaemonConfig;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 

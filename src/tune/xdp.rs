@@ -27,7 +27,7 @@ use super::{Check, Host, Status};
 use crate::net::xdp::link::{self, Interface};
 pub use crate::net::xdp::XDP_MTU_MAX;
 use crate::net::xdp::{Backend, XDP_FRAME_BYTES};
-use crate::node::config_file::DaemonConfig;
+use crate::node::daemon::config_file::DaemonConfig;
 use std::net::IpAddr;
 
 /// Capability bits of `CapEff` (linux/capability.h).
@@ -594,7 +594,7 @@ mod tests {
              [[disks]]\npath = \"g2\"\ngroup = 2\n\n[client]\nplain = true\n\n{extra}"
         );
         std::fs::write(dir.join("node.toml"), text).unwrap();
-        crate::node::config_file::load_with_cores(&dir.join("node.toml"), &[0, 1])
+        crate::node::daemon::config_file::load_with_cores(&dir.join("node.toml"), &[0, 1])
             .expect("a valid config")
     }
 

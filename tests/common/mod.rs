@@ -3,7 +3,7 @@
 //! `/status`, and small loop-mounted filesystems.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use quire::node::{GroupSpec, NodeHandle, NodeSpec};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 use super::common;
 use quire::client::Client;
 use quire::consensus::NodeId;
-use quire::node::processes::LocalProcesses;
+use quire::node::local::processes::LocalProcesses;
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::io::Write;

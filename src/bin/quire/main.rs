@@ -45,7 +45,7 @@ mod up;
 
 use clap::{Parser, Subcommand};
 use quire::client::Client;
-use quire::node::daemon;
+use quire::node::daemon::quired;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -366,10 +366,10 @@ enum TuneError {
 
 fn load_config(
     path: &Option<PathBuf>,
-) -> Result<Option<quire::node::config_file::DaemonConfig>, TuneError> {
+) -> Result<Option<quire::node::daemon::config_file::DaemonConfig>, TuneError> {
     match path {
         None => Ok(None),
-        Some(p) => quire::node::config_file::load(p)
+        Some(p) => quire::node::daemon::config_file::load(p)
             .map(Some)
             .map_err(|e| TuneError::Usage(e.to_string())),
     }
@@ -459,10 +459,10 @@ fn main() -> ExitCode {
             config,
             unsafe_ack_before_fsync,
         } => {
-            let opts = daemon::DaemonOptions {
+            let opts = quired::DaemonOptions {
                 unsafe_ack_before_fsync,
             };
-            return daemon::run_with(&config, opts);
+            return quired::run_with(&config, opts);
         }
         Cmd::Tune { what } => match tune(what) {
             Ok(true) => return ExitCode::SUCCESS,

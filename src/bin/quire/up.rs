@@ -5,8 +5,8 @@
 
 use super::{human, status, Target, TlsArgs};
 use quire::client::Client;
-use quire::node::daemon;
-use quire::node::processes::LocalProcesses;
+use quire::node::daemon::quired;
+use quire::node::local::processes::LocalProcesses;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -219,7 +219,7 @@ pub(super) fn up(
             )
         })
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let signals = daemon::block_stop_signals();
+    let signals = quired::block_stop_signals();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cluster = LocalProcesses::prepare_tls(&dir, nodes, groups, &exe)?;
     // Absolute from here on (`prepare` made it so), for the printed commands.
@@ -356,7 +356,7 @@ pub(super) fn up(
     );
     if !demo_only {
         say!("Ctrl-C stops the cluster cleanly.");
-        daemon::wait_for_signal(&signals);
+        quired::wait_for_signal(&signals);
     }
     let results = cluster.stop_all_statuses();
     let clean = results

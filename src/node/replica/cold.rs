@@ -5,13 +5,13 @@
 //! the answer does. It is parked here, with the payloads already read
 //! back for it, and filled again each time a cold read finishes.
 
-use super::super::command::{ProposeError, QueryReply, StateReply};
-use super::super::log::log_warn;
 use super::machine::stored_missing;
 use super::tap::MissingFound;
 use super::Replica;
 use crate::consensus::{Index, Payload, Raft};
-use crate::node::host::Host;
+use crate::node::command::{ProposeError, QueryReply, StateReply};
+use crate::node::log::log_warn;
+use crate::node::loops::host::Host;
 use crate::state::{Answer, Lookup, Outcome, Unfilled};
 use crate::storage::{CachedRead, LogDir, Wal};
 use crate::transport::GroupId;

@@ -6,14 +6,14 @@
 //! proposes both, so entries keep the order their requests came in;
 //! `drive` proposes what is left at the start of each turn.
 
-use super::super::command::{
-    ClientTicket, CommandDone, ProposeError, Reply, StateReply, TicketDone,
-};
-use super::super::host::Host;
 use super::machine::WaiterReply;
 use super::tap::WorkloadBug;
 use super::Replica;
 use crate::consensus::Role;
+use crate::node::command::{
+    ClientTicket, CommandDone, ProposeError, Reply, StateReply, TicketDone,
+};
+use crate::node::loops::host::Host;
 use crate::state::dedup::{
     begin_client_batch, push_client_record, CLIENT_BATCH_HEADER_BYTES, CLIENT_RECORD_HEADER_BYTES,
     RECORDS_PER_ENTRY_MAX,

@@ -5,11 +5,11 @@
 //! target leads (`settle_transfer`). See docs/internals/node.md, "When a
 //! leader stops leading".
 
-use super::super::command::{ProposeError, Reply};
-use super::super::host::Host;
 use super::tap::{GlueBug, Note};
 use super::{reads, refused_by_raft, Replica};
 use crate::consensus::{NodeId, Role};
+use crate::node::command::{ProposeError, Reply};
+use crate::node::loops::host::Host;
 use crate::storage::LogDir;
 
 impl<D: LogDir, H: Host> Replica<D, H> {

@@ -9,12 +9,12 @@
 //! from a snapshot's data, and the log entries it refers to (read back
 //! from the segments below Raft's log). Runs on the loop, reads no clock.
 
-use super::super::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
-use super::super::host::Host;
-use super::super::log::{log_error, log_warn};
 use super::tap::MissingFound;
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Entry, Index, Payload, Raft, Role, Term};
+use crate::node::command::{ClientTicket, ProposeError, Reply, StateReply, TicketDone};
+use crate::node::log::{log_error, log_warn};
+use crate::node::loops::host::Host;
 use crate::state::dedup::{
     address_index, client_records, fingerprint, fingerprint_of_crc, record_address, Applied,
     ClientRecords, DedupTable, RECORD_SLOT_BITS,

@@ -45,15 +45,15 @@ mod tests;
 pub(crate) use machine::payload_at;
 pub use machine::LEARNER_CAUGHT_UP_ENTRIES_MAX;
 
-use super::command::{ProposeError, QueryReply};
-use super::config::{GroupSpec, NodeSpec, SpecError};
-use super::errors::StartError;
-use super::host::{Host, OsHost};
-use super::log::log_error;
-use super::log::log_warn;
-use super::status::{GroupView, SnapshotStats, WalView};
 use crate::consensus::{Entry, Index, Message, NodeId, Raft, RestoredState, Role, Term};
 use crate::heartbeat::GroupStatus;
+use crate::node::command::{ProposeError, QueryReply};
+use crate::node::errors::StartError;
+use crate::node::log::log_error;
+use crate::node::log::log_warn;
+use crate::node::loops::host::{Host, OsHost};
+use crate::node::spec::{GroupSpec, NodeSpec, SpecError};
+use crate::node::status::{GroupView, SnapshotStats, WalView};
 use crate::state::dedup::DedupTable;
 use crate::state::{Query, StateMachine};
 use crate::storage::{DiskState, LogDir, OsDir, Ticket, Wal, WalError};
@@ -118,7 +118,7 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     pub(crate) step_down_answers: u64,
     /// An operator's leadership transfer: to whom, the term it was asked
     /// in, and who waits for its outcome (`settle_transfer`).
-    transfer_asked: Option<(NodeId, Term, super::command::Reply)>,
+    transfer_asked: Option<(NodeId, Term, crate::node::command::Reply)>,
     /// Client appends gathered since the last `drive`, for one client
     /// batch entry (`gather`).
     appends: gather::Gathered,
@@ -126,9 +126,9 @@ pub(crate) struct Replica<D: LogDir = OsDir, H: Host = OsHost> {
     /// command batch entry.
     commands: gather::Gathered,
     /// Outcomes of ticketed client appends not yet taken by the loop.
-    client_done: Vec<super::command::TicketDone>,
+    client_done: Vec<crate::node::command::TicketDone>,
     /// Outcomes of ticketed commands not yet taken by the loop.
-    command_done: Vec<super::command::CommandDone>,
+    command_done: Vec<crate::node::command::CommandDone>,
     /// Linearizable reads (queries and raw-log reads) waiting for their
     /// read-index round, by request id.
     reads_pending: BTreeMap<u64, LinearRead>,

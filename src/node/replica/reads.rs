@@ -6,10 +6,10 @@
 //! until an entry is applied, ledger long polls until the LAC moves, each
 //! until its deadline.
 
-use super::super::command::{ProposeError, QueryReply, ReadReply};
-use super::super::host::Host;
 use super::{refused_by_raft, Replica};
 use crate::consensus::{Index, Payload, Term};
+use crate::node::command::{ProposeError, QueryReply, ReadReply};
+use crate::node::loops::host::Host;
 use crate::state::dedup::{address_index, client_records, record_address};
 use crate::state::query::command_records;
 use crate::state::{Answer, Query};

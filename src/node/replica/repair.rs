@@ -36,11 +36,11 @@
 //! copy of. It never offers an entry above its commit index, which a new
 //! leader could still replace.
 
-use super::super::log::{log_info, log_warn};
 use super::tap::{MissingFound, Note, WorkloadBug};
 use super::Replica;
 use crate::consensus::{Body, Entry, Index, Message, NodeId, Payload, REPAIR_INDEXES_MAX};
-use crate::node::host::Host;
+use crate::node::log::{log_info, log_warn};
+use crate::node::loops::host::Host;
 use crate::node::status::RepairStats;
 use crate::state::EntryCheck;
 use crate::storage::{CachedRead, LogDir, WalError};

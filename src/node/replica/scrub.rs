@@ -10,11 +10,11 @@
 //! then the next starts, at least [`SCRUB_PASS_PERIOD_MIN_MS`] after this
 //! one started; the status shows the last whole pass.
 
-use super::super::log::{log_info, log_warn};
 use super::tap::MissingFound;
 use super::Replica;
 use crate::consensus::Index;
-use crate::node::host::{Host, JobState, Offloaded};
+use crate::node::log::{log_info, log_warn};
+use crate::node::loops::host::{Host, JobState, Offloaded};
 use crate::node::status::ScrubStats;
 use crate::storage::{LogDir, ScrubResult};
 

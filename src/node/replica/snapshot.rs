@@ -12,14 +12,14 @@
 //! host's (`Host::offload`, `Host::now_us`): the daemon's run jobs on
 //! threads, a simulator's when its seed says.
 
-use super::super::host::{Host, JobState, Offloaded};
-use super::super::log::log_warn;
 use super::tap::{GlueBug, WorkloadBug};
 use super::Replica;
 use crate::consensus::image::{
     decode_entries, encode_entries, encoded_entry_bytes, ImageHeader, IMAGE_HEADER_BYTES,
 };
 use crate::consensus::{ImageChunk, ImageRead, Index, Term};
+use crate::node::log::log_warn;
+use crate::node::loops::host::{Host, JobState, Offloaded};
 use crate::storage::wal::{drop_staged, remove_dropped, StagedImage};
 use crate::storage::{LogDir, WalError};
 

@@ -6,13 +6,13 @@
 //! write is durable, and a snapshot is adopted only once its job ran and
 //! the log is durable up to it.
 
-use super::super::host::Host;
 use super::Replica;
 use crate::consensus::{
     AppendResult, Body, Entry, Index, Membership, Message, NodeId, Payload, Raft, RaftConfig, Role,
     Snapshot,
 };
 use crate::io::BackendChoice;
+use crate::node::loops::host::Host;
 use crate::sim::host::ManualHost;
 use crate::storage::{OsDir, Wal, WalConfig};
 use std::path::Path;

@@ -12,10 +12,10 @@
 //! sockets (the number of waiting long polls, connections) is the
 //! server's.
 
-use super::command::ProposeError;
-use super::status::NodeStatus;
 use crate::api::{Entry, ErrorCode, LeaderInfo, Request, Response};
 use crate::consensus::{Index, NodeId, Term};
+use crate::node::command::ProposeError;
+use crate::node::status::NodeStatus;
 use crate::transport::GroupId;
 use std::collections::BTreeMap;
 
@@ -135,7 +135,7 @@ impl NodeCall {
     /// Whether its answer is a few dozen bytes whatever the state holds:
     /// a ledger or queue command other than a consume (whose answer
     /// carries messages, up to a frame), so a connection may keep many in
-    /// flight (`client_conns::CONN_CALLS_IN_FLIGHT_MAX` bounds the others).
+    /// flight (`conn::CONN_CALLS_IN_FLIGHT_MAX` bounds the others).
     pub fn answer_is_small(&self) -> bool {
         matches!(self, NodeCall::State { command, .. }
             if !matches!(command, crate::state::Command::Consume { .. }))

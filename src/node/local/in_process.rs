@@ -2,8 +2,8 @@
 //! logs in the directories given, and a PTY null-modem cable between every
 //! pair. The failover tests, the failover benchmark and `quire up` use it.
 
-use super::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
 use crate::consensus::{NodeId, Role, Term};
+use crate::node::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
 use crate::serial::{End, NullModem};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -41,7 +41,7 @@ impl LocalCluster {
         for &id in &ids {
             ports.insert(
                 id,
-                super::free_ports::udp_run(ports_per_node)
+                crate::node::local::free_ports::udp_run(ports_per_node)
                     .map_err(|e| format!("finding a free port: {e}"))?,
             );
         }

@@ -1,25 +1,25 @@
 //! The client-facing TCP server: it binds the listening socket and hands
 //! it to every one of the node's event loops, which accept and serve the
-//! connections themselves (`client_conns`): no thread per connection, no
+//! connections themselves (`conns`): no thread per connection, no
 //! lock on a session. The one thread it keeps answers `Leaders` and
 //! `Status`, which gather every loop's state (a loop cannot wait on the
 //! others).
 //!
 //! Which connections are taken and kept (budgets for connections before
 //! and after their Hello, a limit per source address, the Hello deadline)
-//! is decided by `client_admission::Admission`; `client_gate` applies
+//! is decided by `admission::Admission`; `gate` applies
 //! its verdicts to the sockets and counts and logs them.
 
-use super::admin::status_json;
-use super::client_admission::ClientLimits;
-use super::client_conns::{ClientPort, SlowCall};
-use super::client_dispatch::{error_response, leaders_response};
-use super::client_gate::Gate;
-use super::{ListenError, NodeHandle, ProposeError};
 use crate::api::{Response, ServerConfig};
 use crate::consensus::NodeId;
-use crate::node::credentials::Credentials;
-use crate::node::quota::Quotas;
+use crate::node::client::admission::ClientLimits;
+use crate::node::client::conns::{ClientPort, SlowCall};
+use crate::node::client::credentials::Credentials;
+use crate::node::client::dispatch::{error_response, leaders_response};
+use crate::node::client::gate::Gate;
+use crate::node::client::quota::Quotas;
+use crate::node::status::status_json;
+use crate::node::{ListenError, NodeHandle, ProposeError};
 use crate::tls::ServerTls;
 use crossbeam_channel::{bounded, Sender};
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 
 /// Authenticated client connections served at once by default
 /// (`client.connections_max`; a connection costs memory, not a thread).
-pub const CONNECTIONS_MAX: usize = super::client_admission::CONNECTIONS_MAX_DEFAULT;
+pub const CONNECTIONS_MAX: usize = crate::node::client::admission::CONNECTIONS_MAX_DEFAULT;
 /// Long polls (Tail, waiting ledger reads, consumes) waiting at once,
 /// over all connections; beyond, one is answered Busy.
 pub const TAILS_MAX: usize = 256;

@@ -20,7 +20,7 @@
 //! This module reads the token file and writes log lines to stderr; it
 //! never touches the node.
 
-use crate::node::credentials::{Credentials, ADMIN_TOKEN_BYTES_MIN};
+use crate::node::client::credentials::{Credentials, ADMIN_TOKEN_BYTES_MIN};
 use crate::transport::GroupId;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -339,7 +339,7 @@ fn bearer(value: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::credentials::{Grant, Permission, Principal};
+    use crate::node::client::credentials::{Grant, Permission, Principal};
 
     const TOKEN: &str = "0123456789abcdef0123";
     const CLUSTER_TOKEN: &[u8] = b"cluster-token-0123456789";

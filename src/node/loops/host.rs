@@ -198,7 +198,7 @@ fn lower_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::waker::Waker;
+    use crate::node::loops::waker::Waker;
 
     /// A finished job wakes its loop (the eventfd becomes readable), and
     /// its result is there when the loop looks.

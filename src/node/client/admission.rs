@@ -3,7 +3,7 @@
 //! deadline, as a sans-IO core. It touches no socket, reads no clock and
 //! starts no thread: the caller passes `now_ms` and closes what it is told
 //! to close. The event loops that serve client connections drive it
-//! through `client_gate::Gate` (one shared instance, behind a short
+//! through `gate::Gate` (one shared instance, behind a short
 //! mutex per event): `poll_timeout` for their timer, `handle_timeout`
 //! when it fires.
 //!

@@ -12,9 +12,9 @@
 //! certificate for each node (`nodeN/tls.pem`, `nodeN/tls.key`, valid
 //! for 127.0.0.1 and localhost).
 
-use super::free_ports;
 use crate::consensus::NodeId;
 use crate::io::private;
+use crate::node::local::free_ports;
 use crate::serial::{End, NullModem};
 use crate::tls::issue::{CertRequest, LocalCa};
 use crate::tls::{ClientTls, ClientTlsFiles};

@@ -14,14 +14,27 @@
 //! `raw` holds the sections as serde sees them (unknown keys denied, every
 //! tunable optional so that an absent key takes the default of the config
 //! it feeds instead of a second copy of it here) and rewords serde's
-//! errors; `check` holds the checks of each section; `build` below runs
+//! errors; `placement` (peers, disks, cores, ports), `secrets` (key,
+//! tokens, credentials, TLS) and `tunables` hold the checks of each
+//! section; `build` below runs
 //! them in file order and assembles the result.
 
-mod check;
-mod raw;
+/// Copies each present key of a raw section over the default.
+macro_rules! set_present {
+    ($cfg:expr, $raw:expr; $($field:ident),* $(,)?) => {
+        $(if let Some(v) = $raw.$field {
+            $cfg.$field = v;
+        })*
+    };
+}
 
-use super::config::NodeSpec;
+mod placement;
+mod raw;
+mod secrets;
+mod tunables;
+
 use crate::consensus::NodeId;
+use crate::node::spec::NodeSpec;
 use crate::transport::GroupId;
 use std::fmt;
 use std::net::SocketAddr;
@@ -62,13 +75,13 @@ pub struct DaemonConfig {
     /// plain HTTP.
     pub admin_tls: Option<crate::tls::ServerTlsFiles>,
     /// The client server's connection bounds (`[client]`).
-    pub client: super::client_admission::ClientLimits,
+    pub client: crate::node::client::admission::ClientLimits,
     /// The files clients are served TLS with (`client.tls_*`, checked
     /// loadable); `None` where the config says `client.plain = true`.
     pub client_tls: Option<crate::tls::ServerTlsFiles>,
     /// Who clients are and what each may do: the cluster token's
     /// principal (every permission) and those of `node.credentials_file`.
-    pub credentials: crate::node::credentials::Credentials,
+    pub credentials: crate::node::client::credentials::Credentials,
     /// The file holding the clients' auth token (checked readable and not
     /// empty; the server reads it).
     pub token_file: PathBuf,
@@ -190,6 +203,31 @@ fn bad(key: impl Into<String>, message: impl Into<String>) -> Bad {
     }
 }
 
+/// A message from an embedded config's own `validate()`, under its
+/// section. Those messages start with the field at fault ("deadtime_ms 150
+/// must exceed ..."), which is also the key: when they do, the key names
+/// it (`timers.deadtime_ms: 150 must exceed ...`); otherwise the section.
+fn in_section(section: &str, message: String) -> Bad {
+    if let Some((first, rest)) = message.split_once(' ') {
+        let keyish = (first.contains('_') || first == "baud")
+            && first.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        // "a and b must ..." concerns two keys: keep the sentence whole.
+        if keyish && !rest.starts_with("and ") {
+            return bad(format!("{section}.{first}"), rest);
+        }
+    }
+    bad(section, message)
+}
+
+/// `p`, relative to the config file's directory unless absolute.
+fn resolve(dir: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        dir.join(p)
+    }
+}
+
 /// Checks the sections in the order of the file and assembles the node.
 fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<DaemonConfig, Bad> {
     let mut warnings = Vec::new();
@@ -197,21 +235,21 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
     if id == 0 {
         return Err(bad("node.id", "node id 0 is reserved"));
     }
-    let peers = check::peers(id, &raw.peers, dir)?;
-    let groups = check::disks(&raw.disks, dir)?;
-    let (cores, groups_per_core_max) = check::cores(
+    let peers = placement::peers(id, &raw.peers, dir)?;
+    let groups = placement::disks(&raw.disks, dir)?;
+    let (cores, groups_per_core_max) = placement::cores(
         raw.node.cores.clone(),
         available_cores,
         groups.len(),
         &mut warnings,
     )?;
-    let (client_listen, admin_listen) = check::listen(&raw.node)?;
-    let udp = check::udp(raw.udp, &groups)?;
+    let (client_listen, admin_listen) = placement::listen(&raw.node)?;
+    let udp = placement::udp(raw.udp, &groups)?;
     let listen = [
         ("node.client_listen", client_listen),
         ("node.admin_listen", admin_listen),
     ];
-    check::ports(&udp, &groups, listen, &peers)?;
+    placement::ports(&udp, &groups, listen, &peers)?;
     let mut voters: Vec<NodeId> = peers.iter().map(|p| p.id).chain([id]).collect();
     voters.sort_unstable();
     let stall_grace_ms = raw
@@ -219,15 +257,15 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         .stall_grace_ms
         .unwrap_or(crate::node::STALL_GRACE_MS);
     let preferred_leaders = raw.timers.preferred_leaders.unwrap_or(true);
-    let (detector, mut raft) = check::timers(raw.timers, id, voters.clone(), &mut warnings)?;
-    let snapshot_interval_ms = check::snapshot(raw.snapshot, &mut raft)?;
+    let (detector, mut raft) = tunables::timers(raw.timers, id, voters.clone(), &mut warnings)?;
+    let snapshot_interval_ms = tunables::snapshot(raw.snapshot, &mut raft)?;
     let recycled_given = raw.storage.segments_recycled_max.is_some();
-    let mut wal = check::storage(raw.storage, detector.disk_stall_ms)?;
+    let mut wal = tunables::storage(raw.storage, detector.disk_stall_ms)?;
     if !recycled_given {
         wal.segments_recycled_max =
             crate::storage::wal::segments_recycled_for(raft.snapshot_bytes, wal.segment_bytes);
     }
-    let transport = check::transport(raw.transport, peers.len())?;
+    let transport = tunables::transport(raw.transport, peers.len())?;
     // A chunk of whole entries may pass it by one entry: half leaves room.
     if raft.snapshot_chunk_bytes > transport.message_bytes_max / 2 {
         return Err(bad(
@@ -238,10 +276,10 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
             ),
         ));
     }
-    check::entries_fit(&wal, &transport, &mut warnings);
-    let client = check::client(&raw.client)?;
-    let net = check::net(raw.net)?;
-    let serial_baud = check::serial(
+    tunables::entries_fit(&wal, &transport, &mut warnings);
+    let client = tunables::client(&raw.client)?;
+    let net = placement::net(raw.net)?;
+    let serial_baud = tunables::serial(
         raw.serial,
         &peers,
         groups_per_core_max,
@@ -249,14 +287,14 @@ fn build(raw: raw::RawFile, dir: &Path, available_cores: &[usize]) -> Result<Dae
         &mut warnings,
     )?;
     // Secrets last: the rest of the file is worth checking without them.
-    let key = check::cluster_key(&raw.node, dir, &mut warnings)?;
-    let token_file = check::resolve(dir, &raw.node.auth_token_file);
-    let client_token = check::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
-    let admin_token_file = check::admin_token(&raw.node, dir, &client_token, &mut warnings)?;
-    let client_tls = check::client_tls(&raw.client, dir)?;
-    let admin_tls = check::admin_tls(&raw.node, client_tls.as_ref())?;
+    let key = secrets::cluster_key(&raw.node, dir, &mut warnings)?;
+    let token_file = resolve(dir, &raw.node.auth_token_file);
+    let client_token = secrets::read_secret("node.auth_token_file", &token_file, &mut warnings)?;
+    let admin_token_file = secrets::admin_token(&raw.node, dir, &client_token, &mut warnings)?;
+    let client_tls = secrets::client_tls(&raw.client, dir)?;
+    let admin_tls = secrets::admin_tls(&raw.node, client_tls.as_ref())?;
     let mtls = client_tls.as_ref().is_some_and(|t| t.client_ca.is_some());
-    let credentials = check::credentials(&raw.node, dir, &client_token, mtls, &mut warnings)?;
+    let credentials = secrets::credentials(&raw.node, dir, &client_token, mtls, &mut warnings)?;
 
     let node = NodeSpec {
         id,

@@ -1,16 +1,16 @@
 //! The handle a caller (the daemon, a test) holds on a running node loop:
 //! commands go in over a channel, answers come back over one.
 
-use super::client_conns::{ClientPort, PortCommand};
-use super::command::{CoreCommand, ProposeError, QueryReply, ReadReply, Reply, StateReply};
-use super::config::NodeSpec;
-use super::errors::StartError;
-use super::event_loop::{EventLoop, NetPath};
-use super::log::{log_info, log_warn};
-use super::mesh::{CoreLink, CoreMailbox, CoreMsg, Routing, Wiring};
-use super::status::NodeStatus;
-use super::waker::Waker;
 use crate::consensus::{Index, NodeId, Term};
+use crate::node::client::conns::{ClientPort, PortCommand};
+use crate::node::command::{CoreCommand, ProposeError, QueryReply, ReadReply, Reply, StateReply};
+use crate::node::errors::StartError;
+use crate::node::log::{log_info, log_warn};
+use crate::node::loops::event_loop::{EventLoop, NetPath};
+use crate::node::loops::waker::Waker;
+use crate::node::mesh::{CoreLink, CoreMailbox, CoreMsg, Routing, Wiring};
+use crate::node::spec::NodeSpec;
+use crate::node::status::NodeStatus;
 use crate::transport::GroupId;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::BTreeMap;
@@ -49,9 +49,9 @@ pub struct NodeHandle {
     /// Which loop owns each group.
     owner: BTreeMap<GroupId, usize>,
     /// Counted by the client server, shown by the admin endpoint.
-    clients: std::sync::Arc<super::client_stats::ClientCounters>,
+    clients: std::sync::Arc<crate::node::client::stats::ClientCounters>,
     /// The client server's quotas, once it has started with some.
-    quotas: std::sync::Mutex<Option<std::sync::Arc<super::quota::Quotas>>>,
+    quotas: std::sync::Mutex<Option<std::sync::Arc<crate::node::client::quota::Quotas>>>,
 }
 
 impl NodeHandle {
@@ -70,7 +70,7 @@ impl NodeHandle {
         let id = spec.id;
         let started = Instant::now();
         // Core -> its groups, in the order of the first group's core first.
-        let mut plan: Vec<(Option<usize>, Vec<super::config::GroupSpec>)> = Vec::new();
+        let mut plan: Vec<(Option<usize>, Vec<crate::node::spec::GroupSpec>)> = Vec::new();
         let mut groups = spec.groups.clone();
         groups.sort_by_key(|g| g.group);
         for g in groups {
@@ -537,13 +537,19 @@ impl NodeHandle {
     }
 
     /// The quotas the client server enforces, for the status.
-    pub(super) fn set_quotas(&self, quotas: std::sync::Arc<super::quota::Quotas>) {
+    pub(in crate::node) fn set_quotas(
+        &self,
+        quotas: std::sync::Arc<crate::node::client::quota::Quotas>,
+    ) {
         *self.quotas.lock().unwrap_or_else(|p| p.into_inner()) = Some(quotas);
     }
 
     /// Has every loop serve client connections on the port `make` builds
     /// for it (the client server's listener, shared).
-    pub(super) fn serve_clients(&self, make: impl Fn() -> ClientPort) -> Result<(), ProposeError> {
+    pub(in crate::node) fn serve_clients(
+        &self,
+        make: impl Fn() -> ClientPort,
+    ) -> Result<(), ProposeError> {
         for c in &self.cores {
             c.ports
                 .send(PortCommand::Serve(make()))
@@ -555,7 +561,7 @@ impl NodeHandle {
 
     /// Has every loop close its client connections, and waits (a little)
     /// until each has.
-    pub(super) fn stop_clients(&self) {
+    pub(in crate::node) fn stop_clients(&self) {
         for c in &self.cores {
             let (done, closed) = bounded(1);
             if c.ports.send(PortCommand::Stop(done)).is_ok() {
@@ -566,7 +572,7 @@ impl NodeHandle {
     }
 
     /// The counters the client server keeps for this node.
-    pub fn client_counters(&self) -> &std::sync::Arc<super::client_stats::ClientCounters> {
+    pub fn client_counters(&self) -> &std::sync::Arc<crate::node::client::stats::ClientCounters> {
         &self.clients
     }
 
@@ -595,7 +601,7 @@ impl Drop for NodeHandle {
 
 fn open_net_path(
     spec: &NodeSpec,
-    plan: &[(Option<usize>, Vec<super::config::GroupSpec>)],
+    plan: &[(Option<usize>, Vec<crate::node::spec::GroupSpec>)],
 ) -> Result<NetPath, StartError> {
     use crate::net::xdp::{Backend, XdpNode};
     if spec.net.backend == Backend::Sockets {

@@ -4,34 +4,27 @@
 //! A node runs one loop per core that owns groups. The *control* loop (the
 //! core of the node's first group) also owns the serial ports, the failure
 //! detector and the node's heartbeat (`control`); the others (*workers*)
-//! hand it what it needs over channels (`mesh`: peers heard on their
+//! hand it what it needs over channels (`node::mesh`: peers heard on their
 //! sockets, heartbeats that arrived there, their groups' status) and it
 //! hands them the detector's events and the peers' heartbeats, which drive
 //! the failover policy of their replicas. Nothing else crosses cores, and
 //! no lock is taken. The loop owns the turn, the sockets and the envelope
 //! of transport messages; each group's glue is its `replica`.
 
-use super::client_conns::{LoopClients, LoopParts, PortCommand};
-use super::command::{ClientTicket, CoreCommand, ProposeError, TicketDone};
-use super::config::{NodeSpec, SpecError};
-use super::control::Control;
-use super::errors::StartError;
-use super::host::OsHost;
-use super::log::{log_error, log_info, log_warn};
-use super::mesh::{CoreMailbox, CoreMsg, Routing, Wiring};
-use super::replica::Replica;
-use super::stall::{StallClock, STALL_LOGGED_MS};
-use super::status::{NetView, NodeStatus, StallView, TransportView};
-use super::waker::Waker;
 use crate::consensus::{Message, NodeId, Role};
-use crate::heartbeat::failover::{on_event, on_group_status};
-use crate::heartbeat::{Channel, GroupStatus, Heartbeat};
-use crate::net::{PeerMap, UdpDriver};
-use crate::storage::Wal;
-use crate::transport::raft_codec::{
-    decode_raft_delivery, send_raft_message, ENVELOPE_HEARTBEAT, ENVELOPE_RAFT,
-};
-use crate::transport::{Endpoint, Event, GroupId};
+use crate::net::UdpDriver;
+use crate::node::client::conns::{LoopClients, LoopParts, PortCommand};
+use crate::node::command::{ClientTicket, CoreCommand, ProposeError, TicketDone};
+use crate::node::log::{log_error, log_info, log_warn};
+use crate::node::loops::control::Control;
+use crate::node::loops::stall::{StallClock, STALL_LOGGED_MS};
+use crate::node::loops::waker::Waker;
+use crate::node::mesh::{CoreMailbox, CoreMsg, Routing};
+use crate::node::replica::Replica;
+use crate::node::spec::NodeSpec;
+use crate::node::status::{NetView, NodeStatus, StallView, TransportView};
+use crate::transport::raft_codec::send_raft_message;
+use crate::transport::GroupId;
 use crossbeam_channel::Receiver;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -45,54 +38,54 @@ const TRANSITIONS_KEPT: usize = 256;
 /// has no descriptor (a serial port being reopened, a line busy sending).
 const TURN_MAX: Duration = Duration::from_millis(10);
 /// A worker reports a peer heard at most this often.
-const HEARD_FORWARD_MS: u64 = 10;
+pub(super) const HEARD_FORWARD_MS: u64 = 10;
 
 /// One core's loop: its replicas, its sockets and (control) the control
 /// plane, run by `run` on the loop's own thread.
 pub(crate) struct EventLoop {
-    spec: NodeSpec,
-    started: Instant,
+    pub(super) spec: NodeSpec,
+    pub(super) started: Instant,
     /// This loop's index among the node's loops (`routing.cores`).
-    me: usize,
-    commands: Receiver<CoreCommand>,
-    mesh: Receiver<CoreMsg>,
+    pub(super) me: usize,
+    pub(super) commands: Receiver<CoreCommand>,
+    pub(super) mesh: Receiver<CoreMsg>,
     /// Every loop, and which owns each group: for client requests.
-    routing: Arc<Routing>,
+    pub(super) routing: Arc<Routing>,
     /// From the client server: serve clients, or stop.
-    ports: Receiver<PortCommand>,
+    pub(super) ports: Receiver<PortCommand>,
     /// The client connections this loop serves, once told to.
-    clients: Option<LoopClients>,
+    pub(super) clients: Option<LoopClients>,
     /// Scratch: ticketed outcomes gathered at the end of a turn, and
     /// those bound for each other loop.
-    client_done: Vec<TicketDone>,
-    client_done_remote: Vec<Vec<TicketDone>>,
+    pub(super) client_done: Vec<TicketDone>,
+    pub(super) client_done_remote: Vec<Vec<TicketDone>>,
     /// This turn's outcomes of ticketed commands (reused, like
     /// `client_done`).
-    command_done: Vec<super::command::CommandDone>,
-    udp: UdpDriver,
-    replicas: Vec<Replica>,
-    by_group: BTreeMap<GroupId, usize>,
-    control: Option<Control>,
-    to_control: Option<CoreMailbox>,
-    waker: Waker,
+    pub(super) command_done: Vec<crate::node::command::CommandDone>,
+    pub(super) udp: UdpDriver,
+    pub(super) replicas: Vec<Replica>,
+    pub(super) by_group: BTreeMap<GroupId, usize>,
+    pub(super) control: Option<Control>,
+    pub(super) to_control: Option<CoreMailbox>,
+    pub(super) waker: Waker,
     /// Scratch: the descriptors besides the sockets that end a wait.
-    wake_fds: Vec<std::os::fd::RawFd>,
+    pub(super) wake_fds: Vec<std::os::fd::RawFd>,
     /// When each peer was last reported heard to the control loop.
-    heard_forwarded: BTreeMap<NodeId, u64>,
-    next_heartbeat_ms: u64,
-    stalled_noticed: Vec<bool>,
-    transitions: VecDeque<String>,
-    out: Vec<Message>,
-    buf: Vec<u8>,
+    pub(super) heard_forwarded: BTreeMap<NodeId, u64>,
+    pub(super) next_heartbeat_ms: u64,
+    pub(super) stalled_noticed: Vec<bool>,
+    pub(super) transitions: VecDeque<String>,
+    pub(super) out: Vec<Message>,
+    pub(super) buf: Vec<u8>,
     /// Raft messages the transport refused (window full): Raft resends.
-    sends_refused: u64,
+    pub(super) sends_refused: u64,
     /// The loop's clock, which does not count its own stalls.
-    clock: StallClock,
+    pub(super) clock: StallClock,
     /// When (real ms) a stall was last logged, and stalls not logged since.
-    stall_logged_real_ms: u64,
-    stalls_unlogged: u64,
+    pub(super) stall_logged_real_ms: u64,
+    pub(super) stalls_unlogged: u64,
     /// How the datagrams go (AF_XDP's description), or why on sockets.
-    net_detail: String,
+    pub(super) net_detail: String,
 }
 
 /// The node's AF_XDP program, shared by its loops, or why the loops run
@@ -101,146 +94,26 @@ pub(crate) struct EventLoop {
 pub(crate) type NetPath = Result<std::sync::Arc<crate::net::xdp::XdpNode>, String>;
 
 impl EventLoop {
-    /// Opens this loop's logs, binds its sockets and (control) opens the
-    /// serial ports. `spec.groups` are this loop's groups; `started` is
-    /// the node's clock, shared by its loops.
-    #[allow(clippy::too_many_arguments)] // the loop's channels, each its own
-    pub(crate) fn open(
-        spec: NodeSpec,
-        started: Instant,
-        me: usize,
-        commands: Receiver<CoreCommand>,
-        mesh: Receiver<CoreMsg>,
-        wiring: Wiring,
-        waker: Waker,
-        routing: Arc<Routing>,
-        ports: Receiver<PortCommand>,
-        net: NetPath,
-    ) -> Result<Self, StartError> {
-        let id = spec.id;
-        let now = started.elapsed().as_millis() as u64;
-        let udp_cfg = spec.udp_config(&spec.groups);
-        let mut peers = PeerMap::new();
-        for p in &spec.peers {
-            peers.set_node(p.id, p.udp_base);
-        }
-        let endpoint = Endpoint::new(spec.transport.clone(), spec.key.clone(), id, random_seed()?)
-            .map_err(SpecError::Transport)?;
-        let (mut udp, report) =
-            UdpDriver::bind(udp_cfg, endpoint, peers).map_err(StartError::Udp)?;
-        for w in &report.warnings {
-            log_warn!("node {id}: {w}");
-        }
-        let net_detail = match net.and_then(|node| node.port(me as u32)) {
-            Ok(port) => {
-                let d = port.describe();
-                log_info!("node {id} loop {me}: datagrams through {d}");
-                udp.attach_xdp(port);
-                d
-            }
-            Err(why) if spec.net.backend == crate::net::xdp::Backend::Xdp => {
-                return Err(StartError::Xdp(why));
-            }
-            // The node's reason was logged once already; a loop's own
-            // (no queue for it) is logged here.
-            Err(why) if why.starts_with("AF_XDP unavailable") || why.starts_with("net.backend") => {
-                why
-            }
-            Err(why) => {
-                log_warn!(
-                    "node {id} loop {me}: datagrams go through sockets: AF_XDP unavailable: {why}"
-                );
-                format!("AF_XDP unavailable: {why}")
-            }
-        };
-        let mut replicas = Vec::new();
-        let mut by_group = BTreeMap::new();
-        for g in &spec.groups {
-            let log_failed = |error| StartError::Log {
-                group: g.group,
-                dir: g.dir.clone(),
-                error,
-            };
-            let (mut wal, report) = Wal::open(&g.dir, spec.wal.clone()).map_err(log_failed)?;
-            wal.notify_completions(waker.fd()).map_err(log_failed)?;
-            log_info!("node {id} group {}: {report}", g.group);
-            let r = Replica::open(
-                &spec,
-                g,
-                wal,
-                report.restored,
-                now,
-                OsHost::new({
-                    let w = waker.clone();
-                    Arc::new(move || w.wake())
-                })
-                .map_err(entropy_failed)?,
-            )?;
-            by_group.insert(g.group, replicas.len());
-            replicas.push(r);
-        }
-        let (control, to_control) = match wiring {
-            Wiring::Control(workers) => {
-                let control = Control::open(&spec, now, workers, random_seed()?)?;
-                (Some(control), None)
-            }
-            Wiring::Worker(to_control) => (None, Some(to_control)),
-        };
-        let groups = replicas.len();
-        let cores = routing.cores.len();
-        Ok(EventLoop {
-            started,
-            me,
-            commands,
-            mesh,
-            routing,
-            ports,
-            clients: None,
-            client_done: Vec::new(),
-            client_done_remote: vec![Vec::new(); cores],
-            command_done: Vec::new(),
-            udp,
-            replicas,
-            by_group,
-            control,
-            to_control,
-            waker,
-            wake_fds: Vec::new(),
-            heard_forwarded: BTreeMap::new(),
-            next_heartbeat_ms: now,
-            stalled_noticed: vec![false; groups],
-            transitions: VecDeque::new(),
-            out: Vec::new(),
-            buf: Vec::new(),
-            sends_refused: 0,
-            clock: StallClock::new(now, spec.stall_grace_ms),
-            stall_logged_real_ms: 0,
-            stalls_unlogged: 0,
-            net_detail,
-            spec,
-        })
-    }
-
     /// Ms since the node started, on the wall clock.
-    fn real_ms(&self) -> u64 {
+    pub(super) fn real_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 
     /// The loop's clock: the node's, less the loop's own stalls (see
     /// `stall`). Everything that times a peer or a timer reads this.
-    fn now_ms(&self) -> u64 {
+    pub(super) fn now_ms(&self) -> u64 {
         self.clock.now(self.real_ms())
     }
 
     /// The loop's clock without handing the time out: for what only
     /// looks (the wait's length, the status), never for a core.
-    fn peek_ms(&self) -> u64 {
+    pub(super) fn peek_ms(&self) -> u64 {
         self.clock.peek(self.real_ms())
     }
 
     /// A turn ended at `real_ms`: counts a stall of this loop, and logs
     /// a long one (at most one line a second, with the count of others).
-    fn note_wake(&mut self, real_ms: u64) {
+    pub(super) fn note_wake(&mut self, real_ms: u64) {
         let Some(stall_ms) = self.clock.woke(real_ms) else {
             return;
         };
@@ -336,7 +209,7 @@ impl EventLoop {
     }
 
     /// What the client server asks: serve its port, or stop.
-    fn serve_ports(&mut self) {
+    pub(super) fn serve_ports(&mut self) {
         while let Ok(cmd) = self.ports.try_recv() {
             match cmd {
                 PortCommand::Serve(port) => {
@@ -358,7 +231,7 @@ impl EventLoop {
     }
 
     /// Accepts, reads and serves this loop's client connections.
-    fn serve_clients(&mut self, now: u64) {
+    pub(super) fn serve_clients(&mut self, now: u64) {
         let Some(mut clients) = self.clients.take() else {
             return;
         };
@@ -375,7 +248,7 @@ impl EventLoop {
 
     /// Hands each ticketed outcome of this turn to the loop serving its
     /// connection: this one's directly, the others' in one message each.
-    fn route_client_done(&mut self) {
+    pub(super) fn route_client_done(&mut self) {
         let mut done = std::mem::take(&mut self.client_done);
         let mut commands = std::mem::take(&mut self.command_done);
         for r in &mut self.replicas {
@@ -409,7 +282,7 @@ impl EventLoop {
         }
     }
 
-    fn next_deadline_ms(&self) -> u64 {
+    pub(super) fn next_deadline_ms(&self) -> u64 {
         let mut t = self.next_heartbeat_ms;
         for r in &self.replicas {
             t = t.min(r.raft.poll_timeout());
@@ -427,7 +300,7 @@ impl EventLoop {
     }
 
     /// Serves queued commands; false once told to stop.
-    fn serve_commands(&mut self, now: u64) -> bool {
+    pub(super) fn serve_commands(&mut self, now: u64) -> bool {
         while let Ok(cmd) = self.commands.try_recv() {
             let group = match &cmd {
                 CoreCommand::Status(reply) => {
@@ -506,7 +379,7 @@ impl EventLoop {
                     client_id,
                     seq,
                     command,
-                    super::command::wall_clock_ms(),
+                    crate::node::command::wall_clock_ms(),
                     reply,
                 ),
                 CoreCommand::Query {
@@ -525,7 +398,7 @@ impl EventLoop {
 
     /// Appends another loop's client connection handed over: proposed
     /// with their tickets, whose outcomes go back at the end of the turn.
-    fn client_appends(
+    pub(super) fn client_appends(
         &mut self,
         group: crate::transport::GroupId,
         client_id: u64,
@@ -550,7 +423,7 @@ impl EventLoop {
     }
 
     /// Stops cleanly: what was queued is flushed before the logs close.
-    fn shutdown(&mut self) {
+    pub(super) fn shutdown(&mut self) {
         for r in &mut self.replicas {
             if r.stopped.is_none() {
                 if let Err(e) = r.wal.sync() {
@@ -560,167 +433,12 @@ impl EventLoop {
         }
     }
 
-    /// A peer was heard over UDP on this loop's sockets.
-    fn heard_udp(&mut self, now: u64, peer: NodeId) {
-        if let Some(c) = self.control.as_mut() {
-            c.heard_udp(now, peer);
-        } else if let Some(tx) = &self.to_control {
-            let last = self.heard_forwarded.entry(peer).or_insert(0);
-            if now >= *last + HEARD_FORWARD_MS {
-                *last = now;
-                tx.send(CoreMsg::HeardUdp { peer });
-            }
-        }
-    }
-
-    fn receive_udp(&mut self, now: u64) {
-        while let Some(ev) = self.udp.endpoint_mut().poll_event() {
-            let Event::Delivered {
-                peer,
-                group,
-                message,
-            } = ev
-            else {
-                continue;
-            };
-            self.heard_udp(now, peer);
-            if message.first() == Some(&ENVELOPE_RAFT) {
-                let (decoded, spare) = decode_raft_delivery(message);
-                match decoded {
-                    Ok(msg) if msg.from == peer && msg.to == self.spec.id => {
-                        if let Some(&i) = self.by_group.get(&group) {
-                            self.replicas[i].step(now, msg);
-                        }
-                    }
-                    Ok(_) | Err(_) => self.note(format!("dropped a bad message from node {peer}")),
-                }
-                // An append's entries keep its buffer; any other message's
-                // carries the next reassembled one.
-                if let Some(buf) = spare {
-                    self.udp.endpoint_mut().recycle_message(buf);
-                }
-                continue;
-            }
-            match message.split_first() {
-                Some((&ENVELOPE_HEARTBEAT, body)) => match Heartbeat::decode(body) {
-                    Ok(hb) if hb.node == peer => self.udp_heartbeat(now, hb),
-                    Ok(_) | Err(_) => {
-                        self.note(format!("dropped a bad heartbeat from node {peer}"))
-                    }
-                },
-                _ => self.note(format!("dropped an unknown message from node {peer}")),
-            }
-            // Decoded into owned values above: the buffer can carry the
-            // next reassembled message (no allocation and page faults).
-            self.udp.endpoint_mut().recycle_message(message);
-        }
-    }
-
-    /// A heartbeat that arrived over UDP on this loop's sockets.
-    fn udp_heartbeat(&mut self, now: u64, hb: Heartbeat) {
-        let Some(c) = self.control.as_mut() else {
-            if let Some(tx) = &self.to_control {
-                tx.send(CoreMsg::Heartbeat(Box::new(hb)));
-            }
-            return;
-        };
-        if c.fresh_udp(&hb) {
-            self.heartbeat_heard(now, &hb, Channel::Udp);
-        }
-    }
-
-    /// Messages from the node's other loops.
-    fn serve_mesh(&mut self, now: u64) {
-        while let Ok(msg) = self.mesh.try_recv() {
-            match msg {
-                CoreMsg::HeardUdp { peer } => {
-                    if let Some(c) = self.control.as_mut() {
-                        c.heard_udp(now, peer);
-                    }
-                }
-                CoreMsg::Heartbeat(hb) => self.udp_heartbeat(now, *hb),
-                CoreMsg::Groups(groups) => {
-                    if let Some(c) = self.control.as_mut() {
-                        c.remote_groups(groups);
-                    }
-                }
-                CoreMsg::Detector(ev) => {
-                    for r in &mut self.replicas {
-                        on_event(&mut r.raft, now, r.group, &ev);
-                    }
-                }
-                CoreMsg::ClientDone(done) => {
-                    if let Some(c) = self.clients.as_mut() {
-                        for d in done {
-                            c.deliver(d);
-                        }
-                    }
-                }
-                CoreMsg::ClientAnswer {
-                    conn,
-                    generation,
-                    request,
-                    response,
-                    small,
-                } => {
-                    if let Some(c) = self.clients.as_mut() {
-                        c.answer(conn, generation, request, response, small);
-                    }
-                }
-                CoreMsg::PeerHeartbeat(hb, ip_alive) => {
-                    for g in hb.groups() {
-                        if let Some(&i) = self.by_group.get(&g.group) {
-                            on_group_status(&mut self.replicas[i].raft, now, &hb, g, ip_alive);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Control: the serial lines, and the heartbeats heard on them.
-    fn serve_serial(&mut self, now: u64) {
-        let Some(c) = self.control.as_mut() else {
-            return;
-        };
-        let udp = &self.udp;
-        for hb in c.serve_serial(now, |fd| udp.wake_fd_ready(fd)) {
-            self.heartbeat_heard(now, &hb, Channel::Serial);
-        }
-    }
-
-    /// Control: a fresh, authentic heartbeat from a peer on `channel`.
-    fn heartbeat_heard(&mut self, now: u64, hb: &Heartbeat, channel: Channel) {
-        let Some(c) = self.control.as_mut() else {
-            return;
-        };
-        let ip_alive = c.heard(now, hb, channel);
-        for g in hb.groups() {
-            if let Some(&i) = self.by_group.get(&g.group) {
-                on_group_status(&mut self.replicas[i].raft, now, hb, g, ip_alive);
-            }
-        }
-        self.detector_events(now);
-    }
-
-    /// Control: notes each of the detector's events and hands it to the
-    /// failover policy of this loop's replicas (the workers get it from
-    /// `Control::next_event`).
-    fn detector_events(&mut self, now: u64) {
-        while let Some((ev, line)) = self.control.as_mut().and_then(|c| c.next_event()) {
-            self.note(line);
-            for r in &mut self.replicas {
-                on_event(&mut r.raft, now, r.group, &ev);
-            }
-        }
-    }
-
     /// Logs a line once and keeps it for the status. The log line leaves
     /// out a leading `at N ms: ` (the event's time on the loop's clock,
     /// which for a link going late or dead is when its silence began to
     /// count, so it can be earlier than a line already printed): the log's
     /// own wall-clock stamp orders the lines; the status keeps both.
-    fn note(&mut self, line: String) {
+    pub(super) fn note(&mut self, line: String) {
         let text = line
             .strip_prefix("at ")
             .and_then(|rest| rest.split_once(" ms: "))
@@ -747,7 +465,7 @@ impl EventLoop {
 
     /// A leader whose own disk has had writes pending for `disk_stall_ms`
     /// steps down: it can make nothing durable (etcd #13527).
-    fn check_own_disks(&mut self, now: u64) {
+    pub(super) fn check_own_disks(&mut self, now: u64) {
         let stall_ms = self.spec.detector.disk_stall_ms;
         for i in 0..self.replicas.len() {
             let stalled = self.replicas[i].disk_stalled(now, stall_ms);
@@ -767,35 +485,8 @@ impl EventLoop {
         }
     }
 
-    fn group_statuses(&self) -> Vec<GroupStatus> {
-        self.replicas.iter().map(|r| r.group_status()).collect()
-    }
-
-    /// Control: the node's heartbeat on every channel. Worker: its groups
-    /// to the control loop, which puts them in the heartbeat.
-    fn send_heartbeat(&mut self, now: u64) {
-        let mine = self.group_statuses();
-        let Some(c) = self.control.as_mut() else {
-            if let Some(tx) = &self.to_control {
-                tx.send(CoreMsg::Groups(mine));
-            }
-            return;
-        };
-        let hb = c.heartbeat(self.spec.id, &self.spec.key, now, mine);
-        self.buf.clear();
-        self.buf.push(ENVELOPE_HEARTBEAT);
-        if hb.encode(&mut self.buf).is_err() {
-            return;
-        }
-        let group = self.replicas[0].group;
-        let peers: Vec<NodeId> = self.spec.peers.iter().map(|p| p.id).collect();
-        for peer in peers {
-            let _ = self.udp.endpoint_mut().send(peer, group, &self.buf);
-        }
-    }
-
     /// Runs every replica's Ready loop and sends what it produced.
-    fn drive_all(&mut self, now: u64) {
+    pub(super) fn drive_all(&mut self, now: u64) {
         for i in 0..self.replicas.len() {
             let mut out = std::mem::take(&mut self.out);
             self.replicas[i].drive(now, &mut out);
@@ -814,7 +505,7 @@ impl EventLoop {
     }
 
     /// This loop's part of the node's status (links and peers: control).
-    fn status(&self) -> NodeStatus {
+    pub(super) fn status(&self) -> NodeStatus {
         let now = self.peek_ms();
         let groups = self.replicas.iter().map(|r| r.view(self.spec.id)).collect();
         let (links, peers) = match &self.control {
@@ -873,19 +564,4 @@ impl EventLoop {
                 .collect(),
         }
     }
-}
-
-/// Why a node does not start without the OS's random source: its seeds
-/// (session epochs, election jitter) would be guessable.
-fn entropy_failed(e: crate::entropy::EntropyError) -> StartError {
-    StartError::Os {
-        what: "the OS's random source",
-        error: e.into(),
-    }
-}
-
-/// A seed for a session epoch or the detector's jitter, from the OS's
-/// random source.
-fn random_seed() -> Result<u64, StartError> {
-    crate::entropy::random_u64().map_err(entropy_failed)
 }

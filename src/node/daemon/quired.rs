@@ -2,19 +2,19 @@
 //! (exit code 2 and one message naming the key if anything is wrong),
 //! refuses to start if any of its ports is taken (exit code 2, naming the
 //! port and its holder: a second daemon on the same config, or another
-//! process on a replication port, see `port_check`), starts one pinned event loop per configured core, the client server and
+//! process on a replication port, see `daemon::port_check`), starts one pinned event loop per configured core, the client server and
 //! the admin endpoint; on SIGTERM or SIGINT stops taking work, lets
 //! in-flight flushes finish and exits 0. A SIGHUP reloads the client TLS
 //! certificate, key and client CA (new connections get them, open ones
 //! keep theirs; a file that does not load leaves the old ones in use);
 //! nothing else is re-read. A restart recovers every group from its log.
 
-use super::admin::AdminServer;
-use super::client_server::ClientServer;
-use super::config_file::{self, DaemonConfig};
-use super::log::{log_info, log_warn};
-use super::port_check::{self, Claim, Proto};
-use super::NodeHandle;
+use crate::node::admin::endpoint::AdminServer;
+use crate::node::client::server::ClientServer;
+use crate::node::daemon::config_file::{self, DaemonConfig};
+use crate::node::daemon::port_check::{self, Claim, Proto};
+use crate::node::log::{log_info, log_warn};
+use crate::node::NodeHandle;
 use crate::tls::ServerTls;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,7 +53,7 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
 
 /// Waits for SIGTERM or SIGINT and says which; a SIGHUP meanwhile reloads
 /// the certificates and keys of the client listener (`client`) and of the
-/// admin endpoint (`admin`, with `node.admin_tls`) from their files.
+/// admin endpoint (`node::admin`, with `node.admin_tls`) from their files.
 fn wait_for_stop(
     id: u64,
     set: &libc::sigset_t,
@@ -151,7 +151,7 @@ const OPEN_FILES_RESERVE: u64 = 1024;
 /// Raises the soft limit on open descriptors towards the hard one, so
 /// that `client.connections_max` connections (each a descriptor, no
 /// longer a thread) can be held; warns if even the hard limit is short.
-fn raise_open_files_limit(id: u64, limits: &super::client_admission::ClientLimits) {
+fn raise_open_files_limit(id: u64, limits: &crate::node::client::admission::ClientLimits) {
     let want = (limits.connections_max + limits.unauthenticated_max) as u64 + OPEN_FILES_RESERVE;
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -1,15 +1,15 @@
 //! The client server's admission policy applied to sockets: the event
 //! loops serving client connections call the [`Gate`] at accept, on a
 //! successful Hello, when a Hello deadline passes, and at close; it asks
-//! `client_admission::Admission` (the sans-IO policy) what to do, closes
+//! `admission::Admission` (the sans-IO policy) what to do, closes
 //! what the policy lets go (through a clone of each unauthenticated
 //! socket, which wakes the loop holding it), and counts and logs it
-//! (`client_stats`). The policy is node-wide, so the gate is shared by
+//! (`stats`). The policy is node-wide, so the gate is shared by
 //! the loops: one short mutex per such event, never per request.
 
-use super::client_admission::{Admission, Admit, ClientLimits, ConnId};
-use super::client_stats::{ClientCounters, ClientEvent, LogLimit};
 use crate::consensus::NodeId;
+use crate::node::client::admission::{Admission, Admit, ClientLimits, ConnId};
+use crate::node::client::stats::{ClientCounters, ClientEvent, LogLimit};
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -41,18 +41,22 @@ struct GateState {
 /// The admission policy applied to sockets: shared by the accept thread
 /// and the connection threads (a short mutex per accept, Hello and
 /// close; never per request).
-pub(super) struct Gate {
+pub(in crate::node) struct Gate {
     state: Mutex<GateState>,
     counters: Arc<ClientCounters>,
     node: NodeId,
     /// `client.hello_timeout_ms`, for the messages.
-    pub(super) hello_timeout_ms: u64,
+    pub(in crate::node) hello_timeout_ms: u64,
     /// The policy's clock.
     started: Instant,
 }
 
 impl Gate {
-    pub(super) fn new(limits: ClientLimits, node: NodeId, counters: Arc<ClientCounters>) -> Gate {
+    pub(in crate::node) fn new(
+        limits: ClientLimits,
+        node: NodeId,
+        counters: Arc<ClientCounters>,
+    ) -> Gate {
         Gate {
             state: Mutex::new(GateState {
                 admission: Admission::new(limits),
@@ -96,7 +100,7 @@ impl Gate {
     }
 
     /// A new connection: its id, or `None` if it is refused (drop it).
-    pub(super) fn admit(&self, stream: &TcpStream) -> Option<ConnId> {
+    pub(in crate::node) fn admit(&self, stream: &TcpStream) -> Option<ConnId> {
         self.counters.add(ClientEvent::Accepted, 1);
         let peer = stream.peer_addr().ok()?;
         let mut st = self.lock();
@@ -126,7 +130,7 @@ impl Gate {
     }
 
     /// The Hello of `id` succeeded: true if it may be served.
-    pub(super) fn authenticate(&self, id: ConnId, peer: Option<SocketAddr>) -> bool {
+    pub(in crate::node) fn authenticate(&self, id: ConnId, peer: Option<SocketAddr>) -> bool {
         let mut st = self.lock();
         let ok = st.admission.authenticate(id);
         if ok {
@@ -141,7 +145,7 @@ impl Gate {
     }
 
     /// Time left for `id`'s Hello; `None` once it is authenticated.
-    pub(super) fn hello_time_left(&self, id: ConnId) -> Option<Duration> {
+    pub(in crate::node) fn hello_time_left(&self, id: ConnId) -> Option<Duration> {
         let deadline = self.lock().admission.hello_deadline_ms(id)?;
         Some(Duration::from_millis(
             deadline.saturating_sub(self.now_ms()),
@@ -151,7 +155,7 @@ impl Gate {
     /// `id`'s Hello deadline has passed: it and any other connection past
     /// its own are let go (counted and logged once each); the others'
     /// sockets are closed here, `id`'s is the caller's to close.
-    pub(super) fn hello_expired(&self, id: ConnId, peer: Option<SocketAddr>) {
+    pub(in crate::node) fn hello_expired(&self, id: ConnId, peer: Option<SocketAddr>) {
         let mut st = self.lock();
         let expired = st.admission.handle_timeout(self.now_ms());
         for x in expired {
@@ -174,7 +178,7 @@ impl Gate {
     }
 
     /// A Hello with a wrong token on `peer`'s connection.
-    pub(super) fn bad_token(&self, peer: Option<SocketAddr>) {
+    pub(in crate::node) fn bad_token(&self, peer: Option<SocketAddr>) {
         self.counters.add(ClientEvent::AuthFailure, 1);
         let mut st = self.lock();
         self.log(&mut st, Refusal::BadToken, peer, "wrong auth token; closed");
@@ -182,7 +186,11 @@ impl Gate {
 
     /// `peer`'s connection failed its TLS handshake or sent a corrupt
     /// record (`why`, rustls' words); it is being closed.
-    pub(super) fn tls_failed(&self, peer: Option<SocketAddr>, why: &dyn std::fmt::Display) {
+    pub(in crate::node) fn tls_failed(
+        &self,
+        peer: Option<SocketAddr>,
+        why: &dyn std::fmt::Display,
+    ) {
         self.counters.add(ClientEvent::TlsFailure, 1);
         let mut st = self.lock();
         self.log(&mut st, Refusal::Tls, peer, &format!("TLS: {why}; closed"));
@@ -190,14 +198,14 @@ impl Gate {
 
     /// A request of `principal` on `peer`'s connection was refused
     /// (`why`): counted per principal, logged at most once a second.
-    pub(super) fn denied(&self, peer: Option<SocketAddr>, principal: &str, why: &str) {
+    pub(in crate::node) fn denied(&self, peer: Option<SocketAddr>, principal: &str, why: &str) {
         self.counters.denied(principal);
         let mut st = self.lock();
         self.log(&mut st, Refusal::Denied, peer, &format!("forbidden: {why}"));
     }
 
     /// `id` has closed (whatever the reason): its slots are free.
-    pub(super) fn closed(&self, id: ConnId) {
+    pub(in crate::node) fn closed(&self, id: ConnId) {
         let mut st = self.lock();
         st.admission.closed(id);
         st.waiting.remove(&id);

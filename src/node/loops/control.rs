@@ -12,17 +12,17 @@
 //! UDP. The loop applies those to its replicas (`heartbeat::failover`).
 //! Its only I/O is the serial ports it drives (the loop waits on their
 //! descriptors); the workers learn the detector's events and the peers'
-//! heartbeats through their mailboxes (`mesh`).
+//! heartbeats through their mailboxes (`node::mesh`).
 
-use super::config::{NodeSpec, PeerSpec, SpecError};
-use super::mesh::{CoreMailbox, CoreMsg};
-use super::status::{LinkView, PeerView};
 use crate::consensus::NodeId;
 use crate::heartbeat::message::GROUPS_MAX;
 use crate::heartbeat::{
     encode_frame, Channel, Detector, Event as LinkEvent, Freshness, GroupStatus, Heartbeat,
     ReplayGuard,
 };
+use crate::node::mesh::{CoreMailbox, CoreMsg};
+use crate::node::spec::{NodeSpec, PeerSpec, SpecError};
+use crate::node::status::{LinkView, PeerView};
 use crate::serial::SerialPort;
 use crate::transport::{ClusterKey, GroupId};
 use std::collections::BTreeMap;

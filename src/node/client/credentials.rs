@@ -1,13 +1,13 @@
 //! Named credentials: who a client connection is (its principal) and what
 //! it may do. Sans-IO: the credentials file's text in, principals and
-//! verdicts out; `config_file` reads the files, the client loops ask.
+//! verdicts out; `daemon::config_file` reads the files, the client loops ask.
 //!
 //! A principal is known by a token (sent in its Hello) or by the common
 //! name of its client certificate (mTLS). Its grants say, per group and
 //! optionally per queue-name prefix, which operations it may do: `read`,
 //! `append` (log appends, ledger entries, produces), `consume` (consume
 //! and ack), `create` and `delete` (ledgers and queues), and `admin`
-//! (membership changes through the admin endpoint, `node::admin_auth`).
+//! (membership changes through the admin endpoint, `node::admin::auth`).
 //! The cluster's one token of old (`node.auth_token_file`) is the
 //! principal `cluster` with every client permission, so a config without
 //! a credentials file works as before; it is not an admin (changing the
@@ -161,7 +161,7 @@ pub struct Principal {
     /// Its grants (unused if `all`).
     pub grants: Vec<Grant>,
     /// Its write quotas (`node::quota`).
-    pub quota: crate::node::quota::Quota,
+    pub quota: crate::node::client::quota::Quota,
 }
 
 impl Principal {
