@@ -22,6 +22,7 @@
 //! install, adoption), [`reads`] (batch index, read cache) and
 //! [`repaired`] (entries below the snapshot repaired from a peer).
 
+mod adopt;
 mod commit;
 mod config;
 mod open;
