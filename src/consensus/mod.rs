@@ -328,8 +328,8 @@ pub enum RaftError {
     TransferInProgress,
     /// A membership change is still uncommitted (one at a time, §4.1).
     MembershipChangePending,
-    /// The membership change is invalid.
-    InvalidMembershipChange(String),
+    /// The membership change (or transfer target) is invalid.
+    InvalidMembershipChange(MembershipError),
     /// A compaction or snapshot request names an index that is not usable.
     InvalidIndex(String),
 }

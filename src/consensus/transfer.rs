@@ -2,7 +2,7 @@
 //! brings the target up to date, then tells it to time out now; the target
 //! campaigns at once and voters ignore their leader lease for it.
 
-use super::{Body, NodeId, Raft, RaftError, ReplicationState, Role};
+use super::{Body, MembershipError, NodeId, Raft, RaftError, ReplicationState, Role};
 
 /// The most times the hold before a handover to the preferred voter
 /// doubles (after failed handovers, or leaderships won again): 64×.
@@ -42,9 +42,9 @@ impl Raft {
             return Ok(());
         }
         if !self.membership().voters.contains(&target) {
-            return Err(RaftError::InvalidMembershipChange(format!(
-                "node {target} is not a voter and cannot lead"
-            )));
+            return Err(RaftError::InvalidMembershipChange(
+                MembershipError::NotVoter(target),
+            ));
         }
         if self.transfer.is_some_and(|t| t.target == target) {
             return Ok(());

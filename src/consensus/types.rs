@@ -46,38 +46,73 @@ impl Membership {
     /// The membership that results from applying one single-server change
     /// (thesis §4.1: one server at a time keeps old and new majorities
     /// overlapping), or why the change makes no sense here.
-    pub fn apply(&self, change: MembershipChange) -> Result<Membership, String> {
+    pub fn apply(&self, change: MembershipChange) -> Result<Membership, MembershipError> {
         let mut next = self.clone();
         match change {
             MembershipChange::AddVoter(id) => {
                 if next.voters.contains(&id) {
-                    return Err(format!("node {id} is already a voter"));
+                    return Err(MembershipError::AlreadyVoter(id));
                 }
                 next.learners.remove(&id);
                 next.voters.insert(id);
             }
             MembershipChange::AddLearner(id) => {
                 if next.contains(id) {
-                    return Err(format!("node {id} is already a member"));
+                    return Err(MembershipError::AlreadyMember(id));
                 }
                 next.learners.insert(id);
             }
             MembershipChange::Remove(id) => {
                 if !next.contains(id) {
-                    return Err(format!("node {id} is not a member"));
+                    return Err(MembershipError::NotMember(id));
                 }
                 next.voters.remove(&id);
                 next.learners.remove(&id);
                 if next.voters.is_empty() {
-                    return Err(
-                        "removing the last voter would leave the group without a quorum".into(),
-                    );
+                    return Err(MembershipError::LastVoter);
                 }
             }
         }
         Ok(next)
     }
 }
+
+/// Why a membership change (or a leadership transfer) makes no sense for
+/// the membership in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MembershipError {
+    /// Adding as a voter a node that already is one.
+    AlreadyVoter(NodeId),
+    /// Adding as a learner a node that is already a member.
+    AlreadyMember(NodeId),
+    /// Removing a node that is not a member.
+    NotMember(NodeId),
+    /// Removing the last voter: the group would have no quorum.
+    LastVoter,
+    /// Handing leadership to a node that is not a voter.
+    NotVoter(NodeId),
+}
+
+impl std::fmt::Display for MembershipError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MembershipError::AlreadyVoter(id) => write!(f, "node {id} is already a voter"),
+            MembershipError::AlreadyMember(id) => write!(f, "node {id} is already a member"),
+            MembershipError::NotMember(id) => write!(f, "node {id} is not a member"),
+            MembershipError::LastVoter => {
+                write!(
+                    f,
+                    "removing the last voter would leave the group without a quorum"
+                )
+            }
+            MembershipError::NotVoter(id) => {
+                write!(f, "node {id} is not a voter and cannot lead")
+            }
+        }
+    }
+}
+
+impl std::error::Error for MembershipError {}
 
 /// One single-server membership change (thesis §4.1, §4.2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -682,7 +682,7 @@ fn refused_by_raft(e: crate::consensus::RaftError) -> ProposeError {
     use crate::consensus::RaftError as E;
     match e {
         E::NotLeader { leader } => ProposeError::NotLeader(leader),
-        E::InvalidMembershipChange(why) => ProposeError::Invalid(why),
+        E::InvalidMembershipChange(why) => ProposeError::Invalid(why.to_string()),
         E::MembershipChangePending | E::TransferInProgress => ProposeError::Busy(e.to_string()),
         // Only compaction and snapshots name an index; a proposal never.
         E::InvalidIndex(_) => ProposeError::Internal(e.to_string()),
