@@ -15,7 +15,8 @@ pub struct AlignedBuf {
     cap: usize,
 }
 
-// The buffer is plain owned memory; moving it between threads is safe.
+// SAFETY: the buffer is plain memory it owns alone (no shared or
+// thread-bound state), so moving it between threads is safe.
 unsafe impl Send for AlignedBuf {}
 
 fn aligned_cap(n: usize) -> usize {

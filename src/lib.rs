@@ -11,6 +11,7 @@
 //! ([`sim`]), which drives the cores through glue of its own.
 
 #![warn(missing_docs, unreachable_pub)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod api;
 pub mod bench;
@@ -23,6 +24,7 @@ pub mod io;
 pub mod net;
 pub mod node;
 pub mod serial;
+pub mod sigpipe;
 pub mod sim;
 pub mod state;
 pub mod storage;

@@ -16,8 +16,7 @@ pub fn process_cpu_us(pid: u32) -> Option<u64> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
     let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
     let ticks_per_s = u64::try_from(ticks_per_s).ok().filter(|&t| t > 0)?;
     Some((utime + stime) * 1_000_000 / ticks_per_s)
 }
@@ -33,14 +32,12 @@ pub fn processes_cpu_us(pids: &[u32]) -> Option<u64> {
 
 /// CPU time of this process so far (every thread, user + system), µs.
 pub fn own_cpu_us() -> u64 {
-    // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
         return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(ru.ru_utime) + us(ru.ru_stime)
+    };
+    (ru.user_time().num_microseconds() + ru.system_time().num_microseconds()).max(0) as u64
 }
 
 #[cfg(test)]

@@ -10,8 +10,7 @@ fn main() -> ExitCode {
     // `quire-bench ... | head` ends quietly instead of panicking on the
     // closed pipe. Reports are printed after the jobs (and any embedded
     // cluster) are done; sockets send with MSG_NOSIGNAL.
-    // SAFETY: signal(2) before any thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    quire::sigpipe::on_closed_pipe(true);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
     let cfg = match cli::parse(&args, &read) {

@@ -71,8 +71,7 @@ struct Args {
 fn main() -> ExitCode {
     // `quire-sim --seeds 1000 --verbose | head` ends quietly, as `cat` does,
     // instead of panicking on the closed pipe.
-    // SAFETY: signal(2) before any thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    quire::sigpipe::on_closed_pipe(true);
     let args = Args::parse();
     let Some(workload) = Workload::by_name(&args.workload) else {
         eprintln!(

@@ -18,7 +18,7 @@ use crate::tls::{ClientTls, TlsChannel};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 /// Most bytes read from one socket in one turn: the other connections
@@ -208,5 +208,10 @@ impl Link {
     /// The socket, for `poll(2)`.
     pub(crate) fn fd(&self) -> RawFd {
         self.stream.as_raw_fd()
+    }
+
+    /// The socket, borrowed, for a safe `poll(2)`.
+    pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
     }
 }

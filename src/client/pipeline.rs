@@ -39,6 +39,7 @@ use crate::api::{ErrorCode, Received, Request, Response};
 use crate::state::dedup::WINDOW;
 use crate::state::{Command, Outcome};
 use crate::tls::ClientTls;
+use nix::sys::time::TimeSpec;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -588,25 +589,17 @@ const _: () = assert!(
 /// Waits up to `timeout` for `link`'s socket: (readable or closed,
 /// writable).
 fn wait_socket(link: &Link, timeout: Duration) -> (bool, bool) {
-    let mut events = libc::POLLIN;
+    use nix::poll::{ppoll, PollFd, PollFlags};
+    let mut events = PollFlags::POLLIN;
     if link.wants_write() {
-        events |= libc::POLLOUT;
+        events |= PollFlags::POLLOUT;
     }
-    let mut fd = libc::pollfd {
-        fd: link.fd(),
-        events,
-        revents: 0,
-    };
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `fd` is one valid pollfd that outlives the call; a null
-    // sigmask leaves the mask alone.
-    let n = unsafe { libc::ppoll(&mut fd, 1, &ts, std::ptr::null()) };
-    if n <= 0 {
-        return (false, false);
+    let mut fds = [PollFd::new(link.as_fd(), events)];
+    match ppoll(&mut fds, Some(TimeSpec::from_duration(timeout)), None) {
+        Ok(n) if n > 0 => {}
+        _ => return (false, false),
     }
-    let readable = fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
-    (readable, fd.revents & libc::POLLOUT != 0)
+    let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+    let readable = revents.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR);
+    (readable, revents.contains(PollFlags::POLLOUT))
 }

@@ -16,7 +16,6 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -87,8 +86,7 @@ impl TestNet {
     /// `n` node namespaces on a bridge. Fails (with why) without root or
     /// `ip`.
     pub fn create(n: usize) -> Result<TestNet, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             return Err("network namespaces need root".into());
         }
         remove_stale();
@@ -246,10 +244,8 @@ pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> io::Result<T
     let file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: a namespace file descriptor; only this thread moves.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            // Only this thread moves.
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)?;
             Ok(f())
         })
         .join()

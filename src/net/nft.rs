@@ -66,8 +66,7 @@ impl NftLoss {
     /// Installs `rules` (nft rule lines) in the input chain of a table of
     /// this process's own.
     fn install_rules(rules: &str) -> Result<NftLoss, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             return Err("not root: nftables rules need CAP_NET_ADMIN".into());
         }
         match Command::new("nft").arg("--version").output() {

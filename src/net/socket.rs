@@ -10,10 +10,15 @@
 //! datagrams with whoever holds it.
 
 use super::config::UdpConfig;
+use nix::errno::Errno;
+use nix::sys::socket::{
+    bind, getsockopt, sendto, setsockopt, socket, sockopt, AddressFamily, MsgFlags, SockFlag,
+    SockProtocol, SockType, SockaddrStorage,
+};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// A socket address in the form the kernel takes.
 #[derive(Clone, Copy)]
@@ -97,52 +102,9 @@ impl RawAddr {
     }
 }
 
-fn last_error(what: &str) -> io::Error {
-    let e = io::Error::last_os_error();
+fn with_context(what: &str, e: Errno) -> io::Error {
+    let e = io::Error::from(e);
     io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-fn setsockopt_int(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: a valid pointer to an int and its size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: a valid pointer to an int and its size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            level,
-            name,
-            &mut value as *mut libc::c_int as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r == 0 {
-        Ok(value)
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// Reads a sysctl under /proc/sys/net/core, for the warning text.
@@ -171,22 +133,36 @@ pub(crate) struct Opened {
 /// Sets a buffer size and says, in the warning, how far short the kernel
 /// fell. Linux doubles the value for its bookkeeping and reports the
 /// doubled figure; we compare half of it with what was asked.
-fn set_buffer(fd: RawFd, name: libc::c_int, asked: usize, warnings: &mut Vec<String>) -> usize {
-    let (opt, sysctl) = if name == libc::SO_RCVBUF {
+fn set_buffer(fd: &OwnedFd, receive: bool, asked: usize, warnings: &mut Vec<String>) -> usize {
+    let (opt, sysctl) = if receive {
         ("SO_RCVBUF", "rmem_max")
     } else {
         ("SO_SNDBUF", "wmem_max")
     };
-    let value = asked.min(libc::c_int::MAX as usize / 2) as libc::c_int;
-    if let Err(e) = setsockopt_int(fd, libc::SOL_SOCKET, name, value) {
+    let value = asked.min(libc::c_int::MAX as usize / 2);
+    let set = if receive {
+        setsockopt(fd, sockopt::RcvBuf, &value)
+    } else {
+        setsockopt(fd, sockopt::SndBuf, &value)
+    };
+    if let Err(e) = set {
+        let e = io::Error::from(e);
         warnings.push(format!(
             "{opt} of {asked} bytes refused ({e}); the kernel default stays"
         ));
     }
-    let granted = match getsockopt_int(fd, libc::SOL_SOCKET, name) {
-        Ok(v) => (v.max(0) as usize) / 2,
+    let read = if receive {
+        getsockopt(fd, sockopt::RcvBuf)
+    } else {
+        getsockopt(fd, sockopt::SndBuf)
+    };
+    let granted = match read {
+        Ok(v) => v / 2,
         Err(e) => {
-            warnings.push(format!("{opt} cannot be read back ({e})"));
+            warnings.push(format!(
+                "{opt} cannot be read back ({})",
+                io::Error::from(e)
+            ));
             return 0;
         }
     };
@@ -204,8 +180,8 @@ fn set_buffer(fd: RawFd, name: libc::c_int, asked: usize, warnings: &mut Vec<Str
 
 /// Whether the kernel takes UDP_SEGMENT on this socket (Linux 4.18+):
 /// reading the option back succeeds exactly where sending with it can.
-fn probe_gso(fd: RawFd) -> Result<(), String> {
-    match getsockopt_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT) {
+fn probe_gso(fd: &OwnedFd) -> Result<(), String> {
+    match getsockopt(fd, sockopt::UdpGsoSegment).map_err(io::Error::from) {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Err(format!(
             "the kernel has no UDP_SEGMENT (Linux 4.18 or newer is needed): {e}"
@@ -215,8 +191,8 @@ fn probe_gso(fd: RawFd) -> Result<(), String> {
 }
 
 /// Turns on UDP_GRO (Linux 5.0+).
-fn enable_gro(fd: RawFd) -> Result<(), String> {
-    match setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1) {
+fn enable_gro(fd: &OwnedFd) -> Result<(), String> {
+    match setsockopt(fd, sockopt::UdpGroSegment, &true).map_err(io::Error::from) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Err(format!(
             "the kernel has no UDP_GRO (Linux 5.0 or newer is needed): {e}"
@@ -229,22 +205,16 @@ fn enable_gro(fd: RawFd) -> Result<(), String> {
 /// received messages carry their kernel receive time (SO_TIMESTAMPNS).
 pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::Result<Opened> {
     let family = match addr {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
     };
-    // SAFETY: plain syscall; the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_UDP,
-        )
-    };
-    if fd < 0 {
-        return Err(last_error("socket(AF_INET, SOCK_DGRAM)"));
-    }
-    // SAFETY: fd is a fresh descriptor that nothing else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owned = socket(
+        family,
+        SockType::Datagram,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        SockProtocol::Udp,
+    )
+    .map_err(|e| with_context("socket(AF_INET, SOCK_DGRAM)", e))?;
     // No SO_REUSEADDR: on a UDP socket it does not speed up a restart (a
     // closed UDP socket frees its port at once, there is no TIME_WAIT; the
     // old process's queued datagrams die with its socket) and it lets any
@@ -252,19 +222,10 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
     // node's datagrams (unicast goes to the last socket bound).
     let mut warnings = Vec::new();
     // Sizes before bind: datagrams may arrive as soon as it is bound.
-    let recv_buffer_bytes = set_buffer(fd, libc::SO_RCVBUF, cfg.recv_buffer_bytes, &mut warnings);
-    let send_buffer_bytes = set_buffer(fd, libc::SO_SNDBUF, cfg.send_buffer_bytes, &mut warnings);
-    let raw = RawAddr::from_std(&addr);
-    // SAFETY: raw holds a sockaddr of raw.len bytes.
-    let r = unsafe {
-        libc::bind(
-            fd,
-            &raw.storage as *const _ as *const libc::sockaddr,
-            raw.len,
-        )
-    };
-    if r != 0 {
-        let e = io::Error::last_os_error();
+    let recv_buffer_bytes = set_buffer(&owned, true, cfg.recv_buffer_bytes, &mut warnings);
+    let send_buffer_bytes = set_buffer(&owned, false, cfg.send_buffer_bytes, &mut warnings);
+    if let Err(e) = bind(owned.as_raw_fd(), &SockaddrStorage::from(addr)) {
+        let e = io::Error::from(e);
         let hint = match e.raw_os_error() {
             Some(libc::EADDRINUSE) => {
                 " (another socket holds the port: is a second quired running?)"
@@ -276,7 +237,8 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
         return Err(io::Error::new(e.kind(), format!("bind {addr}: {e}{hint}")));
     }
     if timestamps {
-        if let Err(e) = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1) {
+        if let Err(e) = setsockopt(&owned, sockopt::ReceiveTimestampns, &true) {
+            let e = io::Error::from(e);
             warnings.push(format!(
                 "SO_TIMESTAMPNS refused ({e}): datagrams of different group sockets are read \
                  socket by socket, which can reorder a channel's frames and cause needless NACKs"
@@ -284,12 +246,12 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
         }
     }
     let gso = if cfg.gso && cfg.gso_segments_max > 1 {
-        probe_gso(fd)
+        probe_gso(&owned)
     } else {
         Err("disabled by configuration".into())
     };
     let gro = if cfg.gro {
-        enable_gro(fd)
+        enable_gro(&owned)
     } else {
         Err("disabled by configuration".into())
     };
@@ -306,23 +268,13 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
 /// Sends one datagram from `fd` to `dest` without blocking (the AF_XDP
 /// path's way through the kernel for a peer whose MAC is not known yet).
 pub(crate) fn send_one(fd: RawFd, dest: SocketAddr, bytes: &[u8]) -> io::Result<()> {
-    let name = RawAddr::from_std(&dest);
-    // SAFETY: bytes and name are valid for the call.
-    let r = unsafe {
-        libc::sendto(
-            fd,
-            bytes.as_ptr() as *const libc::c_void,
-            bytes.len(),
-            libc::MSG_DONTWAIT,
-            &name.storage as *const _ as *const libc::sockaddr,
-            name.len,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    sendto(
+        fd,
+        bytes,
+        &SockaddrStorage::from(dest),
+        MsgFlags::MSG_DONTWAIT,
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -353,26 +305,16 @@ mod tests {
     /// Another socket binding the port with SO_REUSEADDR and SO_REUSEPORT
     /// set: what a process that wants the group's datagrams would try.
     fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
-        // SAFETY: plain syscalls on a fresh descriptor; results checked.
-        unsafe {
-            let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let owned = OwnedFd::from_raw_fd(fd);
-            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
-            let raw = RawAddr::from_std(&addr);
-            if libc::bind(
-                fd,
-                &raw.storage as *const _ as *const libc::sockaddr,
-                raw.len,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(owned)
-        }
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        setsockopt(&fd, sockopt::ReusePort, &true)?;
+        bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+        Ok(fd)
     }
 
     #[test]

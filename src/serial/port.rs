@@ -7,10 +7,14 @@
 //! Only the owning thread touches a port. It reads no clock: the caller
 //! passes `now_ms` (used only for the reopen backoff).
 
-use std::ffi::CString;
+use nix::errno::Errno;
+use nix::sys::termios::{
+    self, BaudRate, ControlFlags, FlushArg, InputFlags, SetArg, SpecialCharacterIndices,
+};
+use nix::unistd;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use crate::heartbeat::frame::{DecoderStats, FrameDecoder, FrameError, FRAME_BYTES_MAX};
@@ -191,17 +195,14 @@ impl SerialPort {
             let Some(fd) = self.fd.as_ref() else {
                 return;
             };
-            let w = unsafe { libc::write(fd.as_raw_fd(), self.tx.as_ptr().cast(), self.tx.len()) };
-            if w > 0 {
-                self.tx.drain(..w as usize);
-                self.stats.bytes_written += w as u64;
-                continue;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return,
-                _ => return self.lost(now_ms, format!("write: {e}")),
+            match unistd::write(fd, &self.tx) {
+                Ok(w) if w > 0 => {
+                    self.tx.drain(..w);
+                    self.stats.bytes_written += w as u64;
+                }
+                Ok(_) | Err(Errno::EAGAIN) => return,
+                Err(Errno::EINTR) => {}
+                Err(e) => return self.lost(now_ms, format!("write: {}", io::Error::from(e))),
             }
         }
     }
@@ -215,29 +216,25 @@ impl SerialPort {
             let Some(fd) = self.fd.as_ref() else {
                 break;
             };
-            let r = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r > 0 {
-                let n = r as usize;
-                self.decoder.push(&buf[..n]);
-                self.stats.bytes_read += n as u64;
-                total += n;
-                // The device works: the next failure starts from the
-                // shortest backoff again.
-                self.backoff_ms = self.cfg.reopen_backoff_min_ms;
-                continue;
-            }
-            if r == 0 {
-                // End of file on a tty: the device is gone (hang-up).
-                self.lost(now_ms, "read: end of file (device gone)".into());
-                break;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => break,
+            match unistd::read(fd, &mut buf) {
+                Ok(0) => {
+                    // End of file on a tty: the device is gone (hang-up).
+                    self.lost(now_ms, "read: end of file (device gone)".into());
+                    break;
+                }
+                Ok(n) => {
+                    self.decoder.push(&buf[..n]);
+                    self.stats.bytes_read += n as u64;
+                    total += n;
+                    // The device works: the next failure starts from the
+                    // shortest backoff again.
+                    self.backoff_ms = self.cfg.reopen_backoff_min_ms;
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
                 // EIO, ENXIO, ENODEV: the adapter or the PTY went away.
-                _ => {
-                    self.lost(now_ms, format!("read: {e}"));
+                Err(e) => {
+                    self.lost(now_ms, format!("read: {}", io::Error::from(e)));
                     break;
                 }
             }
@@ -309,71 +306,65 @@ impl SerialPort {
 fn open_raw(cfg: &SerialConfig) -> io::Result<OwnedFd> {
     let speed =
         baud_constant(cfg.baud).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let path = CString::new(cfg.device.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let check = |r: libc::c_int| {
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r)
-        }
-    };
-    unsafe {
-        let raw = check(libc::open(
-            path.as_ptr(),
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        ))?;
-        let fd = OwnedFd::from_raw_fd(raw);
-        let mut t: libc::termios = std::mem::zeroed();
-        // Fails with ENOTTY on anything that is not a terminal.
-        check(libc::tcgetattr(raw, &mut t))?;
-        libc::cfmakeraw(&mut t);
-        // 8 data bits, no parity, one stop bit; ignore modem control lines
-        // (a null-modem cable may not wire DCD); no hardware or software
-        // flow control, which a stuck peer could use to block our writes.
-        t.c_cflag &= !(libc::CSIZE | libc::PARENB | libc::CSTOPB | libc::CRTSCTS);
-        t.c_cflag |= libc::CS8 | libc::CLOCAL | libc::CREAD;
-        t.c_iflag &= !(libc::IXON | libc::IXOFF | libc::IXANY);
-        // VMIN 1, VTIME 0 with O_NONBLOCK: an empty queue reads EAGAIN, so
-        // a read of 0 bytes means hang-up (device gone). With VMIN 0 Linux
-        // returns 0 for "no data" too, and the two could not be told apart.
-        t.c_cc[libc::VMIN] = 1;
-        t.c_cc[libc::VTIME] = 0;
-        check(libc::cfsetispeed(&mut t, speed))?;
-        check(libc::cfsetospeed(&mut t, speed))?;
-        check(libc::tcsetattr(raw, libc::TCSANOW, &t))?;
-        // Whatever waited in the queues is from before: stale.
-        check(libc::tcflush(raw, libc::TCIOFLUSH))?;
-        // Exclusive: a second process opening the port would steal bytes.
-        // Best effort (not every driver supports it).
-        libc::ioctl(raw, libc::TIOCEXCL);
-        Ok(fd)
-    }
+    let fd: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(&cfg.device)?
+        .into();
+    // Fails with ENOTTY on anything that is not a terminal.
+    let mut t = termios::tcgetattr(&fd)?;
+    termios::cfmakeraw(&mut t);
+    // 8 data bits, no parity, one stop bit; ignore modem control lines
+    // (a null-modem cable may not wire DCD); no hardware or software
+    // flow control, which a stuck peer could use to block our writes.
+    t.control_flags &= !(ControlFlags::CSIZE
+        | ControlFlags::PARENB
+        | ControlFlags::CSTOPB
+        | ControlFlags::CRTSCTS);
+    t.control_flags |= ControlFlags::CS8 | ControlFlags::CLOCAL | ControlFlags::CREAD;
+    t.input_flags &= !(InputFlags::IXON | InputFlags::IXOFF | InputFlags::IXANY);
+    // VMIN 1, VTIME 0 with O_NONBLOCK: an empty queue reads EAGAIN, so
+    // a read of 0 bytes means hang-up (device gone). With VMIN 0 Linux
+    // returns 0 for "no data" too, and the two could not be told apart.
+    t.control_chars[SpecialCharacterIndices::VMIN as usize] = 1;
+    t.control_chars[SpecialCharacterIndices::VTIME as usize] = 0;
+    termios::cfsetispeed(&mut t, speed)?;
+    termios::cfsetospeed(&mut t, speed)?;
+    termios::tcsetattr(&fd, SetArg::TCSANOW, &t)?;
+    // Whatever waited in the queues is from before: stale.
+    termios::tcflush(&fd, FlushArg::TCIOFLUSH)?;
+    // Exclusive: a second process opening the port would steal bytes.
+    // Best effort (not every driver supports it).
+    // SAFETY: TIOCEXCL takes no argument; `fd` is the tty opened above.
+    unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCEXCL) };
+    Ok(fd)
 }
 
 /// The termios constant for a baud rate.
-fn baud_constant(baud: u32) -> Option<libc::speed_t> {
+fn baud_constant(baud: u32) -> Option<BaudRate> {
     Some(match baud {
-        1200 => libc::B1200,
-        2400 => libc::B2400,
-        4800 => libc::B4800,
-        9600 => libc::B9600,
-        19_200 => libc::B19200,
-        38_400 => libc::B38400,
-        57_600 => libc::B57600,
-        115_200 => libc::B115200,
-        230_400 => libc::B230400,
-        460_800 => libc::B460800,
-        500_000 => libc::B500000,
-        576_000 => libc::B576000,
-        921_600 => libc::B921600,
-        1_000_000 => libc::B1000000,
-        1_152_000 => libc::B1152000,
-        1_500_000 => libc::B1500000,
-        2_000_000 => libc::B2000000,
-        2_500_000 => libc::B2500000,
-        3_000_000 => libc::B3000000,
-        3_500_000 => libc::B3500000,
-        4_000_000 => libc::B4000000,
+        1200 => BaudRate::B1200,
+        2400 => BaudRate::B2400,
+        4800 => BaudRate::B4800,
+        9600 => BaudRate::B9600,
+        19_200 => BaudRate::B19200,
+        38_400 => BaudRate::B38400,
+        57_600 => BaudRate::B57600,
+        115_200 => BaudRate::B115200,
+        230_400 => BaudRate::B230400,
+        460_800 => BaudRate::B460800,
+        500_000 => BaudRate::B500000,
+        576_000 => BaudRate::B576000,
+        921_600 => BaudRate::B921600,
+        1_000_000 => BaudRate::B1000000,
+        1_152_000 => BaudRate::B1152000,
+        1_500_000 => BaudRate::B1500000,
+        2_000_000 => BaudRate::B2000000,
+        2_500_000 => BaudRate::B2500000,
+        3_000_000 => BaudRate::B3000000,
+        3_500_000 => BaudRate::B3500000,
+        4_000_000 => BaudRate::B4000000,
         _ => return None,
     })
 }

@@ -21,11 +21,16 @@
 //! endpoint may close and reopen its end at will. Baud rate is not
 //! emulated: bytes cross as fast as the thread copies them.
 
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::pty::{grantpt, posix_openpt, ptsname_r, unlockpt};
+use nix::sys::termios::{self, SetArg};
+use nix::unistd;
 use std::collections::VecDeque;
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -195,7 +200,7 @@ impl NullModem {
 
     fn wake_thread(&self) {
         // A full pipe already wakes the thread; nothing to do on EAGAIN.
-        unsafe { libc::write(self.wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        let _ = unistd::write(&self.wake, &[1u8]);
     }
 }
 
@@ -226,38 +231,42 @@ impl std::fmt::Debug for NullModem {
 fn forward(shared: Arc<Shared>, mut ptys: [Option<Pty>; 2], wake: OwnedFd) {
     let mut buf = [0u8; 4096];
     while !shared.stop.load(Ordering::SeqCst) {
-        let fd_of = |p: &Option<Pty>| p.as_ref().map_or(-1, |p| p.master.as_raw_fd());
-        let mut fds = [
-            pollfd(wake.as_raw_fd()),
-            pollfd(fd_of(&ptys[0])),
-            pollfd(fd_of(&ptys[1])),
-        ];
-        // Negative fds are ignored by poll(2): a vanished end.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        // The ends present now (a vanished end is not polled).
+        let ends: Vec<usize> = (0..2).filter(|&i| ptys[i].is_some()).collect();
+        let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+        fds.extend(ends.iter().filter_map(|&i| {
+            let p = ptys[i].as_ref()?;
+            Some(PollFd::new(p.master.as_fd(), PollFlags::POLLIN))
+        }));
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => return,
         }
-        if fds[0].revents != 0 {
-            while unsafe { libc::read(wake.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+        let woken = fds[0].any().unwrap_or(false);
+        let readable = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+        let mut ready = [false; 2];
+        for (&end, fd) in ends.iter().zip(&fds[1..]) {
+            ready[end] = fd.revents().is_some_and(|r| r.intersects(readable));
+        }
+        drop(fds);
+        if woken {
+            while matches!(unistd::read(&wake, &mut buf), Ok(n) if n > 0) {}
         }
         for from in 0..2 {
-            if fds[1 + from].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) == 0 {
+            if !ready[from] {
                 continue;
             }
             let Some(src) = ptys[from].as_ref() else {
                 continue;
             };
-            let r =
-                unsafe { libc::read(src.master.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r <= 0 {
+            let r = match unistd::read(&src.master, &mut buf) {
+                Ok(r) if r > 0 => r,
                 // EAGAIN, or EIO while no slave is open (cannot happen: we
                 // hold one); nothing to forward this round.
-                continue;
-            }
-            let bytes = &buf[..r as usize];
+                _ => continue,
+            };
+            let bytes = &buf[..r];
             let mut stats = shared.stats.lock().unwrap_or_else(|e| e.into_inner());
             if !shared.plugged.load(Ordering::SeqCst) {
                 stats.bytes_dropped_unplugged += bytes.len() as u64;
@@ -302,76 +311,39 @@ fn write_some(to: Option<&Pty>, bytes: &[u8]) -> usize {
     };
     let mut done = 0;
     while done < bytes.len() {
-        let w = unsafe {
-            libc::write(
-                to.master.as_raw_fd(),
-                bytes[done..].as_ptr().cast(),
-                bytes.len() - done,
-            )
-        };
-        if w <= 0 {
-            break;
+        match unistd::write(&to.master, &bytes[done..]) {
+            Ok(w) if w > 0 => done += w,
+            _ => break,
         }
-        done += w as usize;
     }
     done
 }
 
-fn pollfd(fd: RawFd) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }
-}
-
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// A new PTY with a raw, non-blocking master and the slave held open.
 fn open_pty() -> io::Result<Pty> {
-    unsafe {
-        let m = check(libc::posix_openpt(
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        ))?;
-        let master = OwnedFd::from_raw_fd(m);
-        check(libc::grantpt(m))?;
-        check(libc::unlockpt(m))?;
-        let mut name = [0 as libc::c_char; 128];
-        let e = libc::ptsname_r(m, name.as_mut_ptr(), name.len());
-        if e != 0 {
-            return Err(io::Error::from_raw_os_error(e));
-        }
-        let path = PathBuf::from(
-            std::ffi::CStr::from_ptr(name.as_ptr())
-                .to_string_lossy()
-                .into_owned(),
-        );
-        let cpath = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-        let s = check(libc::open(
-            cpath.as_ptr(),
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        ))?;
-        let slave = OwnedFd::from_raw_fd(s);
-        // Raw from the start: no echo back into the cable, no line
-        // buffering, no CR/LF translation, even before an endpoint sets it.
-        let mut t: libc::termios = std::mem::zeroed();
-        check(libc::tcgetattr(s, &mut t))?;
-        libc::cfmakeraw(&mut t);
-        check(libc::tcsetattr(s, libc::TCSANOW, &t))?;
-        let fl = check(libc::fcntl(m, libc::F_GETFL))?;
-        check(libc::fcntl(m, libc::F_SETFL, fl | libc::O_NONBLOCK))?;
-        Ok(Pty {
-            master,
-            slave,
-            path,
-        })
-    }
+    let master = posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let path = PathBuf::from(ptsname_r(&master)?);
+    let slave: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(&path)?
+        .into();
+    // Raw from the start: no echo back into the cable, no line
+    // buffering, no CR/LF translation, even before an endpoint sets it.
+    let mut t = termios::tcgetattr(&slave)?;
+    termios::cfmakeraw(&mut t);
+    termios::tcsetattr(&slave, SetArg::TCSANOW, &t)?;
+    let master = OwnedFd::from(master);
+    let flags = OFlag::from_bits_retain(fcntl(&master, FcntlArg::F_GETFL)?);
+    fcntl(&master, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(Pty {
+        master,
+        slave,
+        path,
+    })
 }
 
 /// Points `link` at `target`, replacing any old link atomically.
@@ -383,7 +355,5 @@ fn relink(target: &Path, link: &Path) -> io::Result<()> {
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?)
 }

@@ -26,6 +26,8 @@
 //! or raises an alarm); 2 bad usage (clap) or a bad config file. Errors
 //! are printed once, on stderr, as `quire: ...`.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod human;
 mod input;
 mod state;
@@ -441,18 +443,14 @@ fn client(t: &Target) -> Result<Client, String> {
 
 fn main() -> ExitCode {
     // A closed stdout (`quire status | head -1`, `quire tail | head`) ends
-    // the command quietly, as it ends `cat`, instead of a panic with exit
-    // code 101. The client's sockets send with MSG_NOSIGNAL, so only
-    // stdout and stderr can raise SIGPIPE.
-    // SAFETY: signal(2) before any thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // the command quietly, as it ends `cat` (`--help` too: before parsing).
+    quire::sigpipe::on_closed_pipe(true);
     let cli = Cli::parse();
     if matches!(cli.cmd, Cmd::Daemon { .. } | Cmd::Up { .. }) {
         // Except where it would leave others behind: the daemon must see
         // EPIPE rather than die, and `quire up` must stop its cluster
         // (its output after a closed pipe is dropped: `say!`).
-        // SAFETY: as above.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+        quire::sigpipe::on_closed_pipe(false);
     }
     let r = match cli.cmd {
         Cmd::Daemon {

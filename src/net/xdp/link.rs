@@ -27,11 +27,18 @@
 //!   bounds-checked; a malformed message is an `InvalidData` error, never
 //!   a panic or a read past the buffer.
 
-use std::ffi::{CStr, CString};
+use nix::errno::Errno;
+use nix::ifaddrs::{getifaddrs, InterfaceAddress};
+use nix::net::if_::{if_nametoindex, InterfaceFlags};
+use nix::sys::socket::{
+    bind, getsockname, sendto, setsockopt, socket, sockopt, AddressFamily, LinkAddr, MsgFlags,
+    NetlinkAddr, SockFlag, SockProtocol, SockType,
+};
+use nix::sys::time::TimeVal;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -78,14 +85,14 @@ pub fn interface_of(ip: IpAddr) -> io::Result<Interface> {
             ),
         ));
     }
-    let addrs = IfAddrs::get()?;
+    let addrs: Vec<InterfaceAddress> = getifaddrs()?.collect();
     // getifaddrs names an IPv4 address by its label, which may be an alias
     // ("eth0:1"); the device is the part before the colon (device names
     // cannot contain one).
     let mut holders: Vec<String> = Vec::new();
-    for entry in addrs.iter() {
+    for entry in &addrs {
         if entry_ip(entry) == Some(ip) {
-            let label = entry_name(entry);
+            let label = &entry.interface_name;
             let device = label.split(':').next().unwrap_or_default().to_string();
             if !holders.contains(&device) {
                 holders.push(device);
@@ -113,14 +120,14 @@ pub fn interface_of(ip: IpAddr) -> io::Result<Interface> {
     };
     let link = addrs
         .iter()
-        .find(|e| entry_family(e) == Some(libc::AF_PACKET) && entry_name(e) == device)
+        .find(|e| link_addr(e).is_some() && e.interface_name == device)
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("{ip} is on {device}, but getifaddrs lists no link-layer entry for it"),
             )
         })?;
-    let name = entry_name(link);
+    let name = link.interface_name.clone();
     let mac = link_mac(link).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::Unsupported,
@@ -131,7 +138,7 @@ pub fn interface_of(ip: IpAddr) -> io::Result<Interface> {
     let mtu = mtu_of(&name)?;
     let queues = rx_queues(&name, index, mac)?;
     Ok(Interface {
-        loopback: link.ifa_flags & libc::IFF_LOOPBACK as libc::c_uint != 0,
+        loopback: link.flags.contains(InterfaceFlags::IFF_LOOPBACK),
         name,
         index,
         mac,
@@ -140,100 +147,35 @@ pub fn interface_of(ip: IpAddr) -> io::Result<Interface> {
     })
 }
 
-/// The list getifaddrs returns, freed on drop.
-struct IfAddrs(*mut libc::ifaddrs);
-
-impl IfAddrs {
-    fn get() -> io::Result<IfAddrs> {
-        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: getifaddrs writes a list head we own and free in drop.
-        if unsafe { libc::getifaddrs(&mut head) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(IfAddrs(head))
+/// The IP address of a getifaddrs entry, if it has one.
+fn entry_ip(e: &InterfaceAddress) -> Option<IpAddr> {
+    let a = e.address.as_ref()?;
+    if let Some(sin) = a.as_sockaddr_in() {
+        return Some(IpAddr::V4(sin.ip()));
     }
-
-    fn iter(&self) -> impl Iterator<Item = &libc::ifaddrs> + '_ {
-        // SAFETY: the list stays alive and unchanged while `self` is
-        // borrowed; every ifa_next is null or a valid entry.
-        std::iter::successors(unsafe { self.0.as_ref() }, |e| unsafe {
-            e.ifa_next.as_ref()
-        })
-    }
+    a.as_sockaddr_in6().map(|sin6| IpAddr::V6(sin6.ip()))
 }
 
-impl Drop for IfAddrs {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: the list came from getifaddrs and is freed once.
-            unsafe { libc::freeifaddrs(self.0) };
-        }
-    }
-}
-
-fn entry_name(e: &libc::ifaddrs) -> String {
-    if e.ifa_name.is_null() {
-        return String::new();
-    }
-    // SAFETY: getifaddrs gives every entry a NUL-terminated name.
-    unsafe { CStr::from_ptr(e.ifa_name) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn entry_family(e: &libc::ifaddrs) -> Option<libc::c_int> {
-    // SAFETY: a non-null ifa_addr points at a sockaddr, whose first field
-    // is the family.
-    let sa = unsafe { e.ifa_addr.as_ref() }?;
-    Some(sa.sa_family as libc::c_int)
-}
-
-fn entry_ip(e: &libc::ifaddrs) -> Option<IpAddr> {
-    match entry_family(e)? {
-        libc::AF_INET => {
-            // SAFETY: the family says ifa_addr points at a sockaddr_in.
-            let sin = unsafe { std::ptr::read_unaligned(e.ifa_addr as *const libc::sockaddr_in) };
-            Some(IpAddr::V4(Ipv4Addr::from(
-                sin.sin_addr.s_addr.to_ne_bytes(),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says ifa_addr points at a sockaddr_in6.
-            let sin6 = unsafe { std::ptr::read_unaligned(e.ifa_addr as *const libc::sockaddr_in6) };
-            Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
-        }
-        _ => None,
-    }
+/// The link-layer (AF_PACKET) address of a getifaddrs entry.
+fn link_addr(e: &InterfaceAddress) -> Option<&LinkAddr> {
+    e.address.as_ref()?.as_link_addr()
 }
 
 /// The MAC of an AF_PACKET entry, if its link-layer address is Ethernet's
 /// six bytes.
-fn link_mac(e: &libc::ifaddrs) -> Option<Mac> {
-    if entry_family(e)? != libc::AF_PACKET {
+fn link_mac(e: &InterfaceAddress) -> Option<Mac> {
+    let sll = link_addr(e)?;
+    if sll.halen() != size_of::<Mac>() {
         return None;
     }
-    // SAFETY: the family says ifa_addr points at a sockaddr_ll.
-    let sll = unsafe { std::ptr::read_unaligned(e.ifa_addr as *const libc::sockaddr_ll) };
-    if sll.sll_halen as usize != size_of::<Mac>() {
-        return None;
-    }
-    let mut mac = [0; 6];
-    mac.copy_from_slice(&sll.sll_addr[..6]);
-    Some(mac)
+    sll.addr()
 }
 
 fn index_of(name: &str) -> io::Result<u32> {
-    let c = CString::new(name).map_err(|_| invalid_name(name))?;
-    // SAFETY: `c` is a valid NUL-terminated string.
-    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if index == 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("if_nametoindex({name}): {e}"),
-        ));
-    }
-    Ok(index)
+    if_nametoindex(name).map_err(|e| {
+        let e = io::Error::from(e);
+        io::Error::new(e.kind(), format!("if_nametoindex({name}): {e}"))
+    })
 }
 
 /// The MTU by SIOCGIFMTU: the ioctl answers for the caller's network
@@ -265,13 +207,12 @@ fn ifreq_for(name: &str) -> io::Result<(OwnedFd, libc::ifreq)> {
     if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
         return Err(invalid_name(name));
     }
-    // SAFETY: a plain socket call; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
     // SAFETY: ifreq is plain data; all-zero is valid.
     let mut req: libc::ifreq = unsafe { zeroed() };
     for (dst, &src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
@@ -479,61 +420,25 @@ impl Neighbours {
     /// Opens the socket (unprivileged: reading the table needs no
     /// capability). Receives time out after a second, so no call hangs.
     pub fn open() -> io::Result<Neighbours> {
-        // SAFETY: a plain socket call; the descriptor is owned at once.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let timeout = libc::timeval {
-            tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: RECV_TIMEOUT.subsec_micros() as libc::suseconds_t,
-        };
-        // SAFETY: SO_RCVTIMEO reads a timeval of the given size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &timeout as *const _ as *const libc::c_void,
-                size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: sockaddr_nl is plain data; all-zero is valid.
-        let mut addr: libc::sockaddr_nl = unsafe { zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        let mut len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-        // SAFETY: `addr` is a sockaddr_nl of `len` bytes; port id 0 asks
-        // the kernel to pick one, which getsockname then reads back.
-        unsafe {
-            if libc::bind(
-                fd.as_raw_fd(),
-                &addr as *const _ as *const libc::sockaddr,
-                len,
-            ) < 0
-                || libc::getsockname(
-                    fd.as_raw_fd(),
-                    &mut addr as *mut _ as *mut libc::sockaddr,
-                    &mut len,
-                ) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkRoute,
+        )?;
+        let timeout = TimeVal::new(
+            RECV_TIMEOUT.as_secs() as _,
+            RECV_TIMEOUT.subsec_micros() as _,
+        );
+        setsockopt(&fd, sockopt::ReceiveTimeout, &timeout)?;
+        // Port id 0 asks the kernel to pick one, which getsockname then
+        // reads back.
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+        let addr: NetlinkAddr = getsockname(fd.as_raw_fd())?;
         Ok(Neighbours {
             fd,
             seq: 0,
-            portid: addr.nl_pid,
+            portid: addr.pid(),
             buf: vec![0; RECV_BUFFER_BYTES],
         })
     }
@@ -594,30 +499,15 @@ impl Neighbours {
     }
 
     fn send(&self, msg: &[u8]) -> io::Result<()> {
-        // SAFETY: sockaddr_nl is plain data; all-zero (port 0) is the
-        // kernel.
-        let mut kernel: libc::sockaddr_nl = unsafe { zeroed() };
-        kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // Port 0 is the kernel.
+        let kernel = NetlinkAddr::new(0, 0);
         loop {
-            // SAFETY: `msg` and `kernel` are valid for the lengths given.
-            let n = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    msg.as_ptr() as *const libc::c_void,
-                    msg.len(),
-                    0,
-                    &kernel as *const _ as *const libc::sockaddr,
-                    size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-                )
+            let n = match sendto(self.fd.as_raw_fd(), msg, &kernel, MsgFlags::empty()) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
             };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n as usize != msg.len() {
+            if n != msg.len() {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,
                     format!("netlink took {n} of {} request bytes", msg.len()),

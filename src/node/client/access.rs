@@ -1,6 +1,7 @@
 //! What a connection's principal may do now (`LoopClients::denied`), and
 //! its write quota: charged per request, a connection over it held
-//! (neither read nor served) until its bucket refills.
+//! (neither read nor served) until its bucket refills. It never reads
+//! or writes a socket: a refusal is an answer like any other.
 
 use super::conns::LoopClients;
 use crate::api::{ErrorCode, Request, Response};

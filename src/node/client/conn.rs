@@ -1,8 +1,8 @@
 //! One client connection of a loop: its socket and TLS session, the
 //! sans-IO session, the answers waiting to be written and the bounds on
 //! them, where it is in its life (`Phase`), and a long-poll slot it holds.
-//! Plain data and small steps on it; the loop's work on its connections
-//! is `conns`'s.
+//! Plain data and small steps on it, which never touch the socket: the
+//! loop's work on its connections is `conns`'s.
 
 use crate::api::{Response, ServerSession};
 use crate::consensus::NodeId;

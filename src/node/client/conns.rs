@@ -8,13 +8,12 @@
 //! the loop's thread like the rest); what a request asks is
 //! `dispatch::translate`'s.
 //!
-//! An append for a group this loop owns is proposed at once with a
-//! `ClientTicket` (no callback); one for a group another loop owns goes
-//! there as `CoreCommand::ClientAppends`, and its outcome comes back as
-//! `CoreMsg::ClientDone`. The rarer calls (reads, tails, ledger and queue
-//! commands) go to the owner as ordinary commands whose reply sends a
-//! `CoreMsg::ClientAnswer` back; `Leaders` and `Status`, which gather
-//! every loop's state, go to the server's one status thread.
+//! This file owns the turn over the connections: readiness, reading,
+//! serving frames, writing answers. Where a request goes is `routing`'s,
+//! what its principal may do `access`'s, a connection accepted, expired
+//! or closed `lifecycle`'s, one connection's buffers and bounds `conn`'s.
+//! Nothing here blocks: every socket is non-blocking and every read and
+//! accept bounded per turn.
 //!
 //! Answers are gathered per connection and written once per turn (one
 //! `write` per connection per turn, more only when the socket is full).
@@ -36,10 +35,11 @@ use crate::node::replica::Replica;
 use crate::tls::ServerTls;
 use crate::transport::GroupId;
 use crossbeam_channel::Sender;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
@@ -65,6 +65,13 @@ const CLOSE_DRAIN_MS: u64 = 100;
 const CLOSE_DRAIN_BYTES_MAX: usize = 1 << 20;
 /// The listening socket's token in the epoll set.
 pub(super) const LISTENER_TOKEN: u64 = u64::MAX;
+
+/// What `LoopClients::ctl` does to a descriptor in the epoll set.
+pub(super) enum Ctl {
+    Add,
+    Mod,
+    Del,
+}
 
 /// What a loop needs to serve clients: the node's listening socket and
 /// what every loop shares (the admission gate, the session config, the
@@ -125,7 +132,7 @@ pub(in crate::node) struct LoopClients {
     pub(super) me: usize,
     /// This loop's own mailbox, for the answers of calls it hands out.
     pub(super) mail: CoreMailbox,
-    pub(super) epoll: OwnedFd,
+    pub(super) epoll: Epoll,
     pub(super) conns: Vec<Option<Conn>>,
     pub(super) free: Vec<u32>,
     pub(super) next_generation: u32,
@@ -136,7 +143,7 @@ pub(in crate::node) struct LoopClients {
     /// was blocked and is not any more may have requests buffered).
     pub(super) dirty: Vec<u32>,
     pub(super) to_flush: Vec<u32>,
-    pub(super) events: Vec<libc::epoll_event>,
+    pub(super) events: Vec<EpollEvent>,
     /// Where a closing connection's last bytes are read and dropped.
     pub(super) scratch: Vec<u8>,
 }
@@ -148,13 +155,7 @@ impl LoopClients {
         me: usize,
         mail: CoreMailbox,
     ) -> std::io::Result<Self> {
-        // SAFETY: epoll_create1 has no memory arguments; checked below.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor that nothing else owns.
-        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let clients = LoopClients {
             port,
             me,
@@ -166,19 +167,18 @@ impl LoopClients {
             deadlines: BTreeSet::new(),
             dirty: Vec::new(),
             to_flush: Vec::new(),
-            events: vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS_MAX],
+            events: vec![EpollEvent::empty(); EPOLL_EVENTS_MAX],
             scratch: vec![0; READ_CHUNK_BYTES],
         };
-        let listener = clients.port.listener.as_raw_fd();
         let events = (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32;
-        clients.ctl(libc::EPOLL_CTL_ADD, listener, events, LISTENER_TOKEN)?;
+        clients.ctl(Ctl::Add, &*clients.port.listener, events, LISTENER_TOKEN)?;
         Ok(clients)
     }
 
     /// The descriptor that is readable when a connection (or the
     /// listener) has something: for the loop's poll set.
     pub(crate) fn wake_fd(&self) -> std::os::fd::RawFd {
-        self.epoll.as_raw_fd()
+        self.epoll.0.as_raw_fd()
     }
 
     /// The next time (node ms) the loop must come back without readiness:
@@ -190,19 +190,22 @@ impl LoopClients {
         self.deadlines.first().map(|d| d.0)
     }
 
+    /// Adds, changes or takes out `fd` in the loop's epoll set, with
+    /// `events` (`EPOLL*` bits) and `token` (listener, or slot and
+    /// generation).
     pub(super) fn ctl(
         &self,
-        op: libc::c_int,
-        fd: i32,
+        op: Ctl,
+        fd: impl AsFd,
         events: u32,
         token: u64,
     ) -> std::io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: `ev` is a live epoll_event; the descriptors are ours.
-        let r = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let mut ev = EpollEvent::new(EpollFlags::from_bits_retain(events as i32), token);
+        match op {
+            Ctl::Add => self.epoll.add(fd, ev),
+            Ctl::Mod => self.epoll.modify(fd, &mut ev),
+            Ctl::Del => self.epoll.delete(fd),
+        }?;
         Ok(())
     }
 
@@ -214,21 +217,15 @@ impl LoopClients {
         // loop's wait did not find it so, there is nothing to collect
         // (the syscall saved is one per turn).
         let n = if ready {
-            // SAFETY: `events` is a live buffer of EPOLL_EVENTS_MAX entries.
-            unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    self.events.as_mut_ptr(),
-                    EPOLL_EVENTS_MAX as i32,
-                    0,
-                )
-            }
+            self.epoll
+                .wait(&mut self.events, EpollTimeout::ZERO)
+                .unwrap_or(0)
         } else {
             0
         };
-        for i in 0..n.max(0) as usize {
-            let ev = self.events[i];
-            let token = ev.u64;
+        for i in 0..n {
+            let token = self.events[i].data();
+            let events = self.events[i].events().bits() as u32;
             if token == LISTENER_TOKEN {
                 self.accept(parts.now_ms);
                 continue;
@@ -237,11 +234,11 @@ impl LoopClients {
             let Some(c) = self.live(slot, generation) else {
                 continue;
             };
-            if ev.events & libc::EPOLLOUT as u32 != 0 && !c.flushing {
+            if events & libc::EPOLLOUT as u32 != 0 && !c.flushing {
                 c.flushing = true;
                 self.to_flush.push(slot);
             }
-            if ev.events & (libc::EPOLLIN | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+            if events & (libc::EPOLLIN | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                 self.mark_dirty(slot);
             }
         }
@@ -469,8 +466,7 @@ impl LoopClients {
         }
         if want != c.interest {
             let token = (u64::from(slot) << 32) | u64::from(c.generation);
-            let fd = c.stream.as_raw_fd();
-            if self.ctl(libc::EPOLL_CTL_MOD, fd, want, token).is_ok() {
+            if self.ctl(Ctl::Mod, &c.stream, want, token).is_ok() {
                 if let Some(Some(c)) = self.conns.get_mut(slot as usize) {
                     c.interest = want;
                 }

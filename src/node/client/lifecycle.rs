@@ -1,15 +1,15 @@
 //! A client connection's life on its loop: accepted (admitted by the
 //! gate or refused with a counted reason; a TLS session begun), its hello
-//! and drain deadlines, and closed.
+//! and drain deadlines, and closed. Nothing here waits on a peer:
+//! accepts are non-blocking and at most `ACCEPTS_PER_TURN_MAX` a turn.
 
 use super::conn::{Conn, Phase};
-use super::conns::{LoopClients, ACCEPTS_PER_TURN_MAX, LISTENER_TOKEN};
+use super::conns::{Ctl, LoopClients, ACCEPTS_PER_TURN_MAX, LISTENER_TOKEN};
 use crate::api::{ErrorCode, Response, ServerSession};
 use crate::tls::TlsChannel;
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 impl LoopClients {
@@ -51,10 +51,7 @@ impl LoopClients {
             self.next_generation = self.next_generation.wrapping_add(1).max(1);
             let token = (u64::from(slot) << 32) | u64::from(generation);
             let interest = libc::EPOLLIN as u32;
-            if self
-                .ctl(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), interest, token)
-                .is_err()
-            {
+            if self.ctl(Ctl::Add, &stream, interest, token).is_err() {
                 self.free.push(slot);
                 self.port.gate.closed(id);
                 continue;
@@ -135,19 +132,14 @@ impl LoopClients {
         };
         // The gate may hold a clone of the socket (before the Hello),
         // which would keep it in the epoll set: take it out first.
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, c.stream.as_raw_fd(), 0, 0);
+        let _ = self.ctl(Ctl::Del, &c.stream, 0, 0);
         self.port.gate.closed(c.id);
         self.free.push(slot);
     }
 
     /// Closes every connection (the server is stopping).
     pub(crate) fn close_all(&mut self) {
-        let _ = self.ctl(
-            libc::EPOLL_CTL_DEL,
-            self.port.listener.as_raw_fd(),
-            0,
-            LISTENER_TOKEN,
-        );
+        let _ = self.ctl(Ctl::Del, &*self.port.listener, 0, LISTENER_TOKEN);
         for slot in 0..self.conns.len() as u32 {
             if let Some(Some(c)) = self.conns.get(slot as usize) {
                 let _ = c.stream.shutdown(Shutdown::Both);

@@ -173,17 +173,13 @@ pub fn load_with_cores(
 /// The cores this process may be pinned to: its affinity mask (the host's
 /// cores, less any `taskset` or systemd `CPUAffinity=` limit).
 pub fn host_cores() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain bytes; sched_getaffinity fills at most
-    // the size it is given.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            let cores: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect();
-            if !cores.is_empty() {
-                return cores;
-            }
+    use nix::sched::{sched_getaffinity, CpuSet};
+    if let Ok(set) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        let cores: Vec<usize> = (0..CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect();
+        if !cores.is_empty() {
+            return cores;
         }
     }
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -16,6 +16,8 @@ use crate::node::daemon::port_check::{self, Claim, Proto};
 use crate::node::log::{log_info, log_warn};
 use crate::node::NodeHandle;
 use crate::tls::ServerTls;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use nix::sys::signal::{SigSet, Signal};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,29 +27,25 @@ use std::sync::Arc;
 /// started from it later, so that `wait_for_signal` receives them
 /// synchronously. SIGHUP's default action would end the process with no
 /// word in its log (an operator's `kill -HUP`, `systemctl reload`).
-pub fn block_stop_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; the calls only read and write it and
-    // this thread's signal mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
+pub fn block_stop_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGHUP);
+    // Fails only for an invalid `how`.
+    let _ = set.thread_block();
+    set
 }
 
 /// Waits for SIGTERM, SIGINT or SIGHUP; returns its name.
-pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
-    let mut sig: libc::c_int = 0;
-    // SAFETY: `set` is an initialised signal set; sigwait writes `sig`.
-    while unsafe { libc::sigwait(set, &mut sig) } != 0 {}
-    match sig {
-        libc::SIGINT => "SIGINT",
-        libc::SIGHUP => "SIGHUP",
-        _ => "SIGTERM",
+pub fn wait_for_signal(set: &SigSet) -> &'static str {
+    loop {
+        match set.wait() {
+            Ok(Signal::SIGINT) => return "SIGINT",
+            Ok(Signal::SIGHUP) => return "SIGHUP",
+            Ok(_) => return "SIGTERM",
+            Err(_) => continue,
+        }
     }
 }
 
@@ -56,7 +54,7 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
 /// admin endpoint (`node::admin`, with `node.admin_tls`) from their files.
 fn wait_for_stop(
     id: u64,
-    set: &libc::sigset_t,
+    set: &SigSet,
     client: Option<&ServerTls>,
     admin: Option<&ServerTls>,
 ) -> &'static str {
@@ -153,29 +151,17 @@ const OPEN_FILES_RESERVE: u64 = 1024;
 /// longer a thread) can be held; warns if even the hard limit is short.
 fn raise_open_files_limit(id: u64, limits: &crate::node::client::admission::ClientLimits) {
     let want = (limits.connections_max + limits.unauthenticated_max) as u64 + OPEN_FILES_RESERVE;
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into a live struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    let Ok((mut soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return;
+    };
+    if soft < want && setrlimit(Resource::RLIMIT_NOFILE, want.min(hard), hard).is_ok() {
+        soft = want.min(hard);
     }
-    if lim.rlim_cur < want {
-        let raised = libc::rlimit {
-            rlim_cur: want.min(lim.rlim_max),
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: setrlimit reads one live rlimit.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim.rlim_cur = raised.rlim_cur;
-        }
-    }
-    if lim.rlim_cur < want {
+    if soft < want {
         log_warn!(
             "quired: node {id}: the open-files limit is {} (hard {}), short of the {want} that client.connections_max {} needs; connections beyond it are refused by the kernel (raise LimitNOFILE / ulimit -n)",
-            lim.rlim_cur,
-            lim.rlim_max,
+            soft,
+            hard,
             limits.connections_max
         );
     }

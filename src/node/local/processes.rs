@@ -18,6 +18,9 @@ use crate::node::local::free_ports;
 use crate::serial::{End, NullModem};
 use crate::tls::issue::{CertRequest, LocalCa};
 use crate::tls::{ClientTls, ClientTlsFiles};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -345,8 +348,10 @@ impl LocalProcesses {
     /// Sends `signal` to node `id` (SIGTERM: a clean stop; SIGKILL: a crash).
     pub fn signal(&mut self, id: NodeId, signal: libc::c_int) {
         if let Some(c) = self.nodes.get(&id).and_then(|n| n.child.as_ref()) {
-            // SAFETY: kill(2) on a child we started and have not reaped.
-            unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+            // A child we started and have not reaped: its pid is its own.
+            if let Ok(signal) = Signal::try_from(signal) {
+                let _ = kill(Pid::from_raw(c.id() as libc::pid_t), signal);
+            }
         }
     }
 
@@ -356,18 +361,12 @@ impl LocalProcesses {
         let Some(c) = self.nodes.get(&id).and_then(|n| n.child.as_ref()) else {
             return false;
         };
-        // SAFETY: waitid on a child we started and have not reaped, into a
-        // zeroed siginfo; WNOWAIT leaves it to be reaped by `wait`.
-        unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let r = libc::waitid(
-                libc::P_PID,
-                c.id() as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            );
-            r == 0 && info.si_pid() != 0
-        }
+        // WNOWAIT leaves it to be reaped by `wait`.
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        matches!(
+            waitid(Id::Pid(Pid::from_raw(c.id() as libc::pid_t)), flags),
+            Ok(s) if s != WaitStatus::StillAlive
+        )
     }
 
     /// Waits for node `id` to exit; returns its exit code.

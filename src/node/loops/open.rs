@@ -1,7 +1,8 @@
 //! Wiring a loop at open (`EventLoop::open`): its replicas and their logs,
 //! its UDP driver and sockets (or the XDP path), its mesh mailbox, the
 //! control plane on the control loop, and the seed its cores take their
-//! randomness from (the OS's, or the loop refuses to start).
+//! randomness from (the OS's, or the loop refuses to start). Nothing here
+//! runs a turn: that is `event_loop`'s.
 
 use super::event_loop::{EventLoop, NetPath};
 use crate::net::{PeerMap, UdpDriver};

@@ -1,7 +1,8 @@
 //! A loop's traffic with its peers: transport messages received and
 //! dispatched to the replicas, peers heard on their sockets, heartbeats
 //! over UDP and (control loop) the serial lines, the detector's events
-//! handed to the failover policy, and the node's heartbeat sent.
+//! handed to the failover policy, and the node's heartbeat sent. It never
+//! blocks and never touches a client connection.
 
 use super::event_loop::{EventLoop, HEARD_FORWARD_MS};
 use crate::consensus::NodeId;

@@ -5,37 +5,31 @@
 //! loop sleeps in poll(2) until there is something to do instead of
 //! polling on a short timer.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 /// A shared handle on one loop's eventfd.
 #[derive(Clone, Debug)]
-pub(crate) struct Waker(Arc<OwnedFd>);
+pub(crate) struct Waker(Arc<EventFd>);
 
 impl Waker {
     /// A new eventfd (non-blocking, close-on-exec).
     pub(crate) fn new() -> std::io::Result<Waker> {
-        // SAFETY: eventfd has no memory arguments; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        Ok(Waker(Arc::new(unsafe { OwnedFd::from_raw_fd(fd) })))
+        let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Waker(Arc::new(fd)))
     }
 
-    /// Wakes the loop (cheap; wake-ups coalesce).
+    /// Wakes the loop (cheap; wake-ups coalesce). A full counter (EAGAIN)
+    /// already wakes it.
     pub(crate) fn wake(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to our eventfd.
-        unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), 8) };
+        let _ = self.0.write(1);
     }
 
-    /// Clears pending wake-ups (the loop, before it looks for work).
+    /// Clears pending wake-ups (the loop, before it looks for work);
+    /// EAGAIN if there were none.
     pub(crate) fn drain(&self) {
-        let mut buf = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live buffer; EAGAIN if none.
-        unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        let _ = self.0.read();
     }
 
     /// The descriptor, for the poll set and the WAL's notifications.

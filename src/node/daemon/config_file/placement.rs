@@ -1,7 +1,8 @@
 //! The checks of where a node sits: its peers and their cables, its
 //! disks (one group each), the cores it may run on, its listen addresses,
 //! its UDP ports and the XDP path, and that no two of its ports collide.
-//! Each returns the first fault, naming its key.
+//! Each returns the first fault, naming its key. None binds a port,
+//! opens a log or writes a file.
 
 use super::raw::{RawDisk, RawNet, RawNode, RawPeer, RawUdp};
 use super::{bad, in_section, resolve, Bad, ADMIN_LISTEN_DEFAULT, CLIENT_LISTEN_DEFAULT};

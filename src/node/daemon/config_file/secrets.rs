@@ -2,7 +2,7 @@
 //! the client and admin tokens, the principals' credentials, and the TLS
 //! files of the client listener and the admin endpoint. Each returns the
 //! first fault, naming its key; a secret file readable by others is a
-//! warning.
+//! warning. None writes a file or logs a secret's bytes.
 
 use super::raw::{RawClient, RawNode};
 use super::{bad, resolve, Bad, CLUSTER_KEY_BYTES_MIN};

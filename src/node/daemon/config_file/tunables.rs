@@ -1,7 +1,8 @@
 //! The checks of the tunable sections: timers, client limits, snapshots,
 //! storage, the transport and the serial line, each over the defaults of
 //! the config it feeds, and whether an entry fits what the transport
-//! carries. Each returns the first fault, naming its key.
+//! carries. Each returns the first fault, naming its key. None binds a
+//! port, opens a log or writes a file.
 
 use super::raw::{RawClient, RawSerial, RawSnapshot, RawStorage, RawTimers, RawTransport};
 use super::{bad, in_section, Bad, SERIAL_BAUD_DEFAULT};
