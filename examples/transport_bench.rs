@@ -86,7 +86,9 @@ fn loss_on(ports: &[u16], percent: u32) -> Result<Option<NftLoss>, String> {
     if percent == 0 {
         return Ok(None);
     }
-    NftLoss::install(ports, percent).map(Some)
+    NftLoss::install(ports, percent)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// One quire run: what the receiver got and what it cost. Some fields are

@@ -51,6 +51,7 @@ use cluster::Cluster;
 use common::LoopFs;
 use history::{History, Op, Outcome, Workload};
 use quire::consensus::NodeId;
+use quire::net::nft::NftError;
 use state::StateWorkload;
 use stats::Measurements;
 use std::collections::BTreeMap;
@@ -126,9 +127,14 @@ fn start_workloads(c: &Cluster, h: &History) -> (Workload, StateWorkload) {
     )
 }
 
-fn skipped(what: &str, r: Result<(), String>) {
-    if let Err(why) = r {
-        out!("skipping {what}: {why}");
+/// A network fault's outcome: skipped, saying why, where this host cannot
+/// install nftables rules (not root, no `nft`); a failure where it can
+/// and `nft` refused them (skipping would hide the fault).
+fn skipped(what: &str, r: Result<(), NftError>) {
+    match r {
+        Ok(()) => {}
+        Err(NftError::Unavailable(why)) => out!("skipping {what}: {why}"),
+        Err(e) => panic!("{what}: {e}"),
     }
 }
 

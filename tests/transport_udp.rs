@@ -469,12 +469,13 @@ fn nftables_5_percent_loss_1_gib() {
     let drivers = pair(&spec, &UdpConfig::default());
     let loss = match NftLoss::install(&ports(&drivers, &spec.groups), 5) {
         Ok(l) => l,
-        Err(why) => {
+        Err(quire::net::nft::NftError::Unavailable(why)) => {
             say(&format!(
                 "SKIP nftables_5_percent_loss_1_gib: {why} (runs where root and nftables are available)"
             ));
             return;
         }
+        Err(e) => panic!("{e}"),
     };
     let snmp_before = UdpSnmp::read().ok();
     let (results, elapsed) = exchange(&spec, drivers);

@@ -14,6 +14,7 @@
 //!
 //! Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and `ip` and `nft`.
 
+use super::nft::NftError;
 use std::io;
 use std::net::IpAddr;
 use std::process::Command;
@@ -24,22 +25,31 @@ const PREFIX: &str = "qxn";
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-fn run(args: &[&str]) -> Result<String, String> {
+/// Runs a command: `Unavailable` if its program is not installed,
+/// `Failed` if it ran and failed.
+fn run(args: &[&str]) -> Result<String, NftError> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
-        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+        .map_err(|e| {
+            let why = format!("{}: {e}", args.join(" "));
+            if e.kind() == io::ErrorKind::NotFound {
+                NftError::Unavailable(why)
+            } else {
+                NftError::Failed(why)
+            }
+        })?;
     if !out.status.success() {
-        return Err(format!(
+        return Err(NftError::Failed(format!(
             "{} failed: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn nft(ns: &str, script: &str) -> Result<String, String> {
+fn nft(ns: &str, script: &str) -> Result<String, NftError> {
     run(&["ip", "netns", "exec", ns, "nft", script])
 }
 
@@ -83,11 +93,11 @@ pub struct TestNet {
 }
 
 impl TestNet {
-    /// `n` node namespaces on a bridge. Fails (with why) without root or
-    /// `ip`.
-    pub fn create(n: usize) -> Result<TestNet, String> {
+    /// `n` node namespaces on a bridge. `Unavailable` without root or
+    /// `ip`; `Failed` if `ip` refused a step.
+    pub fn create(n: usize) -> Result<TestNet, NftError> {
         if !nix::unistd::geteuid().is_root() {
-            return Err("network namespaces need root".into());
+            return Err(NftError::Unavailable("network namespaces need root".into()));
         }
         remove_stale();
         let k = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -156,7 +166,7 @@ impl TestNet {
 
     /// Drops `percent`% of the UDP datagrams to `ports` crossing the
     /// bridge, at random, until the returned rule is dropped.
-    pub fn loss(&self, ports: &[u16], percent: u32) -> Result<BridgeRule, String> {
+    pub fn loss(&self, ports: &[u16], percent: u32) -> Result<BridgeRule, NftError> {
         let set = ports
             .iter()
             .map(|p| p.to_string())
@@ -169,7 +179,7 @@ impl TestNet {
 
     /// Drops every datagram between nodes `a` and `b` (both ways), until
     /// the returned rule is dropped.
-    pub fn cut(&self, a: usize, b: usize) -> Result<BridgeRule, String> {
+    pub fn cut(&self, a: usize, b: usize) -> Result<BridgeRule, NftError> {
         let (x, y) = (&self.nodes[a], &self.nodes[b]);
         let (xa, ya) = (x.v4, y.v4);
         let (x6, y6) = (x.v6, y.v6);
@@ -190,7 +200,7 @@ impl TestNet {
         to: usize,
         ports: &[u16],
         percent: u32,
-    ) -> Result<BridgeRule, String> {
+    ) -> Result<BridgeRule, NftError> {
         let set = ports
             .iter()
             .map(|p| p.to_string())
@@ -206,7 +216,7 @@ impl TestNet {
         )
     }
 
-    fn rule(&self, rule: &str) -> Result<BridgeRule, String> {
+    fn rule(&self, rule: &str) -> Result<BridgeRule, NftError> {
         self.install(
             "bridge quire_test",
             "forward { type filter hook forward priority 0; }",
@@ -216,7 +226,12 @@ impl TestNet {
 
     /// Replaces `table` (`family name`) in the bridge namespace with one
     /// chain (`name { hook }`) holding `rule`.
-    fn install(&self, table: &'static str, chain: &str, rule: &str) -> Result<BridgeRule, String> {
+    fn install(
+        &self,
+        table: &'static str,
+        chain: &str,
+        rule: &str,
+    ) -> Result<BridgeRule, NftError> {
         let _ = nft(&self.bridge_ns, &format!("delete table {table}"));
         let chain_name = chain.split_whitespace().next().unwrap_or("");
         nft(

@@ -7,6 +7,28 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+/// Why nftables rules could not be installed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NftError {
+    /// This host cannot install them: not root, or no working `nft`. A
+    /// test skips, saying why.
+    Unavailable(String),
+    /// `nft` ran and refused or failed: a bug in the rules, or this
+    /// host's nftables broken. A test fails: skipping would hide it.
+    Failed(String),
+}
+
+impl std::fmt::Display for NftError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NftError::Unavailable(why) => write!(f, "nftables unavailable here: {why}"),
+            NftError::Failed(why) => write!(f, "nftables failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for NftError {}
+
 /// Prefix of every table this module creates.
 const TABLE_PREFIX: &str = "quire_loss_";
 
@@ -25,7 +47,7 @@ pub struct NftCut {
 impl NftCut {
     /// Cuts UDP between the sockets on ports `a` and `b`, both ways, or
     /// says why it cannot.
-    pub fn install(a: u16, b: u16) -> Result<NftCut, String> {
+    pub fn install(a: u16, b: u16) -> Result<NftCut, NftError> {
         let rules = format!(
             "ip saddr 127.0.0.0/8 udp sport {a} udp dport {b} counter drop\n    \
              ip saddr 127.0.0.0/8 udp sport {b} udp dport {a} counter drop"
@@ -38,7 +60,7 @@ impl NftCut {
     /// Cuts UDP from the socket on port `from` to the one on port `to`
     /// only (a one-way partition: `to` still reaches `from`), or says why
     /// it cannot.
-    pub fn one_way(from: u16, to: u16) -> Result<NftCut, String> {
+    pub fn one_way(from: u16, to: u16) -> Result<NftCut, NftError> {
         let rule = format!("ip saddr 127.0.0.0/8 udp sport {from} udp dport {to} counter drop");
         Ok(NftCut {
             _loss: NftLoss::install_rules(&rule)?,
@@ -54,7 +76,7 @@ impl NftCut {
 impl NftLoss {
     /// Installs a rule dropping `percent`% of the UDP packets to `ports`,
     /// or says why it cannot (not root, no `nft`, rule refused).
-    pub fn install(ports: &[u16], percent: u32) -> Result<NftLoss, String> {
+    pub fn install(ports: &[u16], percent: u32) -> Result<NftLoss, NftError> {
         let set: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
         let rule = format!(
             "ip saddr 127.0.0.0/8 udp dport {{ {} }} numgen random mod 100 < {percent} counter drop",
@@ -65,14 +87,21 @@ impl NftLoss {
 
     /// Installs `rules` (nft rule lines) in the input chain of a table of
     /// this process's own.
-    fn install_rules(rules: &str) -> Result<NftLoss, String> {
+    fn install_rules(rules: &str) -> Result<NftLoss, NftError> {
+        use NftError::{Failed, Unavailable};
         if !nix::unistd::geteuid().is_root() {
-            return Err("not root: nftables rules need CAP_NET_ADMIN".into());
+            return Err(Unavailable(
+                "not root: nftables rules need CAP_NET_ADMIN".into(),
+            ));
         }
         match Command::new("nft").arg("--version").output() {
             Ok(o) if o.status.success() => {}
-            Ok(o) => return Err(format!("`nft --version` failed: {}", o.status)),
-            Err(e) => return Err(format!("no `nft` ({e}): apt-get install nftables")),
+            Ok(o) => return Err(Unavailable(format!("`nft --version` failed: {}", o.status))),
+            Err(e) => {
+                return Err(Unavailable(format!(
+                    "no `nft` ({e}): apt-get install nftables"
+                )))
+            }
         }
         remove_stale_tables();
         let nanos = std::time::SystemTime::now()
@@ -91,20 +120,22 @@ impl NftLoss {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot run nft: {e}"))?;
+            .map_err(|e| Failed(format!("cannot run nft: {e}")))?;
         child
             .stdin
             .take()
             .expect("stdin is piped")
             .write_all(script.as_bytes())
-            .map_err(|e| format!("writing to nft: {e}"))?;
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            .map_err(|e| Failed(format!("writing to nft: {e}")))?;
+        let out = child
+            .wait_with_output()
+            .map_err(|e| Failed(format!("waiting for nft: {e}")))?;
         if !out.status.success() {
-            return Err(format!(
+            return Err(Failed(format!(
                 "nft refused the table ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )));
         }
         Ok(NftLoss { table })
     }

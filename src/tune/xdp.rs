@@ -175,16 +175,19 @@ impl Host {
 
 /// Opens and closes an AF_XDP socket: `Err(errno)` if refused.
 fn probe_af_xdp() -> Result<(), i32> {
-    // SAFETY: plain socket(2); the descriptor is closed at once.
-    let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()
+    use std::os::fd::FromRawFd;
+    // SAFETY: socket(2) takes no pointers; a descriptor it returns is
+    // new and owned here alone (closed when dropped, at once).
+    let fd = unsafe {
+        let fd = libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0);
+        (fd >= 0).then(|| std::os::fd::OwnedFd::from_raw_fd(fd))
+    };
+    match fd {
+        Some(_) => Ok(()),
+        None => Err(std::io::Error::last_os_error()
             .raw_os_error()
-            .unwrap_or(libc::EIO));
+            .unwrap_or(libc::EIO)),
     }
-    // SAFETY: our own descriptor, closed once.
-    unsafe { libc::close(fd) };
-    Ok(())
 }
 
 /// The kernel's answer to `socket(AF_XDP)`.

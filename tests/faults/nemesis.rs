@@ -18,7 +18,7 @@ use super::cluster::Cluster;
 use super::history::{self, History};
 use super::stats::Measurements;
 use quire::consensus::NodeId;
-use quire::net::nft::{NftCut, NftLoss};
+use quire::net::nft::{NftCut, NftError, NftLoss};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -122,7 +122,8 @@ pub fn pause(c: &mut Cluster, m: &mut Measurements, target: NodeId, hold: Durati
 }
 
 /// Cuts UDP on each pair of `pairs` (a to b only if `one_way`), holds,
-/// heals, waits until healthy. Err: why it could not (not root, no nft).
+/// heals, waits until healthy. Err: why it could not (not root, no nft:
+/// `Unavailable`; nft refused: `Failed`).
 pub fn partition(
     c: &mut Cluster,
     m: &mut Measurements,
@@ -130,7 +131,7 @@ pub fn partition(
     pairs: &[(NodeId, NodeId)],
     one_way: bool,
     hold: Duration,
-) -> Result<(), String> {
+) -> Result<(), NftError> {
     let started = Instant::now();
     let mut cuts = Vec::new();
     for &(a, b) in pairs {
@@ -187,7 +188,7 @@ pub fn loss(
     h: &History,
     percent: u32,
     hold: Duration,
-) -> Result<(), String> {
+) -> Result<(), NftError> {
     let ports: Vec<u16> = c.ids().iter().map(|&id| c.udp_port(id)).collect();
     std::thread::sleep(hold); // a baseline window without loss
     let before = h.t0.elapsed();

@@ -26,13 +26,16 @@ pub(crate) fn duration(d: Duration) -> String {
 /// millisecond: `2026-12-01T11:16:15.451+01:00`.
 pub(crate) fn rfc3339_local(ms: u64) -> String {
     let secs = (ms / 1000) as libc::time_t;
-    // SAFETY: tm is plain data; all-zero is a valid value.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: localtime_r fills `tm` from `secs` and touches nothing else
-    // (it reads the zone from TZ or /etc/localtime).
-    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+    // SAFETY: tm is plain data (all-zero is a valid value); localtime_r
+    // fills it from `secs` and touches nothing else (it reads the zone
+    // from TZ or /etc/localtime).
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        (!libc::localtime_r(&secs, &mut tm).is_null()).then_some(tm)
+    };
+    let Some(tm) = tm else {
         return format!("{ms} ms after the epoch");
-    }
+    };
     let off_min = tm.tm_gmtoff / 60;
     let zone = if off_min == 0 {
         "Z".to_string()
