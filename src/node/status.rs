@@ -1,9 +1,11 @@
 //! What a node reports about itself (`quire status`, the admin
 //! endpoint's `/status`, tests): the views of its groups, their logs and
-//! snapshots, its links, peers, transport and own stalls. Plain data, a
-//! leaf of `node`: the loops (`loops::event_loop`) and replicas fill it in, the
-//! handle merges the loops' parts; it imports nothing from the other files
-//! but the client server's counters view and the quotas' view.
+//! snapshots, its links, peers, transport and own stalls, and that
+//! status as JSON (`/status`, and the client protocol's `Status`). Plain
+//! data, a leaf of `node`: the loops (`loops::event_loop`) and replicas
+//! fill it in, the handle merges the loops' parts; it imports nothing from
+//! the other files but the client server's counters view and the quotas'
+//! view, and never asks a loop anything.
 
 use crate::consensus::{Index, NodeId, Role, Term};
 use crate::transport::GroupId;
