@@ -10,8 +10,9 @@ use std::process::{Command, Stdio};
 /// Why nftables rules could not be installed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NftError {
-    /// This host cannot install them: not root, or no working `nft`. A
-    /// test skips, saying why.
+    /// This host cannot install them: not root, no working `nft`, or
+    /// nftables refusing even a listing (no CAP_NET_ADMIN, no nf_tables
+    /// in the kernel). A test skips, saying why.
     Unavailable(String),
     /// `nft` ran and refused or failed: a bug in the rules, or this
     /// host's nftables broken. A test fails: skipping would hide it.
@@ -103,6 +104,22 @@ impl NftLoss {
                 )))
             }
         }
+        // Root is not enough: a container without CAP_NET_ADMIN, or a
+        // kernel without nf_tables, refuses every change. Listing asks the
+        // same netlink family the load does and changes nothing, so its
+        // refusal says "unavailable here", and a load refused after it
+        // passed is the rule's fault.
+        match Command::new("nft").args(["list", "tables"]).output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                return Err(Unavailable(format!(
+                    "`nft list tables` refused ({}): {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )))
+            }
+            Err(e) => return Err(Unavailable(format!("cannot run nft: {e}"))),
+        }
         remove_stale_tables();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -186,6 +203,30 @@ impl Drop for NftLoss {
                 "could not delete nftables table inet {}: delete it by hand ({r:?})",
                 self.table
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rule nft refuses is `Failed`, never `Unavailable`: the tests that
+    /// skip a fault on a host without nftables must not skip a broken rule.
+    #[test]
+    fn a_refused_rule_is_a_failure_not_unavailability() {
+        // Where a valid rule installs, the host is able: skip only if not.
+        match NftLoss::install(&[9], 1) {
+            Ok(_) => {}
+            Err(NftError::Unavailable(why)) => return eprintln!("skipping: {why}"),
+            Err(e) => panic!("a valid rule: {e}"),
+        }
+        match NftLoss::install_rules("udp dport not-a-port counter drop") {
+            Err(NftError::Failed(why)) => {
+                assert!(why.contains("nft refused the table"), "{why}")
+            }
+            Err(e) => panic!("a refused rule must be Failed, got {e:?}"),
+            Ok(_) => panic!("nft took a rule it cannot parse"),
         }
     }
 }
