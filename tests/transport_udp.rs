@@ -540,7 +540,8 @@ fn pair_in_namespaces(spec: &Spec, net: &TestNet, xdp: bool, v6: bool) -> [UdpDr
                 // A jumbo MTU does not fit a UMEM frame: refused, saying so.
                 let jumbo = XdpNode::open(&cfg, ip, 9000, &routes)
                     .err()
-                    .expect("refused");
+                    .expect("refused")
+                    .to_string();
                 assert!(jumbo.contains("9000") && jumbo.contains("3826"), "{jumbo}");
                 let program =
                     Arc::new(XdpNode::open(&cfg, ip, 1500, &routes).expect("AF_XDP on a veth"));

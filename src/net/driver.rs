@@ -206,10 +206,10 @@ impl UdpDriver {
                 }
             }
             if let Err(why) = o.gso {
-                gso_off.get_or_insert(why);
+                gso_off.get_or_insert(why.to_string());
             }
             if let Err(why) = o.gro {
-                gro_off.get_or_insert(why);
+                gro_off.get_or_insert(why.to_string());
             }
             let local = o.socket.local_addr()?;
             by_group.insert(group, sockets.len());

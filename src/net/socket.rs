@@ -116,6 +116,57 @@ fn core_sysctl(name: &str) -> Option<u64> {
         .ok()
 }
 
+/// Why UDP GSO or GRO is not on for a socket.
+#[derive(Debug)]
+pub(crate) enum OffloadRefused {
+    /// The config turned it off.
+    Disabled,
+    /// The kernel has no such socket option (too old).
+    Unsupported {
+        /// The option (`UDP_SEGMENT`, `UDP_GRO`).
+        option: &'static str,
+        /// The first Linux release that has it.
+        linux: &'static str,
+        /// The kernel's answer (ENOPROTOOPT).
+        source: io::Error,
+    },
+    /// The kernel refused it for another reason.
+    Failed {
+        /// What was tried.
+        what: &'static str,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+}
+
+impl std::fmt::Display for OffloadRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OffloadRefused::Disabled => f.write_str("disabled by configuration"),
+            OffloadRefused::Unsupported {
+                option,
+                linux,
+                source,
+            } => write!(
+                f,
+                "the kernel has no {option} (Linux {linux} or newer is needed): {source}"
+            ),
+            OffloadRefused::Failed { what, source } => write!(f, "{what} failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for OffloadRefused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OffloadRefused::Disabled => None,
+            OffloadRefused::Unsupported { source, .. } | OffloadRefused::Failed { source, .. } => {
+                Some(source)
+            }
+        }
+    }
+}
+
 /// What opening the sockets found: what the kernel granted and why
 /// something asked for is not in use.
 pub(crate) struct Opened {
@@ -123,9 +174,9 @@ pub(crate) struct Opened {
     pub(crate) recv_buffer_bytes: usize,
     pub(crate) send_buffer_bytes: usize,
     /// Ok, or why GSO cannot be used on this socket.
-    pub(crate) gso: Result<(), String>,
+    pub(crate) gso: Result<(), OffloadRefused>,
     /// Ok, or why GRO is not on for this socket.
-    pub(crate) gro: Result<(), String>,
+    pub(crate) gro: Result<(), OffloadRefused>,
     /// Buffer sizes the kernel capped, in words for the operator.
     pub(crate) warnings: Vec<String>,
 }
@@ -180,24 +231,38 @@ fn set_buffer(fd: &OwnedFd, receive: bool, asked: usize, warnings: &mut Vec<Stri
 
 /// Whether the kernel takes UDP_SEGMENT on this socket (Linux 4.18+):
 /// reading the option back succeeds exactly where sending with it can.
-fn probe_gso(fd: &OwnedFd) -> Result<(), String> {
+fn probe_gso(fd: &OwnedFd) -> Result<(), OffloadRefused> {
     match getsockopt(fd, sockopt::UdpGsoSegment).map_err(io::Error::from) {
         Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Err(format!(
-            "the kernel has no UDP_SEGMENT (Linux 4.18 or newer is needed): {e}"
-        )),
-        Err(e) => Err(format!("UDP_SEGMENT probe failed: {e}")),
+        Err(source) if source.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+            Err(OffloadRefused::Unsupported {
+                option: "UDP_SEGMENT",
+                linux: "4.18",
+                source,
+            })
+        }
+        Err(source) => Err(OffloadRefused::Failed {
+            what: "UDP_SEGMENT probe",
+            source,
+        }),
     }
 }
 
 /// Turns on UDP_GRO (Linux 5.0+).
-fn enable_gro(fd: &OwnedFd) -> Result<(), String> {
+fn enable_gro(fd: &OwnedFd) -> Result<(), OffloadRefused> {
     match setsockopt(fd, sockopt::UdpGroSegment, &true).map_err(io::Error::from) {
         Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Err(format!(
-            "the kernel has no UDP_GRO (Linux 5.0 or newer is needed): {e}"
-        )),
-        Err(e) => Err(format!("setting UDP_GRO failed: {e}")),
+        Err(source) if source.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+            Err(OffloadRefused::Unsupported {
+                option: "UDP_GRO",
+                linux: "5.0",
+                source,
+            })
+        }
+        Err(source) => Err(OffloadRefused::Failed {
+            what: "setting UDP_GRO",
+            source,
+        }),
     }
 }
 
@@ -248,12 +313,12 @@ pub(crate) fn open(addr: SocketAddr, cfg: &UdpConfig, timestamps: bool) -> io::R
     let gso = if cfg.gso && cfg.gso_segments_max > 1 {
         probe_gso(&owned)
     } else {
-        Err("disabled by configuration".into())
+        Err(OffloadRefused::Disabled)
     };
     let gro = if cfg.gro {
         enable_gro(&owned)
     } else {
-        Err("disabled by configuration".into())
+        Err(OffloadRefused::Disabled)
     };
     Ok(Opened {
         socket: UdpSocket::from(owned),

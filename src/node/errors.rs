@@ -49,7 +49,7 @@ pub enum StartError {
     /// went to stderr).
     LoopDied,
     /// `net.backend = "xdp"` and AF_XDP cannot be used here: why.
-    Xdp(String),
+    Xdp(crate::net::xdp::XdpError),
 }
 
 impl StartError {

@@ -28,10 +28,12 @@
 //! and says why (`net.backend = "auto"`), or refuses to start (`"xdp"`).
 
 pub mod bpf;
+mod error;
 pub mod frame;
 pub mod link;
 pub mod xsk;
 
+pub use error::XdpError;
 use frame::{FrameAddrs, Mac};
 use std::collections::HashMap;
 use std::io;
@@ -160,34 +162,30 @@ impl XdpNode {
         local: IpAddr,
         mtu_bytes: usize,
         routes: &[(u16, u32)],
-    ) -> Result<XdpNode, String> {
+    ) -> Result<XdpNode, XdpError> {
         if local.is_unspecified() {
-            return Err(format!(
-                "the UDP address {local} is unspecified: AF_XDP needs the address of one interface"
-            ));
+            return Err(XdpError::Unspecified(local));
         }
-        let iface = link::interface_of(local).map_err(|e| e.to_string())?;
+        let iface =
+            link::interface_of(local).map_err(|source| XdpError::Interface { local, source })?;
         if iface.loopback {
-            return Err(format!(
-                "{local} is on the loopback interface {}, which has no XDP path",
-                iface.name
-            ));
+            return Err(XdpError::Loopback {
+                local,
+                iface: iface.name,
+            });
         }
         if mtu_bytes > XDP_MTU_MAX {
-            return Err(format!(
-                "transport.mtu_bytes {mtu_bytes} does not fit a {XDP_FRAME_BYTES}-byte UMEM frame \
-                 with the kernel's {XDP_RX_HEADROOM_BYTES}-byte headroom (no multi-buffer XDP yet): \
-                 at most {XDP_MTU_MAX} with AF_XDP"
-            ));
+            return Err(XdpError::MtuTooLarge { mtu_bytes });
         }
         if (iface.mtu as usize) < mtu_bytes {
-            return Err(format!(
-                "interface {} has MTU {}, below transport.mtu_bytes {mtu_bytes}",
-                iface.name, iface.mtu
-            ));
+            return Err(XdpError::InterfaceMtu {
+                iface: iface.name,
+                iface_mtu: iface.mtu,
+                mtu_bytes,
+            });
         }
         let queues = routes.iter().map(|r| r.1).max().map_or(1, |q| q + 1);
-        let xskmap = bpf::create_xskmap(queues.max(iface.queues)).map_err(|e| e.to_string())?;
+        let xskmap = bpf::create_xskmap(queues.max(iface.queues)).map_err(XdpError::Map)?;
         let program = bpf::Program::load(
             &bpf::Steering {
                 local,
@@ -195,7 +193,7 @@ impl XdpNode {
             },
             bpf::OnMatch::Redirect(xskmap.as_raw_fd()),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(XdpError::Load)?;
         // Native XDP where the driver has it; generic (after the skb is
         // built, slower but everywhere) otherwise.
         let (link, attach_mode) = match program.attach(iface.index, bpf::XDP_FLAGS_DRV_MODE) {
@@ -203,7 +201,7 @@ impl XdpNode {
             Err(native) => match program.attach(iface.index, bpf::XDP_FLAGS_SKB_MODE) {
                 Ok(l) => (l, "generic"),
                 Err(generic) => {
-                    return Err(format!("{native}; generic XDP too: {generic}"));
+                    return Err(XdpError::Attach { native, generic });
                 }
             },
         };
@@ -222,12 +220,13 @@ impl XdpNode {
     /// Opens loop `queue`'s socket (the loop numbered like the queue).
     /// The port holds the program: it stays attached while any port of
     /// the node lives.
-    pub fn port(self: &Arc<Self>, queue: u32) -> Result<XdpPort, String> {
+    pub fn port(self: &Arc<Self>, queue: u32) -> Result<XdpPort, XdpError> {
         if queue >= self.iface.queues.max(1) {
-            return Err(format!(
-                "interface {} has {} receive queues; this loop would need queue {queue}",
-                self.iface.name, self.iface.queues
-            ));
+            return Err(XdpError::NoQueue {
+                iface: self.iface.name.clone(),
+                queues: self.iface.queues,
+                queue,
+            });
         }
         let sizes = XskSizes {
             frames: self.cfg.umem_frames,
@@ -240,8 +239,8 @@ impl XdpNode {
             self.cfg.zero_copy,
             self.xskmap.as_raw_fd(),
         )
-        .map_err(|e| e.to_string())?;
-        let neighbours = link::Neighbours::open().map_err(|e| e.to_string())?;
+        .map_err(XdpError::Socket)?;
+        let neighbours = link::Neighbours::open().map_err(XdpError::Neighbours)?;
         Ok(XdpPort {
             _node: Arc::clone(self),
             xsk,
@@ -581,11 +580,20 @@ mod tests {
         let routes = [(7000, 0)];
         let why = |ip: &str, mtu| XdpNode::open(&cfg, ip.parse().unwrap(), mtu, &routes).err();
         let unspecified = why("0.0.0.0", 1500).expect("refused");
-        assert!(unspecified.contains("unspecified"), "{unspecified}");
+        assert!(
+            matches!(unspecified, XdpError::Unspecified(_)),
+            "{unspecified}"
+        );
+        assert!(
+            unspecified.to_string().contains("unspecified"),
+            "{unspecified}"
+        );
         let lo = why("127.0.0.1", 1500).expect("refused");
-        assert!(lo.contains("loopback"), "{lo}");
+        assert!(matches!(lo, XdpError::Loopback { .. }), "{lo}");
+        assert!(lo.to_string().contains("loopback"), "{lo}");
         let nobody = why("192.0.2.77", 1500).expect("refused");
-        assert!(nobody.contains("192.0.2.77"), "{nobody}");
+        assert!(matches!(nobody, XdpError::Interface { .. }), "{nobody}");
+        assert!(nobody.to_string().contains("192.0.2.77"), "{nobody}");
         // The MTU is judged on an interface that could run it: see the
         // namespace tests (tests/transport_udp.rs).
         assert_eq!(XDP_MTU_MAX, 3826);

@@ -88,10 +88,17 @@ pub(crate) struct EventLoop {
     pub(super) net_detail: String,
 }
 
-/// The node's AF_XDP program, shared by its loops, or why the loops run
-/// on sockets: `Err` holds the reason, logged once by the node's start.
-/// `net.backend = "xdp"` makes an unusable AF_XDP a start error instead.
-pub(crate) type NetPath = Result<std::sync::Arc<crate::net::xdp::XdpNode>, String>;
+/// The node's datagram path, chosen once by its start and shared by its
+/// loops. `net.backend = "xdp"` makes an unusable AF_XDP a start error
+/// instead of `Sockets`.
+#[derive(Clone)]
+pub(crate) enum NetPath {
+    /// AF_XDP: the node's program; each loop opens its own port.
+    Xdp(std::sync::Arc<crate::net::xdp::XdpNode>),
+    /// Kernel sockets, and why, for the loops' status (the node's start
+    /// logged it once): `net.backend = "sockets"`, or AF_XDP unavailable.
+    Sockets(String),
+}
 
 impl EventLoop {
     /// Ms since the node started, on the wall clock.

@@ -603,24 +603,24 @@ fn open_net_path(
     spec: &NodeSpec,
     plan: &[(Option<usize>, Vec<crate::node::spec::GroupSpec>)],
 ) -> Result<NetPath, StartError> {
-    use crate::net::xdp::{Backend, XdpNode};
+    use crate::net::xdp::{Backend, XdpError, XdpNode};
     if spec.net.backend == Backend::Sockets {
-        return Ok(Err("net.backend = \"sockets\"".into()));
+        return Ok(NetPath::Sockets("net.backend = \"sockets\"".into()));
     }
-    let why_not = |why: String| match spec.net.backend {
+    let why_not = |why: XdpError| match spec.net.backend {
         Backend::Xdp => Err(StartError::Xdp(why)),
-        _ => Ok(Err(format!("AF_XDP unavailable: {why}"))),
+        _ => Ok(NetPath::Sockets(format!("AF_XDP unavailable: {why}"))),
     };
     if spec.udp.base_port == 0 {
         // Kernel-chosen ports are known only after binding, per loop.
-        return why_not("udp.base_port is 0 (ports chosen by the kernel)".into());
+        return why_not(XdpError::KernelChosenPorts);
     }
     // Loop i's groups arrive on receive queue i.
     let mut routes: Vec<(u16, u32)> = Vec::new();
     for (i, (_, groups)) in plan.iter().enumerate() {
         for g in groups {
             let Some(port) = u16::try_from(u32::from(spec.udp.base_port) + g.group).ok() else {
-                return why_not(format!("group {} has no UDP port below 65536", g.group));
+                return why_not(XdpError::NoPort { group: g.group });
             };
             routes.push((port, i as u32));
         }
@@ -639,7 +639,7 @@ fn open_net_path(
                 node.iface.name,
                 node.attach_mode
             );
-            Ok(Ok(Arc::new(node)))
+            Ok(NetPath::Xdp(Arc::new(node)))
         }
         Err(why) if spec.net.backend == Backend::Xdp => Err(StartError::Xdp(why)),
         Err(why) => {
@@ -647,7 +647,7 @@ fn open_net_path(
                 "node {}: datagrams go through sockets: AF_XDP unavailable: {why}",
                 spec.id
             );
-            Ok(Err(format!("AF_XDP unavailable: {why}")))
+            Ok(NetPath::Sockets(format!("AF_XDP unavailable: {why}")))
         }
     }
 }

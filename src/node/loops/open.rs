@@ -55,27 +55,27 @@ impl EventLoop {
         for w in &report.warnings {
             log_warn!("node {id}: {w}");
         }
-        let net_detail = match net.and_then(|node| node.port(me as u32)) {
-            Ok(port) => {
-                let d = port.describe();
-                log_info!("node {id} loop {me}: datagrams through {d}");
-                udp.attach_xdp(port);
-                d
-            }
-            Err(why) if spec.net.backend == crate::net::xdp::Backend::Xdp => {
-                return Err(StartError::Xdp(why));
-            }
-            // The node's reason was logged once already; a loop's own
-            // (no queue for it) is logged here.
-            Err(why) if why.starts_with("AF_XDP unavailable") || why.starts_with("net.backend") => {
-                why
-            }
-            Err(why) => {
-                log_warn!(
-                    "node {id} loop {me}: datagrams go through sockets: AF_XDP unavailable: {why}"
-                );
-                format!("AF_XDP unavailable: {why}")
-            }
+        let net_detail = match net {
+            // The node's reason was logged once already.
+            NetPath::Sockets(why) => why,
+            NetPath::Xdp(node) => match node.port(me as u32) {
+                Ok(port) => {
+                    let d = port.describe();
+                    log_info!("node {id} loop {me}: datagrams through {d}");
+                    udp.attach_xdp(port);
+                    d
+                }
+                Err(why) if spec.net.backend == crate::net::xdp::Backend::Xdp => {
+                    return Err(StartError::Xdp(why));
+                }
+                // A loop's own reason (no queue for it) is logged here.
+                Err(why) => {
+                    log_warn!(
+                        "node {id} loop {me}: datagrams go through sockets: AF_XDP unavailable: {why}"
+                    );
+                    format!("AF_XDP unavailable: {why}")
+                }
+            },
         };
         let mut replicas = Vec::new();
         let mut by_group = BTreeMap::new();
