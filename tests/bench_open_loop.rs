@@ -8,6 +8,7 @@ use quire::bench::engine::{Completion, Engine, EngineReport, Op};
 use quire::bench::options::{JobOptions, RateProcess};
 use quire::bench::runner::{run_job, Clock, Progress};
 use quire::bench::stats::JobStats;
+use quire::bench::BenchError;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -41,14 +42,14 @@ struct SlowTarget {
 }
 
 impl Engine for SlowTarget {
-    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
+    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), BenchError> {
         let begin = self.free_at_ns.max(self.clock.now_ns());
         self.free_at_ns = begin + self.service_ns;
         self.queue.push_back((self.free_at_ns, op.id));
         Ok(())
     }
 
-    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), BenchError> {
         let limit = self.clock.now_ns() + timeout.as_nanos() as u64;
         match self.queue.front() {
             Some(&(t, _)) if t <= limit => {
@@ -70,7 +71,7 @@ impl Engine for SlowTarget {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<EngineReport, String> {
+    fn finish(&mut self) -> Result<EngineReport, BenchError> {
         Ok(EngineReport::default())
     }
 }

@@ -96,7 +96,7 @@ See bench/README.md for every option and output key.
 /// Parses `args` (without the program name); `read_file` reads a job file.
 pub fn parse(
     args: &[String],
-    read_file: &dyn Fn(&str) -> Result<String, String>,
+    read_file: &dyn Fn(&str) -> std::io::Result<String>,
 ) -> Result<Command, UsageError> {
     let mut formats = vec![OutputFormat::Normal];
     let mut eta = Eta::Auto;
@@ -257,7 +257,7 @@ mod tests {
                 .iter()
                 .find(|(n, _)| n == p)
                 .map(|(_, t)| t.clone())
-                .ok_or_else(|| "no such file".to_string())
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"))
         };
         match parse(&args, &read)? {
             Command::Run(c) => Ok(c),

@@ -17,8 +17,9 @@
 //! and after the run.
 
 use super::engine::{ClusterCounters, Completion, Engine, EngineReport, FsyncBlock, Op, OpKind};
+use super::error::{BenchError, OpError};
 use super::options::{JobOptions, Workload};
-use crate::client::{Client, ClientError, Producer, ProducerConfig, SendError, Ticket};
+use crate::client::{Client, Producer, ProducerConfig, Ticket};
 use crate::node::local::processes::LocalProcesses;
 use crate::tls::{ClientTls, ClientTlsFiles};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -86,10 +87,11 @@ impl EmbeddedCluster {
         groups: u32,
         group: u32,
         tls: bool,
-    ) -> Result<EmbeddedCluster, String> {
-        let own =
-            std::env::current_exe().map_err(|e| format!("finding quire-bench itself: {e}"))?;
-        let bin_dir = own.parent().ok_or("quire-bench has no parent directory")?;
+    ) -> Result<EmbeddedCluster, BenchError> {
+        let own = std::env::current_exe().map_err(BenchError::io("finding quire-bench itself"))?;
+        let bin_dir = own.parent().ok_or_else(|| BenchError::NoDaemon {
+            bin_dir: own.clone(),
+        })?;
         // Both run the daemon; of the two, the one built last, since a
         // target directory can hold a stale one beside a fresh build.
         let exe = ["quire", "quired"]
@@ -98,11 +100,8 @@ impl EmbeddedCluster {
             .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
             .max()
             .map(|(_, p)| p)
-            .ok_or_else(|| {
-                format!(
-                    "--embedded starts the daemon binary next to quire-bench, and neither quired nor quire is in {} (cargo build --bins)",
-                    bin_dir.display()
-                )
+            .ok_or_else(|| BenchError::NoDaemon {
+                bin_dir: bin_dir.to_path_buf(),
             })?;
         let dir = directory
             .map_or_else(std::env::temp_dir, Path::to_path_buf)
@@ -120,17 +119,16 @@ impl EmbeddedCluster {
         };
         let mut c = cluster.target()?.client(1);
         c.deadline = Duration::from_secs(30);
-        c.append(group, b"quire-bench warm-up").map_err(|e| {
-            format!(
-                "the embedded cluster did not elect a leader: {e} (logs in {})",
-                cluster.dir.display()
-            )
-        })?;
+        c.append(group, b"quire-bench warm-up")
+            .map_err(|source| BenchError::NoLeader {
+                dir: cluster.dir.clone(),
+                source,
+            })?;
         Ok(cluster)
     }
 
     /// How to reach it.
-    pub fn target(&self) -> Result<ClusterTarget, String> {
+    pub fn target(&self) -> Result<ClusterTarget, BenchError> {
         Ok(ClusterTarget {
             clients: self.processes.client_addrs(),
             admin: self.processes.nodes.values().map(|n| n.admin).collect(),
@@ -161,15 +159,21 @@ impl Drop for EmbeddedCluster {
 }
 
 /// The target of `job` when it names servers (not embedded).
-pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
-    let resolve = |list: &[String]| -> Result<Vec<SocketAddr>, String> {
+pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, BenchError> {
+    let resolve = |list: &[String]| -> Result<Vec<SocketAddr>, BenchError> {
         let mut out = Vec::new();
         for a in list {
             let addr = a
                 .to_socket_addrs()
-                .map_err(|e| format!("address {a:?}: {e}"))?
+                .map_err(|e| BenchError::Address {
+                    addr: a.clone(),
+                    source: Some(e),
+                })?
                 .next()
-                .ok_or_else(|| format!("address {a:?} resolves to nothing"))?;
+                .ok_or_else(|| BenchError::Address {
+                    addr: a.clone(),
+                    source: None,
+                })?;
             out.push(addr);
         }
         Ok(out)
@@ -177,10 +181,10 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
     let token_file = job
         .token_file
         .as_ref()
-        .ok_or("--servers needs --token_file")?;
+        .ok_or_else(|| BenchError::usage("--servers needs --token_file"))?;
     let token =
         crate::io::private::read_capped(token_file, crate::io::private::SECRET_FILE_BYTES_MAX)
-            .map_err(|e| format!("{}: {e}", token_file.display()))?;
+            .map_err(BenchError::io(token_file.display().to_string()))?;
     let tls = match &job.ca {
         Some(ca) => Some(ClientTls::load(&ClientTlsFiles {
             ca: ca.clone(),
@@ -203,15 +207,12 @@ pub fn external_target(job: &JobOptions) -> Result<ClusterTarget, String> {
 /// with labels) -> value.
 type MetricsSnapshot = BTreeMap<(usize, String), f64>;
 
-fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .map_err(|e| format!("{addr}: {e}"))?;
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut body = String::new();
-    s.take(16 << 20)
-        .read_to_string(&mut body)
-        .map_err(|e| e.to_string())?;
+    s.take(16 << 20).read_to_string(&mut body)?;
     Ok(body
         .split_once("\r\n\r\n")
         .map_or(body.clone(), |(_, b)| b.to_string()))
@@ -295,10 +296,10 @@ impl ClusterEngine {
         job: &JobOptions,
         clone_index: u64,
         target: ClusterTarget,
-    ) -> Result<ClusterEngine, String> {
+    ) -> Result<ClusterEngine, BenchError> {
         let group = job.group;
         // Random per process (pids are reused), distinct per worker.
-        let base = crate::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
+        let base = crate::client::random_client_id().map_err(BenchError::io("a client id"))?;
         let client_id = |worker: u64| (base ^ (clone_index << 16) ^ worker).max(1);
         let mode = match job.rw {
             Workload::Append => {
@@ -324,7 +325,11 @@ impl Pipelined {
     /// connection (so, by default, one append per request), and the job's
     /// `linger_us` and `batch_bytes_max`. It learns the leader before the
     /// run starts.
-    fn open(job: &JobOptions, target: &ClusterTarget, client_id: u64) -> Result<Pipelined, String> {
+    fn open(
+        job: &JobOptions,
+        target: &ClusterTarget,
+        client_id: u64,
+    ) -> Result<Pipelined, BenchError> {
         let config = ProducerConfig {
             in_flight_max: job.in_flight_max.unwrap_or(job.iodepth),
             linger_us: job.linger_us,
@@ -356,16 +361,16 @@ impl Pipelined {
         })
     }
 
-    fn submit(&mut self, op: Op) -> Result<(), String> {
-        match self.producer.send(self.group, &self.payload[..op.bytes]) {
-            Ok(t) => {
-                self.ops.insert(t, (op.id, op.bytes as u64));
-                Ok(())
-            }
-            // The runner keeps at most iodepth = pending_max in flight.
-            Err(SendError::Full) => Err("more appends in flight than iodepth".into()),
-            Err(e) => Err(e.to_string()),
-        }
+    fn submit(&mut self, op: Op) -> Result<(), BenchError> {
+        let t = self
+            .producer
+            .send(self.group, &self.payload[..op.bytes])
+            .map_err(|source| BenchError::Send {
+                what: "appends",
+                source,
+            })?;
+        self.ops.insert(t, (op.id, op.bytes as u64));
+        Ok(())
     }
 
     fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) {
@@ -377,7 +382,7 @@ impl Pipelined {
             };
             done.push(Completion {
                 id,
-                result: c.result.map(|_| bytes).map_err(|e| error_kind(&e)),
+                result: c.result.map(|_| bytes).map_err(OpError::Client),
                 finished: None,
             });
         }
@@ -390,7 +395,7 @@ impl Threads {
         job: &JobOptions,
         target: &ClusterTarget,
         client_id: impl Fn(u64) -> u64,
-    ) -> Result<Threads, String> {
+    ) -> Result<Threads, BenchError> {
         let group = job.group;
         let highest = Arc::new(AtomicU64::new(0));
         if matches!(job.rw, Workload::Read | Workload::Mixed | Workload::Tail) {
@@ -398,7 +403,7 @@ impl Threads {
             let records = vec![vec![0xa5u8; job.bs.max_bytes as usize]; PREFILL_RECORDS];
             let indexes = c
                 .append_all(group, &records, 32, 1)
-                .map_err(|e| format!("prefilling group {group}: {e}"))?;
+                .map_err(BenchError::client(format!("prefilling group {group}")))?;
             highest.store(indexes.last().copied().unwrap_or(0), Ordering::Relaxed);
         }
         let (op_tx, op_rx) = crossbeam_channel::bounded::<Op>(job.iodepth);
@@ -414,21 +419,21 @@ impl Threads {
                 .spawn(move || {
                     let mut tail_from = highest.load(Ordering::Relaxed) + 1;
                     for op in op_rx {
-                        let result: Result<u64, String> = match (op.kind, rw) {
+                        let result: Result<u64, OpError> = match (op.kind, rw) {
                             (OpKind::Write, _) => client
                                 .append(group, &vec![0xa5u8; op.bytes])
                                 .map(|index| {
                                     highest.fetch_max(index, Ordering::Relaxed);
                                     op.bytes as u64
                                 })
-                                .map_err(|e| error_kind(&e)),
+                                .map_err(OpError::Client),
                             (OpKind::Read, Workload::Tail) => client
                                 .tail(group, tail_from, TAIL_WAIT_MS)
                                 .map(|entries| {
                                     tail_from += entries.len() as u64;
                                     entries.iter().map(|e| e.data.len() as u64).sum()
                                 })
-                                .map_err(|e| error_kind(&e)),
+                                .map_err(OpError::Client),
                             (OpKind::Read, _) => {
                                 let top = highest.load(Ordering::Relaxed).max(1);
                                 let at = rng.gen_range(1..=top);
@@ -437,7 +442,7 @@ impl Threads {
                                     .map(|entries| {
                                         entries.iter().map(|e| e.data.len() as u64).sum()
                                     })
-                                    .map_err(|e| error_kind(&e))
+                                    .map_err(OpError::Client)
                             }
                         };
                         let c = Completion {
@@ -450,7 +455,7 @@ impl Threads {
                         }
                     }
                 })
-                .map_err(|e| format!("starting a client thread: {e}"))?;
+                .map_err(BenchError::io("starting a client thread"))?;
             workers.push(handle);
         }
         Ok(Threads {
@@ -461,16 +466,8 @@ impl Threads {
     }
 }
 
-/// A short, stable label per kind of client error (errors are counted by it).
-fn error_kind(e: &ClientError) -> String {
-    match e {
-        ClientError::Unavailable(_) => "unavailable".into(),
-        ClientError::Refused(code, _) => format!("refused:{code}"),
-    }
-}
-
 impl Engine for ClusterEngine {
-    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
+    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), BenchError> {
         match &mut self.mode {
             Mode::Pipelined(p) => p.submit(op),
             Mode::Commands(c) => c.submit(op),
@@ -478,13 +475,13 @@ impl Engine for ClusterEngine {
             Mode::Threads(t) => t
                 .ops
                 .as_ref()
-                .ok_or("submit after finish")?
+                .ok_or(BenchError::Misuse("submit after finish"))?
                 .send(op)
-                .map_err(|_| "the client threads stopped".to_string()),
+                .map_err(|_| BenchError::Stopped("the client threads")),
         }
     }
 
-    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), BenchError> {
         let t = match &mut self.mode {
             Mode::Pipelined(p) => {
                 p.poll(timeout, done);
@@ -499,17 +496,20 @@ impl Engine for ClusterEngine {
         match t.completions.recv_timeout(timeout) {
             Ok(c) => done.push(c),
             Err(RecvTimeoutError::Timeout) => return Ok(()),
-            Err(RecvTimeoutError::Disconnected) => return Err("the client threads stopped".into()),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(BenchError::Stopped("the client threads"))
+            }
         }
         done.extend(t.completions.try_iter());
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<EngineReport, String> {
+    fn finish(&mut self) -> Result<EngineReport, BenchError> {
         if let Mode::Threads(t) = &mut self.mode {
             t.ops = None;
             for w in t.workers.drain(..) {
-                w.join().map_err(|_| "a client thread panicked")?;
+                w.join()
+                    .map_err(|_| BenchError::Panicked("a client thread"))?;
             }
         }
         let after = metrics(&self.target.admin);

@@ -7,10 +7,10 @@
 //! and its ack confirmed.
 
 use super::engine::{Completion, Op};
+use super::error::{BenchError, OpError};
 use super::options::{JobOptions, Workload};
 use crate::client::{
-    ClientError, CommandPipeline, Consumer, ConsumerConfig, LedgerWriter, PipelineConfig,
-    SendError, Ticket,
+    ClientError, CommandPipeline, Consumer, ConsumerConfig, LedgerWriter, PipelineConfig, Ticket,
 };
 use crate::state::queue::{CONSUME_MAX, PRODUCE_MESSAGES_MAX, QUEUE_MESSAGES_MAX};
 use crate::state::{Command, Outcome};
@@ -71,7 +71,7 @@ impl Commands {
         job: &JobOptions,
         target: &super::cluster_engine::ClusterTarget,
         client_id: u64,
-    ) -> Result<Commands, String> {
+    ) -> Result<Commands, BenchError> {
         let config = PipelineConfig {
             in_flight_max: job.in_flight_max.unwrap_or(job.iodepth),
             pending_max: job.iodepth.clamp(1, crate::state::dedup::WINDOW),
@@ -97,7 +97,7 @@ impl Commands {
             Workload::Ledger => {
                 let writer = setup
                     .ledger_create(job.group)
-                    .map_err(|e| format!("creating the job's ledger: {e}"))?;
+                    .map_err(BenchError::client("creating the job's ledger"))?;
                 Ok(Commands::Pipelined {
                     pipeline: Box::new(pipeline(client_id, &config)),
                     target: Target::Ledger(writer),
@@ -139,15 +139,15 @@ impl Commands {
                     acked: VecDeque::new(),
                 })
             }
-            other => Err(format!(
+            other => Err(BenchError::usage(format!(
                 "{} is not a command workload",
                 super::options::workload_name(other)
-            )),
+            ))),
         }
     }
 
     /// Takes operation `op`.
-    pub(super) fn submit(&mut self, op: Op) -> Result<(), String> {
+    pub(super) fn submit(&mut self, op: Op) -> Result<(), BenchError> {
         match self {
             Commands::Pipelined {
                 pipeline,
@@ -169,15 +169,12 @@ impl Commands {
                         data,
                     },
                 };
-                match pipeline.send(command) {
-                    Ok(t) => {
-                        ops.insert(t, (op.id, op.bytes as u64));
-                        Ok(())
-                    }
-                    // The runner keeps at most iodepth = pending_max in flight.
-                    Err(SendError::Full) => Err("more commands in flight than iodepth".into()),
-                    Err(e) => Err(e.to_string()),
-                }
+                let t = pipeline.send(command).map_err(|source| BenchError::Send {
+                    what: "commands",
+                    source,
+                })?;
+                ops.insert(t, (op.id, op.bytes as u64));
+                Ok(())
             }
             Commands::Consuming { waiting, .. } => {
                 waiting.push_back((op.id, op.bytes as u64));
@@ -198,8 +195,8 @@ impl Commands {
                     };
                     let result = match c.result {
                         Ok(Outcome::Produced { .. } | Outcome::EntryAdded(_)) => Ok(bytes),
-                        Ok(other) => Err(format!("unexpected-outcome:{other:?}")),
-                        Err(e) => Err(error_kind(&e)),
+                        Ok(other) => Err(OpError::UnexpectedOutcome(Box::new(other))),
+                        Err(e) => Err(OpError::Client(e)),
                     };
                     done.push(Completion {
                         id,
@@ -228,7 +225,7 @@ fn consume(
     done: &mut Vec<Completion>,
 ) {
     let until = Instant::now() + timeout;
-    let fail = |done: &mut Vec<Completion>, id: u64, why: String| {
+    let fail = |done: &mut Vec<Completion>, id: u64, why: OpError| {
         done.push(Completion {
             id,
             result: Err(why),
@@ -244,13 +241,13 @@ fn consume(
                     let (id, _) = waiting.pop_front().expect("checked");
                     match consumer.ack(d.id) {
                         Ok(()) => acked.push_back((id, d.data.len() as u64)),
-                        Err(e) => fail(done, id, error_kind(&e)),
+                        Err(e) => fail(done, id, OpError::Client(e)),
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
                     let (id, _) = waiting.pop_front().expect("checked");
-                    fail(done, id, error_kind(&e));
+                    fail(done, id, OpError::Client(e));
                 }
             }
         }
@@ -258,7 +255,7 @@ fn consume(
         // below): it fails an operation still waiting for a message.
         if let Err(e) = consumer.flush_acks() {
             if let Some((id, _)) = waiting.pop_front() {
-                fail(done, id, error_kind(&e));
+                fail(done, id, OpError::Client(e));
             }
         }
         for ack in consumer.take_acks_done() {
@@ -268,18 +265,14 @@ fn consume(
                 };
                 done.push(Completion {
                     id,
-                    result: ack
-                        .result
-                        .clone()
-                        .map(|()| bytes)
-                        .map_err(|e| error_kind(&e)),
+                    result: ack.result.clone().map(|()| bytes).map_err(OpError::Client),
                     finished: None,
                 });
             }
         }
         if !waiting.is_empty() && consumer.empty_in_a_row() >= EMPTY_CONSUMES_DRY {
             let (id, _) = waiting.pop_front().expect("checked");
-            fail(done, id, "queue-empty".into());
+            fail(done, id, OpError::QueueEmpty);
         }
         // At least one turn of I/O per call, even with no time to wait.
         if !done.is_empty() || (turned && Instant::now() >= until) {
@@ -290,24 +283,31 @@ fn consume(
         let left = until.saturating_duration_since(Instant::now());
         if let Err(e) = consumer.turn(left) {
             if let Some((id, _)) = waiting.pop_front() {
-                fail(done, id, error_kind(&e));
+                fail(done, id, OpError::Client(e));
             }
         }
     }
 }
 
 /// Creates `job.queue` (an existing one is reused).
-fn create_queue(c: &mut crate::client::Client, job: &JobOptions) -> Result<(), String> {
+fn create_queue(c: &mut crate::client::Client, job: &JobOptions) -> Result<(), BenchError> {
     match c.queue_create(job.group, &job.queue, 1000) {
         Ok(()) => Ok(()),
         Err(ClientError::Refused(_, why)) if why.contains("exists") => Ok(()),
-        Err(e) => Err(format!("creating queue {:?}: {e}", job.queue)),
+        Err(e) => Err(BenchError::client(format!(
+            "creating queue {:?}",
+            job.queue
+        ))(e)),
     }
 }
 
 /// Fills `job.queue` with this clone's share of what the job consumes:
 /// `number_ios`, or `CONSUME_FILL_PER_S` a second of its run.
-fn fill(pipeline: &mut CommandPipeline, job: &JobOptions, payload: &[u8]) -> Result<(), String> {
+fn fill(
+    pipeline: &mut CommandPipeline,
+    job: &JobOptions,
+    payload: &[u8],
+) -> Result<(), BenchError> {
     let secs = job.runtime.unwrap_or(Duration::from_secs(10)) + job.ramp_time;
     let total = job
         .number_ios
@@ -325,22 +325,17 @@ fn fill(pipeline: &mut CommandPipeline, job: &JobOptions, payload: &[u8]) -> Res
                 seq: 0,
                 messages: vec![payload.to_vec(); n as usize],
             };
-            pipeline.send(produce).map_err(|e| e.to_string())?;
+            pipeline.send(produce).map_err(|source| BenchError::Send {
+                what: "produces",
+                source,
+            })?;
             left -= n;
             continue;
         }
         if let Some(c) = pipeline.poll(Duration::from_millis(100)) {
             c.result
-                .map_err(|e| format!("filling queue {:?}: {e}", job.queue))?;
+                .map_err(BenchError::client(format!("filling queue {:?}", job.queue)))?;
         }
     }
     Ok(())
-}
-
-/// A short, stable label per kind of client error (errors are counted by it).
-fn error_kind(e: &ClientError) -> String {
-    match e {
-        ClientError::Unavailable(_) => "unavailable".into(),
-        ClientError::Refused(code, _) => format!("refused:{code}"),
-    }
 }

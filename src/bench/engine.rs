@@ -6,6 +6,7 @@
 //! back what completed. That is what lets one job keep `iodepth` operations
 //! in flight on one thread, and lets a test plug in a fake target.
 
+use super::error::{BenchError, OpError};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -34,9 +35,9 @@ pub struct Op {
 pub struct Completion {
     /// The id of the [`Op`].
     pub id: u64,
-    /// Bytes moved, or the kind of error (a short stable label: errors are
-    /// counted by it).
-    pub result: Result<u64, String>,
+    /// Bytes moved, or the error (its `Display` is a short stable label:
+    /// errors are counted by it).
+    pub result: Result<u64, OpError>,
     /// When it finished, if the engine saw it finish on another thread
     /// (the runner stamps the others when `poll` returns them).
     pub finished: Option<Instant>,
@@ -46,14 +47,14 @@ pub struct Completion {
 pub trait Engine {
     /// Starts `op`. May complete it at once (pushing to `done`); must not
     /// block for longer than handing it over takes.
-    fn submit(&mut self, op: Op, done: &mut Vec<Completion>) -> Result<(), String>;
+    fn submit(&mut self, op: Op, done: &mut Vec<Completion>) -> Result<(), BenchError>;
 
     /// Waits up to about `timeout` for operations to complete and pushes
     /// them to `done`. Called only while operations are in flight.
-    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String>;
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), BenchError>;
 
     /// Called once after the last completion: the engine's own report.
-    fn finish(&mut self) -> Result<EngineReport, String>;
+    fn finish(&mut self) -> Result<EngineReport, BenchError>;
 }
 
 /// The fsync (flush) latency of one disk.

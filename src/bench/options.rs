@@ -20,6 +20,18 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+impl From<String> for UsageError {
+    fn from(why: String) -> Self {
+        UsageError(why)
+    }
+}
+
+impl From<&str> for UsageError {
+    fn from(why: &str) -> Self {
+        UsageError(why.into())
+    }
+}
+
 /// Which path is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
@@ -270,7 +282,7 @@ pub const JOB_OPTION_NAMES: &[&str] = &[
 
 /// Parses a size: bytes, or with a binary suffix (`4k`, `64KiB`, `1m`, `2g`),
 /// as fio does by default (k = 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, UsageError> {
     let t = text.trim();
     let digits_end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -282,21 +294,25 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        other => return Err(format!("unknown size suffix {other:?} in {text:?}")),
+        other => {
+            return Err(UsageError(format!(
+                "unknown size suffix {other:?} in {text:?}"
+            )))
+        }
     };
     let n: f64 = num
         .parse()
-        .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 4k, 1m)"))?;
+        .map_err(|_| UsageError(format!("{text:?} is not a size (e.g. 4096, 4k, 1m)")))?;
     let bytes = n * (1u64 << shift) as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 / 2.0 {
-        return Err(format!("size {text:?} is out of range"));
+        return Err(UsageError(format!("size {text:?} is out of range")));
     }
     Ok(bytes as u64)
 }
 
 /// Parses a duration: seconds by default, as fio does, or with a unit
 /// (`us`, `ms`, `s`, `m`, `h`).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, UsageError> {
     let t = text.trim();
     let digits_end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -304,33 +320,37 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (num, unit) = t.split_at(digits_end);
     let n: f64 = num
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration (e.g. 10, 500ms, 2m)"))?;
+        .map_err(|_| UsageError(format!("{text:?} is not a duration (e.g. 10, 500ms, 2m)")))?;
     let secs = match unit.trim() {
         "" | "s" => n,
         "us" => n / 1e6,
         "ms" => n / 1e3,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        other => return Err(format!("unknown time unit {other:?} in {text:?}")),
+        other => {
+            return Err(UsageError(format!(
+                "unknown time unit {other:?} in {text:?}"
+            )))
+        }
     };
     if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("duration {text:?} is out of range"));
+        return Err(UsageError(format!("duration {text:?} is out of range")));
     }
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn parse_bool(text: &str) -> Result<bool, String> {
+fn parse_bool(text: &str) -> Result<bool, UsageError> {
     match text.trim().to_ascii_lowercase().as_str() {
         "" | "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        other => Err(format!("{other:?} is not a boolean (1 or 0)")),
+        other => Err(UsageError(format!("{other:?} is not a boolean (1 or 0)"))),
     }
 }
 
-fn parse_num<T: std::str::FromStr>(text: &str, what: &str) -> Result<T, String> {
+fn parse_num<T: std::str::FromStr>(text: &str, what: &str) -> Result<T, UsageError> {
     text.trim()
         .parse()
-        .map_err(|_| format!("{text:?} is not a valid {what}"))
+        .map_err(|_| UsageError(format!("{text:?} is not a valid {what}")))
 }
 
 fn parse_list(text: &str) -> Vec<String> {
@@ -348,7 +368,7 @@ impl JobOptions {
             .map_err(|why| UsageError(format!("{origin}: option {key}={value:?}: {why}")))
     }
 
-    fn set_inner(&mut self, key: &str, value: &str) -> Result<(), String> {
+    fn set_inner(&mut self, key: &str, value: &str) -> Result<(), UsageError> {
         match key {
             "name" => {
                 if value.trim().is_empty() {
@@ -406,7 +426,7 @@ impl JobOptions {
                 for p in value.split(':').filter(|p| !p.trim().is_empty()) {
                     let p: f64 = parse_num(p, "percentile")?;
                     if !(p > 0.0 && p <= 100.0) {
-                        return Err(format!("percentile {p} is not in (0, 100]"));
+                        return Err(UsageError(format!("percentile {p} is not in (0, 100]")));
                     }
                     list.push(p);
                 }
@@ -473,10 +493,10 @@ impl JobOptions {
             }
             "randseed" => self.seed = parse_num(value, "seed")?,
             _ => {
-                return Err(format!(
+                return Err(UsageError(format!(
                     "unknown option; job options are: {}",
                     JOB_OPTION_NAMES.join(", ")
-                ))
+                )))
             }
         }
         Ok(())
@@ -570,20 +590,20 @@ impl JobOptions {
     }
 }
 
-fn percent(value: &str) -> Result<u32, String> {
+fn percent(value: &str) -> Result<u32, UsageError> {
     Ok(bounded(value, "percentage", 0, 100)? as u32)
 }
 
-fn bounded(value: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {
+fn bounded(value: &str, what: &str, lo: u64, hi: u64) -> Result<u64, UsageError> {
     let n: u64 = parse_num(value, what)?;
     if n < lo || n > hi {
-        return Err(format!("{what} must be between {lo} and {hi}"));
+        return Err(UsageError(format!("{what} must be between {lo} and {hi}")));
     }
     Ok(n)
 }
 
 /// Parses `4k` or a range `1k-64k` (also `1k:64k`).
-pub fn parse_block_size(value: &str) -> Result<BlockSize, String> {
+pub fn parse_block_size(value: &str) -> Result<BlockSize, UsageError> {
     let (lo, hi) = match value.split_once(['-', ':']) {
         Some((a, b)) => (parse_size(a)?, parse_size(b)?),
         None => {

@@ -6,6 +6,7 @@
 //! inside a chart it would hide whatever curve passed under it, and a
 //! curve can pass anywhere.
 
+use super::error::{BenchError, PlotError};
 use super::report::RunResult;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -44,9 +45,12 @@ struct Series {
 }
 
 /// Draws `run`'s per-interval samples to `path`.
-pub fn draw(run: &RunResult, path: &Path) -> Result<(), String> {
-    let svg = render(&series_of(run)).map_err(|e| format!("drawing {}: {e}", path.display()))?;
-    std::fs::write(path, svg).map_err(|e| format!("writing {}: {e}", path.display()))
+pub fn draw(run: &RunResult, path: &Path) -> Result<(), BenchError> {
+    let svg = render(&series_of(run)).map_err(|source| BenchError::Plot {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::fs::write(path, svg).map_err(BenchError::io(format!("writing {}", path.display())))
 }
 
 /// Each job's points: one per full interval, on the run's time axis.
@@ -83,25 +87,24 @@ fn series_of(run: &RunResult) -> Vec<Series> {
 }
 
 /// The SVG document of `series`: the two charts, then the legend strip.
-fn render(series: &[Series]) -> Result<String, String> {
+fn render(series: &[Series]) -> Result<String, PlotError> {
     let legend_px = 2 * LEGEND_PAD_PX + LEGEND_ROW_PX * series.len().max(1) as u32;
     let height_px = THROUGHPUT_HEIGHT_PX + LATENCY_HEIGHT_PX + legend_px;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, height_px)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        root.fill(&WHITE)?;
         let (charts, legend) = root.split_vertically(THROUGHPUT_HEIGHT_PX + LATENCY_HEIGHT_PX);
         draw_charts(&charts, series)?;
         draw_legend(&legend, series)?;
-        root.present().map_err(|e| e.to_string())?;
+        root.present()?;
     }
     Ok(svg)
 }
 
 /// One row per job on `area`: its colour's line and its label (the line
 /// styles of the latency chart are in its caption).
-fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| e.to_string();
+fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Result<(), PlotError> {
     let style = TextStyle::from(("sans-serif", LEGEND_FONT_PX).into_font())
         .pos(Pos::new(HPos::Left, VPos::Center));
     for (i, s) in series.iter().enumerate() {
@@ -111,17 +114,14 @@ fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Resu
         area.draw(&PathElement::new(
             vec![(70, mid), (100, mid)],
             c.stroke_width(3),
-        ))
-        .map_err(|e| err(&e))?;
-        area.draw(&Text::new(s.label.clone(), (110, mid), style.clone()))
-            .map_err(|e| err(&e))?;
+        ))?;
+        area.draw(&Text::new(s.label.clone(), (110, mid), style.clone()))?;
     }
     Ok(())
 }
 
 /// Both charts on `root`, throughput above latency.
-fn draw_charts(root: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| e.to_string();
+fn draw_charts(root: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Result<(), PlotError> {
     let x_max = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.0))
@@ -151,24 +151,20 @@ fn draw_charts(root: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Resu
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..x_max, 0f64..iops_max)
-        .map_err(|e| err(&e))?;
+        .build_cartesian_2d(0f64..x_max, 0f64..iops_max)?;
     chart
         .configure_mesh()
         .light_line_style(RGBColor(235, 235, 235))
         .y_label_formatter(&|v| format!("{v:.0}"))
         .x_desc("time since the run started (s)")
         .y_desc("ops/s")
-        .draw()
-        .map_err(|e| err(&e))?;
+        .draw()?;
     for (i, s) in series.iter().enumerate() {
         let c = COLOURS[i % COLOURS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                s.points.iter().map(|p| (p.0, p.1)),
-                c.stroke_width(2),
-            ))
-            .map_err(|e| err(&e))?;
+        chart.draw_series(LineSeries::new(
+            s.points.iter().map(|p| (p.0, p.1)),
+            c.stroke_width(2),
+        ))?;
     }
     let mut chart = ChartBuilder::on(&bottom)
         .caption(
@@ -178,41 +174,33 @@ fn draw_charts(root: &DrawingArea<SVGBackend, Shift>, series: &[Series]) -> Resu
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..x_max, (lat_lo..lat_hi * 1.5).log_scale())
-        .map_err(|e| err(&e))?;
+        .build_cartesian_2d(0f64..x_max, (lat_lo..lat_hi * 1.5).log_scale())?;
     chart
         .configure_mesh()
         .light_line_style(WHITE)
         .y_label_formatter(&|v| format!("{v:.0}"))
         .x_desc("time since the run started (s)")
         .y_desc("latency (us)")
-        .draw()
-        .map_err(|e| err(&e))?;
+        .draw()?;
     for (i, s) in series.iter().enumerate() {
         let c = COLOURS[i % COLOURS.len()];
         let live: Vec<_> = s.points.iter().filter(|p| p.1 > 0.0).collect();
-        chart
-            .draw_series(LineSeries::new(
-                live.iter().map(|p| (p.0, p.2)),
-                c.stroke_width(2),
-            ))
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(DashedLineSeries::new(
-                live.iter().map(|p| (p.0, p.3)),
-                6,
-                4,
-                c.stroke_width(2),
-            ))
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(DashedLineSeries::new(
-                live.iter().map(|p| (p.0, p.4)),
-                2,
-                3,
-                c.stroke_width(1),
-            ))
-            .map_err(|e| err(&e))?;
+        chart.draw_series(LineSeries::new(
+            live.iter().map(|p| (p.0, p.2)),
+            c.stroke_width(2),
+        ))?;
+        chart.draw_series(DashedLineSeries::new(
+            live.iter().map(|p| (p.0, p.3)),
+            6,
+            4,
+            c.stroke_width(2),
+        ))?;
+        chart.draw_series(DashedLineSeries::new(
+            live.iter().map(|p| (p.0, p.4)),
+            2,
+            3,
+            c.stroke_width(1),
+        ))?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use super::cli::{Eta, RunConfig};
 use super::cluster_engine::{external_target, ClusterEngine, ClusterTarget, EmbeddedCluster};
 use super::cpu;
 use super::engine::{CpuBlock, Engine, EngineReport};
+use super::error::BenchError;
 use super::host::{self, HostSnapshot};
 use super::options::{EngineKind, JobOptions};
 use super::report::{JobResult, RunResult};
@@ -23,7 +24,7 @@ pub fn open_engine(
     job: &JobOptions,
     clone: u64,
     cluster: Option<&ClusterTarget>,
-) -> Result<Box<dyn Engine>, String> {
+) -> Result<Box<dyn Engine>, BenchError> {
     Ok(match job.ioengine {
         EngineKind::Wal => Box::new(WalEngine::open(job, clone)?),
         EngineKind::Udp => Box::new(UdpEngine::open(job)?),
@@ -37,7 +38,7 @@ pub fn open_engine(
     })
 }
 
-type CloneOutcome = Result<(JobStats, EngineReport), String>;
+type CloneOutcome = Result<(JobStats, EngineReport), BenchError>;
 
 /// The block device under `path`, or under its nearest existing ancestor
 /// (the job may create the directory itself).
@@ -50,7 +51,7 @@ fn device_near(path: &std::path::Path) -> Option<String> {
 /// Runs the jobs of `cfg`: each stonewall group after the one before, the
 /// jobs of a group side by side. Errors of single jobs are kept in their
 /// results; errors of the run as a whole are returned.
-pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
+pub fn execute(cfg: &RunConfig) -> Result<RunResult, BenchError> {
     let embedded_jobs: Vec<&JobOptions> = cfg
         .jobs
         .iter()
@@ -60,7 +61,9 @@ pub fn execute(cfg: &RunConfig) -> Result<RunResult, String> {
         Some(first) => {
             let groups = embedded_jobs.iter().map(|j| j.group).max().unwrap_or(0) + 1;
             if groups > 64 {
-                return Err("--embedded starts at most 64 groups: give a smaller --group".into());
+                return Err(BenchError::usage(
+                    "--embedded starts at most 64 groups: give a smaller --group",
+                ));
             }
             Some(EmbeddedCluster::start(
                 first.directory.as_deref(),
@@ -122,7 +125,7 @@ fn run_group(
     jobs: &[JobOptions],
     target: Option<&ClusterTarget>,
     eta: Eta,
-) -> Result<Vec<JobResult>, String> {
+) -> Result<Vec<JobResult>, BenchError> {
     let clones: Vec<(usize, u64)> = jobs
         .iter()
         .enumerate()
@@ -148,7 +151,7 @@ fn run_group(
                 let clock = RealClock::new();
                 run_job(&job, clone, engine.as_mut(), &clock, &progress)
             })
-            .map_err(|e| format!("starting a job thread: {e}"))?;
+            .map_err(BenchError::io("starting a job thread"))?;
         handles.push(h);
     }
     start.wait();
@@ -174,10 +177,7 @@ fn run_group(
     });
     let outcomes: Vec<CloneOutcome> = handles
         .into_iter()
-        .map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err("the job thread panicked".into()))
-        })
+        .map(|h| h.join().unwrap_or_else(|_| Err(BenchError::JobPanicked)))
         .collect();
     let cpu_after = (cpu::processes_cpu_us(&pids), cpu::own_cpu_us());
     finished.store(true, Ordering::Relaxed);
@@ -228,7 +228,7 @@ fn run_group(
                     r.stats.merge(stats);
                     r.engine.merge(engine);
                 }
-                Err(e) => r.error = Some(e.clone()),
+                Err(e) => r.error = Some(e.to_string()),
             }
             if job.group_reporting {
                 grouped = r;
@@ -270,7 +270,7 @@ fn run_group(
 /// Writes the `write_lat_log` files of every job that asked for them, in
 /// fio's log format (`msec, value_ns, direction, bs, offset`), one line per
 /// `log_avg_msec` interval holding the interval's mean.
-pub fn write_lat_logs(run: &RunResult) -> Result<Vec<String>, String> {
+pub fn write_lat_logs(run: &RunResult) -> Result<Vec<String>, BenchError> {
     let mut written = Vec::new();
     for (n, j) in run.jobs.iter().enumerate() {
         let Some(prefix) = &j.options.write_lat_log else {
@@ -300,7 +300,7 @@ pub fn write_lat_logs(run: &RunResult) -> Result<Vec<String>, String> {
             for s in j.stats.intervals.iter().filter(|s| s.ops > 0) {
                 text.push_str(&format!("{}, {:.0}, {dir}, {bs}, 0\n", s.end_ms, pick(s)));
             }
-            std::fs::write(&path, text).map_err(|e| format!("{path}: {e}"))?;
+            std::fs::write(&path, text).map_err(BenchError::io(path.clone()))?;
             written.push(path);
         }
     }

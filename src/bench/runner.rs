@@ -12,6 +12,7 @@
 //! virtual clock against a fake engine.
 
 use super::engine::{Completion, Engine, EngineReport, Op, OpKind};
+use super::error::BenchError;
 use super::options::{JobOptions, RateProcess, Workload};
 use super::stats::{DirStats, IntervalAccumulator, JobStats};
 use rand::{Rng, SeedableRng};
@@ -95,7 +96,7 @@ pub fn run_job(
     engine: &mut dyn Engine,
     clock: &dyn Clock,
     progress: &Progress,
-) -> Result<(JobStats, EngineReport), String> {
+) -> Result<(JobStats, EngineReport), BenchError> {
     let mut rng =
         ChaCha8Rng::seed_from_u64(job.seed.wrapping_add(clone_index.wrapping_mul(0x9e37_79b9)));
     let start_ns = clock.now_ns();
@@ -206,10 +207,7 @@ pub fn run_job(
         let now = clock.now_ns();
         for c in done.drain(..) {
             let Some(f) = in_flight.remove(&c.id) else {
-                return Err(format!(
-                    "the engine completed operation {} twice, or one it was never given",
-                    c.id
-                ));
+                return Err(BenchError::UnknownCompletion(c.id));
             };
             let submitted_ns = f.submitted_ns;
             let finished_ns = c
@@ -248,7 +246,7 @@ pub fn run_job(
                 Err(kind) => {
                     progress.errors.fetch_add(1, Ordering::Relaxed);
                     if f.measured {
-                        *stats.errors.entry(kind).or_default() += 1;
+                        *stats.errors.entry(kind.to_string()).or_default() += 1;
                     }
                 }
             }

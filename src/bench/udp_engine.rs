@@ -20,6 +20,7 @@
 //! so their runs compare the datagram paths and nothing else.
 
 use super::engine::{Completion, Engine, EngineReport, Op, TransportBlock};
+use super::error::BenchError;
 use super::options::JobOptions;
 use super::options::NetBackend;
 use crate::net::netns::{BridgeRule, TestNet};
@@ -78,7 +79,7 @@ pub struct UdpEngine {
 
 impl UdpEngine {
     /// Binds both endpoints for `job` and starts the receiver thread.
-    pub fn open(job: &JobOptions) -> Result<UdpEngine, String> {
+    pub fn open(job: &JobOptions) -> Result<UdpEngine, BenchError> {
         let key = ClusterKey::derive(b"quire-bench udp");
         let udp = UdpConfig {
             bind_ip: "127.0.0.1".parse().expect("a literal address"),
@@ -93,8 +94,9 @@ impl UdpEngine {
             ..TransportConfig::default()
         };
         let net = match job.net_backend {
-            Some(_) => Some(TestNet::create(2).map_err(|e| {
-                format!("net_backend needs two network namespaces (root, ip, nft): {e}")
+            Some(_) => Some(TestNet::create(2).map_err(|source| BenchError::Nft {
+                what: "net_backend needs two network namespaces (root, ip, nft)".into(),
+                source,
             })?),
             None => None,
         };
@@ -102,10 +104,10 @@ impl UdpEngine {
         let mut place = "127.0.0.1".to_string();
         for (i, node) in [SENDER, RECEIVER].into_iter().enumerate() {
             let ep = Endpoint::new(transport.clone(), key.clone(), node, node * 7919 + job.seed)
-                .map_err(|e| format!("transport endpoint: {e}"))?;
+                .map_err(BenchError::Transport)?;
             let Some(net) = &net else {
                 let (d, _report) = UdpDriver::bind(udp.clone(), ep, PeerMap::new())
-                    .map_err(|e| format!("binding UDP on 127.0.0.1: {e}"))?;
+                    .map_err(BenchError::io("binding UDP on 127.0.0.1"))?;
                 drivers.push(d);
                 continue;
             };
@@ -118,9 +120,9 @@ impl UdpEngine {
             let xdp = job.net_backend == Some(NetBackend::Xdp);
             let mtu = transport.mtu_bytes;
             let (d, how) = net
-                .in_node(i, move || -> Result<_, String> {
+                .in_node(i, move || -> Result<_, BenchError> {
                     let (mut d, _report) = UdpDriver::bind(udp, ep, PeerMap::new())
-                        .map_err(|e| format!("binding UDP on {ip}: {e}"))?;
+                        .map_err(BenchError::io(format!("binding UDP on {ip}")))?;
                     if !xdp {
                         return Ok((d, "sockets".to_string()));
                     }
@@ -130,23 +132,25 @@ impl UdpEngine {
                     };
                     let program = XdpNode::open(&cfg, ip, mtu, &[(NETNS_BASE_PORT, 0)])
                         .map(std::sync::Arc::new)
-                        .map_err(|e| format!("net_backend=xdp: {e}"))?;
-                    let port = program
-                        .port(0)
-                        .map_err(|e| format!("net_backend=xdp: {e}"))?;
+                        .map_err(BenchError::Xdp)?;
+                    let port = program.port(0).map_err(BenchError::Xdp)?;
                     let how = port.describe();
                     d.attach_xdp(port);
                     Ok((d, how))
                 })
-                .map_err(|e| format!("entering a network namespace: {e}"))??;
+                .map_err(BenchError::io("entering a network namespace"))??;
             place = format!("two network namespaces on a bridge, {how}");
             drivers.push(d);
         }
         let mut receiver = drivers.pop().expect("two drivers");
         let mut sender = drivers.pop().expect("two drivers");
         let (a, b) = (
-            sender.local_addr(GROUP).ok_or("sender has no socket")?,
-            receiver.local_addr(GROUP).ok_or("receiver has no socket")?,
+            sender
+                .local_addr(GROUP)
+                .ok_or(BenchError::Misuse("sender has no socket"))?,
+            receiver
+                .local_addr(GROUP)
+                .ok_or(BenchError::Misuse("receiver has no socket"))?,
         );
         sender.peers_mut().set_group(RECEIVER, GROUP, b);
         receiver.peers_mut().set_group(SENDER, GROUP, a);
@@ -154,18 +158,20 @@ impl UdpEngine {
         let loss = match &net {
             _ if job.loss_percent == 0 => None,
             Some(net) => {
-                bridge_loss = Some(
-                    net.loss(&[NETNS_BASE_PORT], job.loss_percent)
-                        .map_err(|e| format!("loss={}: {e}", job.loss_percent))?,
-                );
+                bridge_loss = Some(net.loss(&[NETNS_BASE_PORT], job.loss_percent).map_err(
+                    |source| BenchError::Nft {
+                        what: format!("loss={}", job.loss_percent),
+                        source,
+                    },
+                )?);
                 None
             }
             None => Some(
-                NftLoss::install(&[a.port(), b.port()], job.loss_percent).map_err(|e| {
-                    format!(
-                        "loss={} needs root and nft (nftables): {e}",
-                        job.loss_percent
-                    )
+                NftLoss::install(&[a.port(), b.port()], job.loss_percent).map_err(|source| {
+                    BenchError::Nft {
+                        what: format!("loss={} needs root and nft (nftables)", job.loss_percent),
+                        source,
+                    }
                 })?,
             ),
         };
@@ -213,7 +219,7 @@ impl UdpEngine {
                     skipped,
                 }
             })
-            .map_err(|e| format!("starting the receiver thread: {e}"))?;
+            .map_err(BenchError::io("starting the receiver thread"))?;
         Ok(UdpEngine {
             sender,
             payload: vec![0xa5u8; (job.bs.max_bytes as usize).max(8)],
@@ -231,7 +237,7 @@ impl UdpEngine {
         })
     }
 
-    fn send_blocked(&mut self) -> Result<(), String> {
+    fn send_blocked(&mut self) -> Result<(), BenchError> {
         while let Some(&(id, bytes)) = self.blocked.front() {
             let msg = &mut self.payload[..bytes];
             msg[..8].copy_from_slice(&id.to_le_bytes());
@@ -243,7 +249,7 @@ impl UdpEngine {
                     self.window_stalls += 1;
                     return Ok(());
                 }
-                Err(e) => return Err(format!("send: {e}")),
+                Err(e) => return Err(BenchError::TransportSend(e)),
             }
         }
         Ok(())
@@ -251,13 +257,13 @@ impl UdpEngine {
 }
 
 impl Engine for UdpEngine {
-    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), String> {
+    fn submit(&mut self, op: Op, _done: &mut Vec<Completion>) -> Result<(), BenchError> {
         let bytes = op.bytes.clamp(8, self.payload.len());
         self.blocked.push_back((op.id, bytes));
         self.send_blocked()
     }
 
-    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
+    fn poll(&mut self, timeout: Duration, done: &mut Vec<Completion>) -> Result<(), BenchError> {
         let until = Instant::now() + timeout;
         loop {
             self.send_blocked()?;
@@ -266,7 +272,7 @@ impl Engine for UdpEngine {
                 .min(SENDER_TURN);
             self.sender
                 .run_once(wait)
-                .map_err(|e| format!("sender socket: {e}"))?;
+                .map_err(BenchError::io("sender socket"))?;
             while let Some(e) = self.sender.endpoint_mut().poll_event() {
                 if let Event::Writable { .. } = e {
                     self.send_blocked()?;
@@ -281,7 +287,7 @@ impl Engine for UdpEngine {
                     }),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
-                        return Err("the receiver thread stopped".into())
+                        return Err(BenchError::Stopped("the receiver thread"))
                     }
                 }
             }
@@ -291,7 +297,7 @@ impl Engine for UdpEngine {
         }
     }
 
-    fn finish(&mut self) -> Result<EngineReport, String> {
+    fn finish(&mut self) -> Result<EngineReport, BenchError> {
         self.stop.store(true, Ordering::Relaxed);
         // Keep acknowledging on this side while the receiver winds down.
         let until = Instant::now() + Duration::from_millis(20);
@@ -302,9 +308,9 @@ impl Engine for UdpEngine {
         let end = self
             .receiver
             .take()
-            .ok_or("finish called twice")?
+            .ok_or(BenchError::Misuse("finish called twice"))?
             .join()
-            .map_err(|_| "the receiver thread panicked")?;
+            .map_err(|_| BenchError::Panicked("the receiver thread"))?;
         let ch = self
             .sender
             .endpoint()

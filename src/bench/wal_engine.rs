@@ -7,6 +7,7 @@
 //! that snapshots, so a long run does not fill the disk.
 
 use super::engine::{Completion, Engine, EngineReport, FsyncBlock, Op, OpKind};
+use super::error::{BenchError, OpError};
 use super::host;
 use super::options::JobOptions;
 use crate::consensus::{Entry, Membership, Payload, Snapshot};
@@ -15,6 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Records written before a read workload starts, when it has nothing to read.
@@ -44,17 +46,18 @@ pub struct WalEngine {
 
 impl WalEngine {
     /// Opens a fresh log for clone `clone_index` of `job`.
-    pub fn open(job: &JobOptions, clone_index: u64) -> Result<WalEngine, String> {
+    pub fn open(job: &JobOptions, clone_index: u64) -> Result<WalEngine, BenchError> {
         let base = job
             .directory
             .as_ref()
-            .ok_or("ioengine=wal needs --directory")?;
-        crate::io::private::create_dir_all(base).map_err(|e| format!("{}: {e}", base.display()))?;
+            .ok_or_else(|| BenchError::usage("ioengine=wal needs --directory"))?;
+        crate::io::private::create_dir_all(base)
+            .map_err(BenchError::io(base.display().to_string()))?;
         let dir = base.join(format!("quire-bench.{}.{clone_index}", sanitize(&job.name)));
         // Only the directory this engine names for itself is cleared.
         if dir.exists() {
             std::fs::remove_dir_all(&dir)
-                .map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+                .map_err(BenchError::io(format!("clearing {}", dir.display())))?;
         }
         let cfg = WalConfig {
             segment_bytes: job.wal_segment_bytes,
@@ -62,13 +65,15 @@ impl WalEngine {
             ..WalConfig::default()
         };
         if job.bs.max_bytes as usize + 64 > cfg.flush_bytes_max {
-            return Err(format!(
+            return Err(BenchError::usage(format!(
                 "bs {} is larger than the WAL's flush_bytes_max ({})",
                 job.bs.max_bytes, cfg.flush_bytes_max
-            ));
+            )));
         }
-        let (wal, _report) =
-            Wal::open(&dir, cfg).map_err(|e| format!("opening a log in {}: {e}", dir.display()))?;
+        let (wal, _report) = Wal::open(&dir, cfg).map_err(BenchError::wal(format!(
+            "opening a log in {}",
+            dir.display()
+        )))?;
         let mut engine = WalEngine {
             wal,
             device: host::device_of(base),
@@ -88,21 +93,24 @@ impl WalEngine {
         engine
             .wal
             .prepare_segments(SEGMENTS_PREPARED)
-            .map_err(|e| format!("laying out segments in {}: {e}", engine.dir.display()))?;
+            .map_err(BenchError::wal(format!(
+                "laying out segments in {}",
+                engine.dir.display()
+            )))?;
         if job.rw != super::options::Workload::Append {
             engine.prefill(job.bs.max_bytes as usize)?;
         }
         Ok(engine)
     }
 
-    fn prefill(&mut self, bytes: usize) -> Result<(), String> {
+    fn prefill(&mut self, bytes: usize) -> Result<(), BenchError> {
         for _ in 0..PREFILL_RECORDS {
             self.append(bytes)?;
         }
-        self.wal.sync().map_err(|e| format!("prefilling: {e}"))
+        self.wal.sync().map_err(BenchError::wal("prefilling"))
     }
 
-    fn append(&mut self, bytes: usize) -> Result<u64, String> {
+    fn append(&mut self, bytes: usize) -> Result<u64, BenchError> {
         let index = self.next_index;
         let e = Entry {
             term: 1,
@@ -111,7 +119,7 @@ impl WalEngine {
         };
         self.wal
             .append(None, std::slice::from_ref(&e))
-            .map_err(|e| format!("append: {e}"))?;
+            .map_err(BenchError::wal("append"))?;
         self.next_index += 1;
         Ok(index)
     }
@@ -143,7 +151,7 @@ fn sanitize(name: &str) -> String {
 }
 
 impl Engine for WalEngine {
-    fn submit(&mut self, op: Op, done: &mut Vec<Completion>) -> Result<(), String> {
+    fn submit(&mut self, op: Op, done: &mut Vec<Completion>) -> Result<(), BenchError> {
         match op.kind {
             OpKind::Write => {
                 if self.first_write.is_none() {
@@ -157,7 +165,7 @@ impl Engine for WalEngine {
                 if durable < self.oldest_index {
                     done.push(Completion {
                         id: op.id,
-                        result: Err("read: nothing durable yet".into()),
+                        result: Err(OpError::NothingDurable),
                         finished: None,
                     });
                     return Ok(());
@@ -171,7 +179,7 @@ impl Engine for WalEngine {
                             _ => 0,
                         })
                         .sum()),
-                    Err(e) => Err(format!("read: {e}")),
+                    Err(e) => Err(OpError::WalRead(Arc::new(e))),
                 };
                 done.push(Completion {
                     id: op.id,
@@ -183,14 +191,14 @@ impl Engine for WalEngine {
         Ok(())
     }
 
-    fn poll(&mut self, _timeout: Duration, done: &mut Vec<Completion>) -> Result<(), String> {
-        self.wal.poll().map_err(|e| format!("wal: {e}"))?;
+    fn poll(&mut self, _timeout: Duration, done: &mut Vec<Completion>) -> Result<(), BenchError> {
+        self.wal.poll().map_err(BenchError::wal("wal"))?;
         self.complete_durable(done);
         if done.is_empty() && !self.pending.is_empty() {
             // Blocks until a flush completes: bounded by one fdatasync, so
             // the timeout is not honoured exactly; a flush is the unit of
             // progress here anyway.
-            self.wal.wait().map_err(|e| format!("wal: {e}"))?;
+            self.wal.wait().map_err(BenchError::wal("wal"))?;
             self.complete_durable(done);
         }
         if self.wal.metrics().bytes - self.trimmed_at_bytes >= self.segment_bytes {
@@ -204,14 +212,14 @@ impl Engine for WalEngine {
             };
             self.wal
                 .compact(&snap)
-                .map_err(|e| format!("compact: {e}"))?;
+                .map_err(BenchError::wal("compact"))?;
             self.oldest_index = snap.index + 1;
         }
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<EngineReport, String> {
-        self.wal.sync().map_err(|e| format!("wal: {e}"))?;
+    fn finish(&mut self) -> Result<EngineReport, BenchError> {
+        self.wal.sync().map_err(BenchError::wal("wal"))?;
         let m = self.wal.metrics();
         let h = &m.flush_latency_us;
         let disk = match &self.device {

@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     // cluster) are done; sockets send with MSG_NOSIGNAL.
     quire::sigpipe::on_closed_pipe(true);
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
+    let read = |p: &str| std::fs::read_to_string(p);
     let cfg = match cli::parse(&args, &read) {
         Ok(Command::Run(cfg)) => cfg,
         Ok(Command::Help) => {

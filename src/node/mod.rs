@@ -41,9 +41,9 @@
 //! the code, and refuses a file missing from it):
 //!
 //! 1. `log`, `loops/waker`, `loops/stall`, `loops/host`, `spec`, `client/stats`, `client/admission`, `client/quota`, `daemon/port_check`, `local/free_ports`, `admin/http_head`: leaves
-//! 2. `status`, `errors`, `client/gate`, `client/credentials`, `local/processes`, `admin/http`: status views, start errors, the client server's admission, who a client is and what it may do, clusters of daemon processes, the admin endpoint's HTTP server
-//! 3. `command`, `daemon/config_file`, `admin/auth`, `admin/group_metrics`: commands and replies, the daemon's config file, who may change the cluster through the admin endpoint, each group's metrics
-//! 4. `mesh`, `admin/metrics`: the inter-core mesh (control plane, and client requests between loops); `/metrics`
+//! 2. `status`, `errors`, `client/gate`, `client/credentials`, `admin/http`: status views, start errors, the client server's admission, who a client is and what it may do, the admin endpoint's HTTP server
+//! 3. `command`, `daemon/config_file`, `admin/auth`, `admin/group_metrics`, `local/error`: commands and replies, the daemon's config file, who may change the cluster through the admin endpoint, each group's metrics, why a local cluster failed
+//! 4. `mesh`, `admin/metrics`, `local/processes`: the inter-core mesh (control plane, and client requests between loops); `/metrics`; clusters of daemon processes
 //! 5. `replica`, `loops/control`, `client/dispatch`: one group's glue; the control plane (serial ports, detector, heartbeat); client requests as node calls, pure
 //! 6. `client/conn`: one client connection
 //! 7. `client/conns`: the client connections one loop serves
@@ -73,6 +73,7 @@ mod status;
 pub(crate) use command::ClientTicket;
 pub use command::{ProposeError, QueryReply, ReadReply, Reply, StateReply};
 pub use errors::{ListenError, StartError};
+pub use local::error::LocalClusterError;
 pub use local::in_process::LocalCluster;
 pub use loops::handle::NodeHandle;
 pub use replica::LEARNER_CAUGHT_UP_ENTRIES_MAX;

@@ -4,6 +4,7 @@
 //! reload) and [`ClientTls`] for a client (the CA it trusts, and its own
 //! certificate and key for mTLS).
 
+use super::error::{PemKind, TlsFileError};
 use super::PEM_FILE_BYTES_MAX;
 use crate::io::private::read_capped;
 use rustls::crypto::CryptoProvider;
@@ -62,59 +63,71 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Reads `path` (bounded) for what `what` names.
-fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
-    read_capped(path, PEM_FILE_BYTES_MAX).map_err(|e| format!("{}: {e}", path.display()))
+/// Reads `path` (bounded).
+fn read_pem(path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    read_capped(path, PEM_FILE_BYTES_MAX).map_err(|source| TlsFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Every certificate in the PEM file at `path`; at least one.
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
     let pem = read_pem(path)?;
+    let kind = PemKind::Certificate;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
+        .map_err(|source| TlsFileError::Pem {
+            path: path.to_path_buf(),
+            kind,
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!(
-            "{}: no certificate in it (expected a -----BEGIN CERTIFICATE----- block)",
-            path.display()
-        ));
+        return Err(TlsFileError::Empty {
+            path: path.to_path_buf(),
+            kind,
+        });
     }
     Ok(certs)
 }
 
 /// The private key in the PEM file at `path`.
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
     let pem = read_pem(path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-        format!(
-            "{}: no private key in it (expected a -----BEGIN PRIVATE KEY----- block): {e}",
-            path.display()
-        )
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|source| TlsFileError::NoKey {
+        path: path.to_path_buf(),
+        source,
     })
 }
 
 /// The CA certificates of the PEM file at `path`, as trust anchors.
-fn load_roots(path: &Path) -> Result<Arc<RootCertStore>, String> {
+fn load_roots(path: &Path) -> Result<Arc<RootCertStore>, TlsFileError> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+        roots.add(cert).map_err(|source| TlsFileError::BadCa {
+            path: path.to_path_buf(),
+            source,
+        })?;
     }
     Ok(Arc::new(roots))
 }
 
 /// The revocation lists in the PEM file at `path`; at least one.
-fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsFileError> {
     let pem = read_pem(path)?;
+    let kind = PemKind::RevocationList;
     let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: not a PEM revocation list file: {e}", path.display()))?;
+        .map_err(|source| TlsFileError::Pem {
+            path: path.to_path_buf(),
+            kind,
+            source,
+        })?;
     if crls.is_empty() {
-        return Err(format!(
-            "{}: no revocation list in it (expected a -----BEGIN X509 CRL----- block)",
-            path.display()
-        ));
+        return Err(TlsFileError::Empty {
+            path: path.to_path_buf(),
+            kind,
+        });
     }
     Ok(crls)
 }
@@ -175,7 +188,7 @@ impl ServerTlsFiles {
 
     /// Reads the files and builds the config, with a line saying what it
     /// serves; an error says which file is at fault, and why.
-    pub fn load(&self) -> Result<(Arc<rustls::ServerConfig>, String), (TlsFileRole, String)> {
+    pub fn load(&self) -> Result<(Arc<rustls::ServerConfig>, String), (TlsFileRole, TlsFileError)> {
         let certs = load_certs(&self.cert).map_err(|e| (TlsFileRole::Cert, e))?;
         let key = load_key(&self.key).map_err(|e| (TlsFileRole::Key, e))?;
         let leaf = fingerprint(&certs[0]);
@@ -184,7 +197,7 @@ impl ServerTlsFiles {
             .expect("the ring provider supports TLS 1.2 and 1.3");
         let builder = match &self.client_ca {
             Some(ca) => {
-                let ca_err = |e: String| (TlsFileRole::ClientCa, e);
+                let ca_err = |e: TlsFileError| (TlsFileRole::ClientCa, e);
                 let roots = load_roots(ca).map_err(ca_err)?;
                 let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
                 if let Some(crl) = &self.client_crl {
@@ -200,19 +213,22 @@ impl ServerTlsFiles {
                 if self.client_cert_optional {
                     verifier = verifier.allow_unauthenticated();
                 }
-                let verifier = verifier
-                    .build()
-                    .map_err(|e| ca_err(format!("{}: {e}", ca.display())))?;
+                let verifier = verifier.build().map_err(|source| {
+                    ca_err(TlsFileError::Verifier {
+                        path: ca.clone(),
+                        source,
+                    })
+                })?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
         };
-        let config = builder.with_single_cert(certs, key).map_err(|e| {
-            let why = format!(
-                "{} does not go with {}: {e}",
-                self.key.display(),
-                self.cert.display()
-            );
+        let config = builder.with_single_cert(certs, key).map_err(|source| {
+            let why = TlsFileError::KeyMismatch {
+                key: self.key.clone(),
+                cert: self.cert.clone(),
+                source: Box::new(source),
+            };
             (TlsFileRole::Key, why)
         })?;
         let mtls = match (&self.client_ca, &self.client_crl) {
@@ -247,7 +263,7 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Loads `files`; errors name the file at fault.
-    pub fn load(files: ServerTlsFiles) -> Result<ServerTls, String> {
+    pub fn load(files: ServerTlsFiles) -> Result<ServerTls, TlsFileError> {
         let current = files.load().map_err(|e| e.1)?;
         Ok(ServerTls {
             files,
@@ -273,7 +289,7 @@ impl ServerTls {
 
     /// Reads the files again: on success new connections get the new
     /// certificate (and CA); on an error the config in use stays.
-    pub fn reload(&self) -> Result<String, String> {
+    pub fn reload(&self) -> Result<String, TlsFileError> {
         let next = self.files.load().map_err(|e| e.1)?;
         let what = next.1.clone();
         *self.lock() = next;
@@ -310,7 +326,7 @@ pub struct ClientTls {
 
 impl ClientTls {
     /// Loads `files`; errors name the file at fault.
-    pub fn load(files: &ClientTlsFiles) -> Result<Arc<ClientTls>, String> {
+    pub fn load(files: &ClientTlsFiles) -> Result<Arc<ClientTls>, TlsFileError> {
         let roots = load_roots(&files.ca)?;
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(TlsVersion::V1_2.versions())
@@ -319,16 +335,22 @@ impl ClientTls {
         let config = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-                .map_err(|e| format!("{} and {}: {e}", cert.display(), key.display()))?,
+                .map_err(|source| TlsFileError::ClientAuth {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    source: Box::new(source),
+                })?,
             (None, None) => builder.with_no_client_auth(),
-            (Some(_), None) => return Err("a client certificate needs its key (--key)".into()),
-            (None, Some(_)) => return Err("a client key needs its certificate (--cert)".into()),
+            (Some(_), None) => return Err(TlsFileError::CertWithoutKey),
+            (None, Some(_)) => return Err(TlsFileError::KeyWithoutCert),
         };
         let server_name = match &files.server_name {
-            Some(n) => Some(
-                ServerName::try_from(n.clone())
-                    .map_err(|_| format!("{n:?} is not a DNS name or IP address"))?,
-            ),
+            Some(n) => Some(ServerName::try_from(n.clone()).map_err(|source| {
+                TlsFileError::ServerName {
+                    name: n.clone(),
+                    source,
+                }
+            })?),
             None => None,
         };
         Ok(Arc::new(ClientTls {

@@ -10,7 +10,77 @@ use rcgen::{
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
     RevokedCertParams, SerialNumber,
 };
+use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What [`LocalCa`] was making when it failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Making {
+    /// The CA's key.
+    CaKey,
+    /// The CA's certificate.
+    CaCertificate,
+    /// A certificate for this common name.
+    Certificate(String),
+    /// A certificate revocation list.
+    RevocationList,
+}
+
+impl fmt::Display for Making {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Making::CaKey => f.write_str("a CA key"),
+            Making::CaCertificate => f.write_str("the CA certificate"),
+            Making::Certificate(cn) => write!(f, "a certificate for {cn}"),
+            Making::RevocationList => f.write_str("a revocation list"),
+        }
+    }
+}
+
+/// Why [`LocalCa`] could not make a key, certificate or revocation list.
+#[derive(Debug)]
+pub enum IssueError {
+    /// rcgen refused the parameters, or signing failed.
+    Rcgen {
+        /// What was being made.
+        making: Making,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// The OS's random source could not be read for a serial number.
+    Entropy {
+        /// What was being made.
+        making: Making,
+        /// The random source's error.
+        source: crate::entropy::EntropyError,
+    },
+}
+
+impl fmt::Display for IssueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IssueError::Rcgen { making, source } => write!(f, "{making}: {source}"),
+            IssueError::Entropy { making, source } => write!(f, "{making}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for IssueError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            IssueError::Rcgen { source, .. } => Some(source),
+            IssueError::Entropy { source, .. } => Some(source),
+        }
+    }
+}
+
+/// A map_err for an rcgen error while making `making`.
+fn rcgen_err(making: Making) -> impl Fn(rcgen::Error) -> IssueError {
+    move |source| IssueError::Rcgen {
+        making: making.clone(),
+        source,
+    }
+}
 
 /// Days a certificate made by [`LocalCa`] is valid by default, from a
 /// day before it was made (a clock a little behind still accepts it).
@@ -112,8 +182,9 @@ fn set_validity(params: &mut CertificateParams, from_days: i64, until_days: i64)
 
 impl LocalCa {
     /// A new CA (fresh key) with subject CN `name`, valid ten years.
-    pub fn generate(name: &str) -> Result<LocalCa, String> {
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    pub fn generate(name: &str) -> Result<LocalCa, IssueError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .map_err(rcgen_err(Making::CaCertificate))?;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.distinguished_name.push(DnType::CommonName, name);
         params.key_usages = vec![
@@ -122,10 +193,10 @@ impl LocalCa {
             KeyUsagePurpose::DigitalSignature,
         ];
         set_validity(&mut params, -1, 3650);
-        let key = KeyPair::generate().map_err(|e| format!("a CA key: {e}"))?;
+        let key = KeyPair::generate().map_err(rcgen_err(Making::CaKey))?;
         let cert = params
             .self_signed(&key)
-            .map_err(|e| format!("the CA certificate: {e}"))?;
+            .map_err(rcgen_err(Making::CaCertificate))?;
         let key_pem = key.serialize_pem();
         Ok(LocalCa {
             cert_pem: cert.pem(),
@@ -146,9 +217,10 @@ impl LocalCa {
     }
 
     /// A certificate (fresh key) for `req`, signed by this CA.
-    pub fn issue(&self, req: &CertRequest) -> Result<Issued, String> {
-        let what = |e: rcgen::Error| format!("a certificate for {}: {e}", req.common_name);
-        let mut params = CertificateParams::new(req.names.clone()).map_err(what)?;
+    pub fn issue(&self, req: &CertRequest) -> Result<Issued, IssueError> {
+        let making = || Making::Certificate(req.common_name.clone());
+        let what = rcgen_err(making());
+        let mut params = CertificateParams::new(req.names.clone()).map_err(&what)?;
         params
             .distinguished_name
             .push(DnType::CommonName, req.common_name.as_str());
@@ -161,11 +233,13 @@ impl LocalCa {
         }];
         set_validity(&mut params, req.from_days, req.until_days);
         // Positive and non-zero, as RFC 5280 asks.
-        let serial = crate::entropy::random_u64()
-            .map_err(|e| format!("a certificate for {}: {e}", req.common_name))?;
+        let serial = crate::entropy::random_u64().map_err(|source| IssueError::Entropy {
+            making: making(),
+            source,
+        })?;
         let serial = (serial >> 1).max(1);
         params.serial_number = Some(SerialNumber::from(serial));
-        let key = KeyPair::generate().map_err(what)?;
+        let key = KeyPair::generate().map_err(&what)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(what)?;
         Ok(Issued {
             cert_pem: cert.pem(),
@@ -177,7 +251,7 @@ impl LocalCa {
     /// A certificate revocation list (PEM) of this CA naming `serials`
     /// (`client.tls_client_crl_file`), valid 30 days; `number` must grow
     /// with each list the CA issues.
-    pub fn revocation_list(&self, serials: &[u64], number: u64) -> Result<String, String> {
+    pub fn revocation_list(&self, serials: &[u64], number: u64) -> Result<String, IssueError> {
         let at = |days| {
             let (y, m, d) = date_from_now(days);
             rcgen::date_time_ymd(y, m, d)
@@ -200,8 +274,8 @@ impl LocalCa {
         };
         let crl = params
             .signed_by(&self.issuer)
-            .map_err(|e| format!("a revocation list: {e}"))?;
-        crl.pem().map_err(|e| format!("a revocation list: {e}"))
+            .map_err(rcgen_err(Making::RevocationList))?;
+        crl.pem().map_err(rcgen_err(Making::RevocationList))
     }
 }
 
@@ -217,6 +291,8 @@ mod tests {
         let refused = ca.issue(&req).err();
         crate::entropy::fail_in_this_thread(false);
         let why = refused.expect("a serial from the clock was minted");
+        assert!(matches!(why, super::IssueError::Entropy { .. }), "{why}");
+        let why = why.to_string();
         assert!(why.contains("cannot read the OS's random source"), "{why}");
         assert!(ca.issue(&req).is_ok());
     }

@@ -10,11 +10,13 @@
 //! reload, which then keeps the certificate in use) with the file named.
 
 mod channel;
+mod error;
 mod files;
 pub mod issue;
 pub mod subject;
 
 pub use channel::{looks_like_tls, tls_failure, TlsChannel};
+pub use error::{PemKind, TlsFileError};
 pub use files::{ClientTls, ClientTlsFiles, ServerTls, ServerTlsFiles, TlsFileRole, TlsVersion};
 
 /// Bytes a PEM file (certificate chain, key or CA bundle) may hold at most.

@@ -116,7 +116,9 @@ impl TlsArgs {
             key: self.key.clone(),
             server_name: self.tls_name.clone(),
         };
-        quire::tls::ClientTls::load(&files).map(Some)
+        quire::tls::ClientTls::load(&files)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -149,7 +149,7 @@ fn reader_demo(cluster: &LocalProcesses, first: u64) -> Result<(), String> {
         .map_err(|e| format!("reader.token: {e}"))?;
     let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     let mut reader = Client::new(cluster.client_addrs(), token.trim_ascii_end(), id);
-    if let Some(tls) = cluster.client_tls()? {
+    if let Some(tls) = cluster.client_tls().map_err(|e| e.to_string())? {
         reader = reader.with_tls(tls);
     }
     reader.deadline = Duration::from_secs(20);
@@ -221,10 +221,11 @@ pub(super) fn up(
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let signals = quired::block_stop_signals();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cluster = LocalProcesses::prepare_tls(&dir, nodes, groups, &exe)?;
+    let mut cluster =
+        LocalProcesses::prepare_tls(&dir, nodes, groups, &exe).map_err(|e| e.to_string())?;
     // Absolute from here on (`prepare` made it so), for the printed commands.
     let dir = cluster.dir.clone();
-    cluster.start_all()?;
+    cluster.start_all().map_err(|e| e.to_string())?;
     let addrs = cluster.client_addrs();
     say!(
         "quire: {nodes} nodes starting in {} (logs: nodeN/quired.log)",
@@ -232,7 +233,7 @@ pub(super) fn up(
     );
     let id = quire::client::random_client_id().map_err(|e| format!("a client id: {e}"))?;
     let mut c = Client::new(addrs.clone(), &cluster.token, id);
-    if let Some(tls) = cluster.client_tls()? {
+    if let Some(tls) = cluster.client_tls().map_err(|e| e.to_string())? {
         c = c.with_tls(tls);
     }
     c.deadline = Duration::from_secs(20);

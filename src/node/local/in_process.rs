@@ -3,6 +3,7 @@
 //! pair. The failover tests, the failover benchmark and `quire up` use it.
 
 use crate::consensus::{NodeId, Role, Term};
+use crate::node::local::error::LocalClusterError;
 use crate::node::{GroupSpec, NodeHandle, NodeSpec, NodeStatus, PeerSpec};
 use crate::serial::{End, NullModem};
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ impl LocalCluster {
         cores: &[usize],
         cable_dir: &Path,
         tune: impl Fn(&mut NodeSpec),
-    ) -> Result<LocalCluster, String> {
+    ) -> Result<LocalCluster, LocalClusterError> {
         let ids: Vec<NodeId> = (1..=log_dirs.len() as u64).collect();
         // Group g of a node listens on its base port + g.
         let ports_per_node = groups.iter().max().map_or(1, |&g| g + 1);
@@ -42,7 +43,7 @@ impl LocalCluster {
             ports.insert(
                 id,
                 crate::node::local::free_ports::udp_run(ports_per_node)
-                    .map_err(|e| format!("finding a free port: {e}"))?,
+                    .map_err(LocalClusterError::io("finding a free port"))?,
             );
         }
         let mut cables = BTreeMap::new();
@@ -50,8 +51,9 @@ impl LocalCluster {
             for &b in ids.iter().filter(|&&b| b > a) {
                 let dir = cable_dir.join(format!("{a}-{b}"));
                 crate::io::private::create_dir_all(&dir)
-                    .map_err(|e| format!("{}: {e}", dir.display()))?;
-                let cable = NullModem::new(&dir).map_err(|e| format!("a PTY null-modem: {e}"))?;
+                    .map_err(LocalClusterError::io(dir.display().to_string()))?;
+                let cable =
+                    NullModem::new(&dir).map_err(LocalClusterError::io("a PTY null-modem"))?;
                 cables.insert((a, b), cable);
             }
         }
@@ -82,7 +84,7 @@ impl LocalCluster {
             spec.peers = peers;
             tune(&mut spec);
             specs.insert(id, spec.clone());
-            let node = NodeHandle::spawn_on(spec, cores).map_err(|e| e.to_string())?;
+            let node = NodeHandle::spawn_on(spec, cores)?;
             nodes.insert(id, node);
         }
         Ok(LocalCluster {
@@ -140,10 +142,14 @@ impl LocalCluster {
     }
 
     /// Starts node `id` again from its logs, as it was configured.
-    pub fn restart_node(&mut self, id: NodeId) -> Result<(), String> {
+    pub fn restart_node(&mut self, id: NodeId) -> Result<(), LocalClusterError> {
         self.stop_node(id);
-        let spec = self.specs.get(&id).ok_or("no such node")?.clone();
-        let node = NodeHandle::spawn_on(spec, &self.cores).map_err(|e| e.to_string())?;
+        let spec = self
+            .specs
+            .get(&id)
+            .ok_or(LocalClusterError::NoSuchNode(id))?
+            .clone();
+        let node = NodeHandle::spawn_on(spec, &self.cores)?;
         self.nodes.insert(id, node);
         Ok(())
     }

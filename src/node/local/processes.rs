@@ -14,6 +14,7 @@
 
 use crate::consensus::NodeId;
 use crate::io::private;
+use crate::node::local::error::LocalClusterError;
 use crate::node::local::free_ports;
 use crate::serial::{End, NullModem};
 use crate::tls::issue::{CertRequest, LocalCa};
@@ -84,17 +85,17 @@ fn loopback_mtu_bytes() -> usize {
 }
 
 /// `p` as a TOML basic string (a JSON string is one: the same escapes).
-fn toml_path(p: &Path) -> Result<String, String> {
+fn toml_path(p: &Path) -> Result<String, LocalClusterError> {
     let s = p
         .to_str()
-        .ok_or_else(|| format!("{}: the path is not UTF-8", p.display()))?;
+        .ok_or_else(|| LocalClusterError::NotUtf8(p.to_path_buf()))?;
     Ok(serde_json::Value::from(s).to_string())
 }
 
 /// `bytes` random bytes as hex, for `what` (a key or token): refused,
 /// naming it, if the OS's random source cannot be read.
-fn random_hex(bytes: usize, what: &str) -> Result<String, String> {
-    crate::entropy::random_hex(bytes).map_err(|e| format!("{what}: {e}"))
+fn random_hex(bytes: usize, what: &'static str) -> Result<String, LocalClusterError> {
+    crate::entropy::random_hex(bytes).map_err(|source| LocalClusterError::Entropy { what, source })
 }
 
 /// The credentials file `prepare_tls` writes: one read-only principal,
@@ -118,7 +119,12 @@ impl LocalProcesses {
     /// cable that does not exist. The paths in the configs are either
     /// absolute (serial devices) or relative to the config by construction
     /// (`../cluster.key`, `log0`).
-    pub fn prepare(dir: &Path, n: u64, groups: u32, exe: &Path) -> Result<LocalProcesses, String> {
+    pub fn prepare(
+        dir: &Path,
+        n: u64,
+        groups: u32,
+        exe: &Path,
+    ) -> Result<LocalProcesses, LocalClusterError> {
         Self::prepare_with(dir, n, groups, exe, false)
     }
 
@@ -131,7 +137,7 @@ impl LocalProcesses {
         n: u64,
         groups: u32,
         exe: &Path,
-    ) -> Result<LocalProcesses, String> {
+    ) -> Result<LocalProcesses, LocalClusterError> {
         Self::prepare_with(dir, n, groups, exe, true)
     }
 
@@ -141,11 +147,8 @@ impl LocalProcesses {
         groups: u32,
         exe: &Path,
         tls: bool,
-    ) -> Result<LocalProcesses, String> {
-        let io = |what: &str| {
-            let what = what.to_string();
-            move |e: std::io::Error| format!("{what}: {e}")
-        };
+    ) -> Result<LocalProcesses, LocalClusterError> {
+        let io = LocalClusterError::io;
         let dir = &std::path::absolute(dir).map_err(io("the cluster directory"))?;
         private::create_dir_all(dir).map_err(io("creating the cluster directory"))?;
         let token = random_hex(24, "client.token")?;
@@ -273,8 +276,8 @@ impl LocalProcesses {
     }
 
     /// The TLS config a client of this cluster needs, if it serves TLS.
-    pub fn client_tls(&self) -> Result<Option<Arc<ClientTls>>, String> {
-        self.client_tls.as_ref().map(ClientTls::load).transpose()
+    pub fn client_tls(&self) -> Result<Option<Arc<ClientTls>>, LocalClusterError> {
+        Ok(self.client_tls.as_ref().map(ClientTls::load).transpose()?)
     }
 
     /// The cable between nodes `a` and `b` (either order), to unplug and
@@ -284,7 +287,7 @@ impl LocalProcesses {
     }
 
     /// Starts node `id`'s daemon (its output goes to `nodeN/quired.log`).
-    pub fn start(&mut self, id: NodeId) -> Result<(), String> {
+    pub fn start(&mut self, id: NodeId) -> Result<(), LocalClusterError> {
         // A killed predecessor left its ends of the cables exclusive.
         for (&(a, b), cable) in &self.cables {
             if a == id {
@@ -293,14 +296,17 @@ impl LocalProcesses {
                 cable.release(End::B);
             }
         }
-        let node = self.nodes.get_mut(&id).ok_or("no such node")?;
+        let node = self
+            .nodes
+            .get_mut(&id)
+            .ok_or(LocalClusterError::NoSuchNode(id))?;
         let log_path = node.config.with_file_name("quired.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(private::FILE_MODE)
             .open(&log_path)
-            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+            .map_err(LocalClusterError::io(log_path.display().to_string()))?;
         let mut cmd = Command::new(&self.exe);
         let is_quired = self.exe.file_name().is_some_and(|n| n == "quired");
         if !is_quired {
@@ -310,7 +316,7 @@ impl LocalProcesses {
             use std::os::fd::AsRawFd;
             use std::os::unix::process::CommandExt;
             let file = std::fs::File::open(format!("/var/run/netns/{ns}"))
-                .map_err(|e| format!("network namespace {ns}: {e}"))?;
+                .map_err(LocalClusterError::io(format!("network namespace {ns}")))?;
             // SAFETY: setns(2) is async-signal-safe; `file` stays open
             // (moved into the closure) until the child execs.
             unsafe {
@@ -328,16 +334,22 @@ impl LocalProcesses {
             .args(&node.args)
             .envs(node.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stdout(
+                log.try_clone()
+                    .map_err(LocalClusterError::io(log_path.display().to_string()))?,
+            )
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", self.exe.display()))?;
+            .map_err(LocalClusterError::io(format!(
+                "starting {}",
+                self.exe.display()
+            )))?;
         node.child = Some(child);
         Ok(())
     }
 
     /// Starts every node.
-    pub fn start_all(&mut self) -> Result<(), String> {
+    pub fn start_all(&mut self) -> Result<(), LocalClusterError> {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in ids {
             self.start(id)?;
@@ -433,6 +445,17 @@ mod tests {
         let refused = super::LocalProcesses::prepare(dir.path(), 3, 1, exe).err();
         crate::entropy::fail_in_this_thread(false);
         let why = refused.expect("keys were minted without the random source");
+        assert!(
+            matches!(
+                why,
+                super::LocalClusterError::Entropy {
+                    what: "client.token",
+                    ..
+                }
+            ),
+            "{why}"
+        );
+        let why = why.to_string();
         assert!(
             why.starts_with("client.token: cannot read the OS's random source"),
             "{why}"

@@ -79,7 +79,7 @@ pub(super) fn client_tls(raw: &RawClient, dir: &Path) -> Result<Option<ServerTls
             TlsFileRole::ClientCa => "client.tls_client_ca_file",
             TlsFileRole::ClientCrl => "client.tls_client_crl_file",
         };
-        bad(key, why)
+        bad(key, why.to_string())
     })?;
     Ok(Some(files))
 }
