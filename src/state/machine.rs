@@ -27,11 +27,15 @@ use super::wire::{put_bytes, put_u32, put_u64, put_u8, Reader};
 use crate::consensus::Index;
 use std::ops::Range;
 
-/// First bytes of a snapshot (format version 7: metadata only, the bytes
+/// First bytes of a snapshot (format version 8: metadata only, the bytes
 /// of entries and messages stay in the log, placed by index and slot
 /// (commands share entries); messages' sizes counted; the entry checks of
-/// the entries referred to).
-pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM7";
+/// the entries referred to; a queue's runs may span the one-message
+/// produces of consecutive commands).
+pub const SNAPSHOT_MAGIC: [u8; 4] = *b"QSM8";
+/// The encoding before runs spanned commands, still read (a run per
+/// produce at least: 36 bytes for each one-message produce).
+const SNAPSHOT_MAGIC_QSM7: [u8; 4] = *b"QSM7";
 /// The encoding before command batch entries, still read (every ledger
 /// entry and ledger creation at slot 0 of its log entry).
 const SNAPSHOT_MAGIC_QSM6: [u8; 4] = *b"QSM6";
@@ -683,6 +687,14 @@ impl StateMachine {
         self.snapshot_as(SNAPSHOT_MAGIC)
     }
 
+    /// The snapshot in format version 7 (a run per produce at least), as
+    /// a node before runs spanned commands wrote it: for the tests that it
+    /// still reads.
+    #[cfg(test)]
+    fn snapshot_qsm7(&self) -> Vec<u8> {
+        self.snapshot_as(SNAPSHOT_MAGIC_QSM7)
+    }
+
     /// The snapshot in format version 6 (no slots), as a node before
     /// command batch entries wrote it: for the tests that it still reads.
     #[cfg(test)]
@@ -696,7 +708,7 @@ impl StateMachine {
         put_u64(&mut out, self.clock_ms);
         put_u64(&mut out, self.oldest_stored().map_or(0, |i| i + 1));
         self.ledgers.encode(&mut out, magic != SNAPSHOT_MAGIC_QSM6);
-        self.queues.encode(&mut out);
+        self.queues.encode(&mut out, magic == SNAPSHOT_MAGIC);
         let count = u32::try_from(self.checks.len()).expect("fewer checks than entries");
         put_u32(&mut out, count);
         for (&i, c) in &self.checks {
@@ -714,7 +726,8 @@ impl StateMachine {
     pub fn restore(bytes: &[u8]) -> Result<StateMachine, BadSnapshot> {
         let mut r = Reader::new(bytes);
         let version = match r.take(4) {
-            Some(m) if m == SNAPSHOT_MAGIC => 7,
+            Some(m) if m == SNAPSHOT_MAGIC => 8,
+            Some(m) if m == SNAPSHOT_MAGIC_QSM7 => 7,
             Some(m) if m == SNAPSHOT_MAGIC_QSM6 => 6,
             Some(m) if m == SNAPSHOT_MAGIC_QSM5 => 5,
             Some(m) if m == SNAPSHOT_MAGIC_QSM4 => 4,
@@ -769,6 +782,7 @@ impl StateMachine {
         let magic = r.take(4)?;
         if ![
             SNAPSHOT_MAGIC,
+            SNAPSHOT_MAGIC_QSM7,
             SNAPSHOT_MAGIC_QSM6,
             SNAPSHOT_MAGIC_QSM5,
             SNAPSHOT_MAGIC_QSM4,
@@ -891,6 +905,8 @@ mod tests {
         // A snapshot keeps the slots; one in the format before them reads
         // as long as every command had its entry (slot 0).
         assert_eq!(StateMachine::restore(&sm.snapshot()).unwrap(), sm);
+        // The format before runs spanned commands still reads.
+        assert_eq!(StateMachine::restore(&sm.snapshot_qsm7()).unwrap(), sm);
         let mut single = StateMachine::new();
         single.apply(1, &batch[0]).unwrap();
         single.apply(2, &batch[1]).unwrap();
@@ -1130,7 +1146,7 @@ mod tests {
         assert_eq!(sm.check_of(3), Some(check(3)));
         // A snapshot holds them; a restored state is the same state.
         let bytes = sm.snapshot();
-        assert_eq!(&bytes[..4], b"QSM7");
+        assert_eq!(&bytes[..4], b"QSM8");
         let restored = StateMachine::restore(&bytes).unwrap();
         assert_eq!(restored, sm);
         assert_eq!(restored.check_of(3), Some(check(3)));
@@ -1147,8 +1163,9 @@ mod tests {
         assert_eq!(sm.snapshot(), replayed.snapshot());
         assert_eq!(StateMachine::restore(&sm.snapshot()).unwrap(), sm);
 
-        // The format before checks still reads, with none.
-        let mut old = sm.snapshot();
+        // The format before checks still reads, with none (its runs are
+        // format 7's).
+        let mut old = sm.snapshot_qsm7();
         old.truncate(old.len() - 4 - ENTRY_CHECK_BYTES);
         old.extend_from_slice(&0u32.to_le_bytes());
         assert_eq!(
