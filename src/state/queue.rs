@@ -542,8 +542,11 @@ impl Queues {
             if let Some(m) = q.live.remove(&id) {
                 q.order.remove(&(m.visible_at_ms, id));
             } else if q.dead.remove(&id).is_none() {
-                // Below next_id and neither acked, live nor dead: fresh.
-                assert!(q.take_fresh(id), "queue message {id} lost track of");
+                // Below next_id and neither acked, live nor dead: fresh
+                // (every id is one of the four: `decode_queue` refuses a
+                // state where one is not).
+                let found = q.take_fresh(id);
+                debug_assert!(found, "queue message {id} lost track of");
             }
             q.acked.insert(id);
             acked += 1;
@@ -654,7 +657,7 @@ impl Queues {
                 q.live.len() + q.fresh.len() + q.dead.len(),
                 q.unacked() + q.dead.len(),
             );
-            out.reserve(8 + runs * RUN_BYTES + sizes * 4);
+            out.reserve(8 + runs * (RUN_BYTES + usize::from(strided)) + sizes * 4);
             let mut unacked = Runs::new(out, strided);
             let mut live = q.live.iter().peekable();
             for f in &q.fresh {
@@ -724,9 +727,9 @@ const RUN_BYTES: usize = 8 + 4 + 8 + 4 + 4 + 8;
 
 /// Whether `next`, the message of the id after `last`'s, goes on with the
 /// run `last` ends: as the next part of one produce (`Some(false)`), or,
-/// with `strided` (format 8), as the first and only part of the next
-/// command of the same entry (`Some(true)`: one-message produces gathered
-/// in one entry). `kind`: the run's, once it has two messages (one
+/// with `strided` (format 8), as part 0 of the next command of the same
+/// entry when `last` is a part 0 too (`Some(true)`: one-message produces
+/// gathered in one entry, the first part of a larger one after them). `kind`: the run's, once it has two messages (one
 /// message can go on either way). Encoder and decoder both ask this, so a
 /// state has exactly one encoding.
 fn goes_on(last: &Message, kind: Option<bool>, next: &Message, strided: bool) -> Option<bool> {
@@ -976,6 +979,7 @@ fn decode_queue(r: &mut Reader<'_>, version: u8) -> Option<Queue> {
     }
     let k = r.count(QUEUE_MESSAGES_MAX + 1, 16)?;
     let mut prev_end = None;
+    let mut acked = 0u64;
     for _ in 0..k {
         let (s, e) = (r.u64()?, r.u64()?);
         // Canonical: ascending, neither overlapping nor touching.
@@ -983,7 +987,13 @@ fn decode_queue(r: &mut Reader<'_>, version: u8) -> Option<Queue> {
             return None;
         }
         prev_end = Some(e);
+        acked += e - s;
         q.acked.0.insert(s, e);
+    }
+    // Every id given is unacked, dead or acked, as `apply` leaves them (an
+    // id in none of them would be one an ack cannot find).
+    if (q.live.len() + q.dead.len()) as u64 + acked != q.next_id {
+        return None;
     }
     for (&id, m) in &q.live {
         if q.dead.contains_key(&id) || q.acked.contains(id) {
@@ -1226,6 +1236,13 @@ mod tests {
                 "cut {cut}"
             );
         }
+        // A next id past every message given: an id that is neither
+        // unacked, dead nor acked, which an ack could not find. "other"
+        // comes first: count, name, max_deliveries, then its next id.
+        let at = 4 + 4 + 5 + 4;
+        assert_eq!(bytes[at..at + 8], 2u64.to_le_bytes());
+        bytes[at..at + 8].copy_from_slice(&3u64.to_le_bytes());
+        assert_eq!(Queues::decode(&mut Reader::new(&bytes), 8), None);
     }
 
     /// A consume hands out no more than `CONSUME_BYTES_MAX` of messages
