@@ -2,9 +2,10 @@
 //! commands, each one request to the group's leader, printed as text or,
 //! with `--json`, as one JSON object per line.
 
+use super::cli::Target;
+use super::connect::client;
 use super::human;
 use super::input::{queue_name, Records};
-use super::{client, Target};
 use clap::Subcommand;
 use quire::client::{Client, Delivery, LedgerInfo, LedgerWriter, QueueInfo};
 use quire::state::queue;

@@ -3,7 +3,9 @@
 //! every node, a ledger fenced, a queue consumed, a read-only principal
 //! refused), then each node's status and commands that work as printed.
 
-use super::{human, status, Target, TlsArgs};
+use super::cli::{Target, TlsArgs};
+use super::human;
+use super::status::status;
 use quire::client::Client;
 use quire::node::daemon::quired;
 use quire::node::local::processes::LocalProcesses;
