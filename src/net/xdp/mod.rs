@@ -31,6 +31,7 @@ pub mod bpf;
 mod error;
 pub mod frame;
 pub mod link;
+pub mod neighbours;
 pub mod xsk;
 
 pub use error::XdpError;
@@ -240,7 +241,7 @@ impl XdpNode {
             self.xskmap.as_raw_fd(),
         )
         .map_err(XdpError::Socket)?;
-        let neighbours = link::Neighbours::open().map_err(XdpError::Neighbours)?;
+        let neighbours = neighbours::Neighbours::open().map_err(XdpError::Neighbours)?;
         Ok(XdpPort {
             _node: Arc::clone(self),
             xsk,
@@ -347,7 +348,7 @@ pub struct XdpPort {
     attach_mode: &'static str,
     local_ip: IpAddr,
     local_mac: Mac,
-    neighbours: link::Neighbours,
+    neighbours: neighbours::Neighbours,
     /// What the kernel's table said of each peer address.
     macs: HashMap<IpAddr, Neighbour>,
     zero_copy_refused: Option<String>,
